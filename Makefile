@@ -1,0 +1,36 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo    set up .venv, then train central + 2 workers on digits over the embedded broker
+#   make test    set up .venv, then lint, type-check and run every test tier
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: demo test lint unit bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	# The CPU build first: any other torch requirement would pull several GB of CUDA wheels.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/edgeagent demo $(ARGS)
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check edgeagent tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 $(ARGS)
+
+unit: $(BIN)/.installed
+	$(BIN)/python -m pytest -q tests/unit
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/transport.py
+	$(BIN)/python bench/pipeline.py
+
+clean:
+	rm -rf $(VENV)

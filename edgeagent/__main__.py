@@ -1,0 +1,3 @@
+from edgeagent.cli import main
+
+main()

@@ -1,0 +1,213 @@
+"""The ``edgeagent`` command."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from edgeagent.config import CentralConfig, WorkerConfig, load, load_yaml, merge
+from edgeagent.errors import EdgeAgentError
+from edgeagent.logs import console, setup_logging
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+log = logging.getLogger("edgeagent")
+
+
+def _floats(text: str | None) -> list[float]:
+    if not text:
+        return []
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers like 1,1,6; got {text!r}") from None
+
+
+def train_options(f: F) -> F:
+    """Flags shared by ``demo`` and ``central``; each one overrides the YAML file's value."""
+    options = [
+        click.option(
+            "--config", "config_file", type=click.Path(dir_okay=False), help="YAML file (see configs/)."
+        ),
+        click.option("--epochs", type=int, help="Epochs to train."),
+        click.option("--model", help="mlp | cnn | mobilenetv2 | pkg.module:function."),
+        click.option("--dataset", help="digits | synthetic[:N:CxHxW:K] | FILE.npz"),
+        click.option("--batch-size", type=int),
+        click.option("--lr", "learning_rate", type=float, help="Learning rate."),
+        click.option("--seed", type=int),
+        click.option("--in-flight", type=int, help="Batches in flight (0: one per stage; 1: no pipelining)."),
+        click.option("--aggregation/--no-aggregation", default=None, help="FTPipeHD weight aggregation."),
+        click.option("--max-batches", type=int, help="Stop after this many batches."),
+        click.option(
+            "--init-weights",
+            type=click.Path(exists=True, dir_okay=False),
+            help="Pre-trained weights to continue from (a state_dict saved by --save-model).",
+        ),
+        click.option("--broker", help="mqtt://[user:pass@]host:port or mqtts://..."),
+        click.option("--cluster", help="Cluster name: the topic root edgeagent/v1/<cluster>/."),
+        click.option("--report", type=click.Path(dir_okay=False), help="Write a JSON run report here."),
+        click.option("--save-model", type=click.Path(dir_okay=False), help="Save the trained model here."),
+        click.option("--log-level", default="INFO", show_default=True),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+_TRAIN_KEYS = (
+    "epochs",
+    "model",
+    "dataset",
+    "batch_size",
+    "learning_rate",
+    "seed",
+    "in_flight",
+    "aggregation",
+    "max_batches",
+    "init_weights",
+)
+_CENTRAL_KEYS = ("broker", "cluster", "report", "save_model")
+
+
+def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
+    train = {k: kw[k] for k in _TRAIN_KEYS if kw.get(k) is not None}
+    central = {k: kw[k] for k in _CENTRAL_KEYS if kw.get(k) is not None}
+    return {**central, "train": train} if train else central
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[bold red]error:[/] {exc}")
+    sys.exit(2)
+
+
+@click.group()
+@click.version_option(package_name="edgeagent")
+def main() -> None:
+    """Train one PyTorch model across several edge devices as an asynchronous pipeline over MQTT."""
+
+
+@main.command()
+@train_options
+@click.option("--workers", type=int, help="Local worker processes to start (default 2).")
+@click.option("--slowdowns", help="Compute slowdown per device, central first, e.g. 1,1,6.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def demo(**kw: Any) -> None:
+    """Broker + central node + local workers: the whole job on this machine."""
+    from edgeagent.demo import run_demo
+
+    setup_logging(kw["log_level"], device="central")
+    try:
+        base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
+        demo_part = base.pop("demo", {}) if isinstance(base.get("demo"), dict) else {}
+        config = load(CentralConfig, None, merge(base, _central_overrides({**kw, "broker": None})))
+        workers = kw["workers"] if kw["workers"] is not None else int(demo_part.get("workers", 2))
+        slowdowns = _floats(kw["slowdowns"]) or [float(s) for s in demo_part.get("slowdowns", [])]
+        report = run_demo(
+            config,
+            workers=workers,
+            slowdowns=slowdowns,
+            broker=kw["broker"],
+            show_progress=not kw["no_progress"],
+        )
+    except (EdgeAgentError, ValueError) as exc:
+        _fail(exc)
+        return
+    _finish_report(report, kw["report"])
+
+
+@main.command()
+@train_options
+@click.option("--workers", type=int, help="Workers to wait for.")
+@click.option("--id", "device_id", help="This node's device id (default central).")
+@click.option("--slowdown", type=float, help="Emulate a device this many times slower (>= 1).")
+@click.option("--threads", type=int, help="Torch threads.")
+def central(**kw: Any) -> None:
+    """The central node: holds the data, runs stage 0 and drives the run."""
+    from edgeagent.roles.central import Central
+
+    setup_logging(kw["log_level"], device=kw["device_id"] or "central")
+    overrides = _central_overrides(kw)
+    for key in ("workers", "device_id", "slowdown", "threads"):
+        if kw.get(key) is not None:
+            overrides[key] = kw[key]
+    try:
+        config = load(CentralConfig, kw["config_file"], overrides)
+        report = Central(config).run()
+    except EdgeAgentError as exc:
+        _fail(exc)
+        return
+    _finish_report(report, config.report)
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file (see configs/).")
+@click.option("--id", "device_id", help="Device id (default: the host name).")
+@click.option("--broker", help="mqtt://[user:pass@]host:port or mqtts://...")
+@click.option("--cluster")
+@click.option("--slowdown", type=float, help="Emulate a device this many times slower (>= 1).")
+@click.option("--threads", type=int, help="Torch threads.")
+@click.option("--heartbeat-interval", type=float)
+@click.option("--once", is_flag=True, default=None, help="Exit after one run.")
+@click.option("--log-level", default=None)
+def worker(**kw: Any) -> None:
+    """A worker: runs whichever stage the central node assigns it."""
+    from edgeagent.roles.worker import Worker
+
+    overrides = {k: v for k, v in kw.items() if v is not None and k not in ("config_file", "log_level")}
+    if "device_id" not in overrides:
+        overrides["device_id"] = os.uname().nodename.split(".")[0]
+    level = kw["log_level"] or os.environ.get("EDGEAGENT_LOG_LEVEL", "INFO")
+    setup_logging(level, device=overrides["device_id"])
+    try:
+        config = load(WorkerConfig, kw["config_file"], overrides)
+        w = Worker(config)
+    except EdgeAgentError as exc:
+        _fail(exc)
+        return
+    signal.signal(signal.SIGTERM, lambda *_: w.stop())
+    try:
+        sys.exit(w.serve())
+    except KeyboardInterrupt:
+        w.stop()
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=1883, show_default=True, type=int)
+@click.option(
+    "--password-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="amqtt password file; required when listening beyond loopback.",
+)
+@click.option("--log-level", default="INFO")
+def broker(host: str, port: int, password_file: str | None, log_level: str) -> None:
+    """The embedded MQTT 3.1.1 broker (amqtt)."""
+    from edgeagent.broker import serve_forever
+
+    setup_logging(log_level, device="broker")
+    try:
+        serve_forever(host, port, password_file=password_file)
+    except EdgeAgentError as exc:
+        _fail(exc)
+
+
+def _finish_report(report: Any, path: str | None) -> None:
+    data = report.to_dict()
+    acc = ", ".join(f"{100 * a:.1f}" for a in data["test_accuracy_per_epoch"])
+    console.print(
+        f"[bold green]done[/]: final test accuracy {100 * data['final_accuracy']:.2f}% "
+        f"after {data['batches']} batches / {data['epochs']} epochs; "
+        f"{data['samples_per_second']:.1f} samples/s; wall {data['wall_seconds']:.1f} s\n"
+        f"  accuracy per epoch (%): {acc}\n  partition points: {data['partitions'][-1]['points']}"
+    )
+    if path:
+        Path(path).write_text(json.dumps(data, indent=2))
+        console.print(f"report written to {path}")

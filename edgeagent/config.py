@@ -1,0 +1,133 @@
+"""Typed, validated configuration: YAML files in, frozen models out, validated once at the boundary.
+
+Command-line flags override the YAML values. Errors name the file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edgeagent.errors import ConfigError
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TrainConfig(_Frozen):
+    """What to train and how; every stage of a run shares these."""
+
+    model: str = "mlp"
+    model_options: dict[str, Any] = Field(default_factory=dict)
+    dataset: str = "digits"
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    epochs: int = Field(5, ge=1)
+    batch_size: int = Field(32, ge=1)
+    eval_batch_size: int = Field(256, ge=1)
+    learning_rate: float = Field(0.05, gt=0)
+    # 0.5, not the paper's 0.9: with K - 1 stale updates, momentum 0.9 diverges on the small demo models
+    # (docs/design.md, "Staleness and the defaults").
+    momentum: float = Field(0.5, ge=0, lt=1)
+    weight_decay: float = Field(4e-5, ge=0)
+    seed: int = 0
+    # Batches between forward and backward on stage 0; 0 means "the number of stages" (PipeDream's NOAM).
+    in_flight: int = Field(0, ge=0)
+    aggregation: bool = True
+    aggregation_interval: int = Field(1, ge=1)
+    # Stop after this many training batches in all (tests and benchmarks); None: run every epoch.
+    max_batches: int | None = Field(None, ge=1)
+    # Pre-trained weights for continuous learning (a state_dict file of the whole model).
+    init_weights: str | None = None
+
+
+class CentralConfig(_Frozen):
+    broker: str = "mqtt://127.0.0.1:1883"
+    cluster: str = "default"
+    device_id: str = "central"
+    workers: int = Field(2, ge=0)
+    threads: int = Field(1, ge=1)
+    slowdown: float = Field(1.0, ge=1.0)
+    heartbeat_interval: float = Field(1.0, gt=0)
+    startup_timeout: float = Field(60.0, gt=0)
+    # A batch whose gradients have not come back after this long stops the run (fault tolerance lands later).
+    batch_timeout: float = Field(120.0, gt=0)
+    report: str | None = None
+    save_model: str | None = None
+    progress: bool = True
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+
+class WorkerConfig(_Frozen):
+    broker: str = "mqtt://127.0.0.1:1883"
+    cluster: str = "default"
+    device_id: str = "worker"
+    threads: int = Field(1, ge=1)
+    slowdown: float = Field(1.0, ge=1.0)
+    heartbeat_interval: float = Field(1.0, gt=0)
+    # Leave after one run (the demo); a service keeps serving runs.
+    once: bool = False
+
+
+class DemoConfig(_Frozen):
+    workers: int = Field(2, ge=0)
+    slowdowns: list[float] = Field(default_factory=list)
+    broker: str | None = None
+    central: CentralConfig = Field(default_factory=CentralConfig)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for e in error.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key {key!r}")
+        else:
+            lines.append(f"{source}: {key}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def build(model: type[M], data: dict[str, Any], *, source: str = "<arguments>") -> M:
+    """Validate ``data`` into ``model``; raise :class:`ConfigError` that names the source and keys."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overrides`` (flags that were given) into ``base`` (from YAML)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load(model: type[M], path: str | Path | None, overrides: dict[str, Any]) -> M:
+    """Read ``path`` (if any), apply ``overrides``, validate."""
+    data = load_yaml(path) if path else {}
+    return build(model, merge(data, overrides), source=str(path) if path else "<arguments>")

@@ -1,0 +1,134 @@
+"""``edgeagent demo``: broker, central node and local worker processes in one command."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from edgeagent.broker import EmbeddedBroker
+from edgeagent.config import CentralConfig
+from edgeagent.logs import console
+from edgeagent.roles.central import Central, RunReport
+
+log = logging.getLogger(__name__)
+
+
+def worker_command(
+    device_id: str,
+    broker: str,
+    cluster: str,
+    slowdown: float,
+    *,
+    once: bool = True,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgeagent",
+        "worker",
+        "--id",
+        device_id,
+        "--broker",
+        broker,
+        "--cluster",
+        cluster,
+        "--slowdown",
+        str(slowdown),
+        "--threads",
+        "1",
+        *extra,
+    ]
+    return [*cmd, "--once"] if once else cmd
+
+
+@contextlib.contextmanager
+def local_workers(
+    n: int, broker: str, cluster: str, slowdowns: list[float], *, log_level: str = "WARNING"
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start ``n`` worker processes ``worker-1 .. worker-n``; stop any that are left at the end."""
+    procs = []
+    env = dict(os.environ, EDGEAGENT_LOG_LEVEL=log_level)
+    try:
+        for i in range(n):
+            cmd = worker_command(f"worker-{i + 1}", broker, cluster, slowdowns[i])
+            procs.append(subprocess.Popen(cmd, env=env))
+        yield procs
+    finally:
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                log.warning("worker pid %d did not stop; killing it", p.pid)
+                p.kill()
+                p.wait()
+
+
+def _progress_hook(progress: Progress, task: Any) -> Any:
+    state: dict[str, Any] = {"acc": None}
+
+    def hook(values: dict[str, Any]) -> None:
+        if "accuracy" in values:
+            state["acc"] = values["accuracy"]
+        if "batch" in values:
+            acc = "" if state["acc"] is None else f" test acc {100 * state['acc']:.1f}%"
+            progress.update(
+                task,
+                completed=values["batch"],
+                total=values["total"],
+                description=f"loss {values['loss']:.3f}{acc}",
+            )
+
+    return hook
+
+
+def run_demo(
+    config: CentralConfig,
+    *,
+    workers: int,
+    slowdowns: list[float],
+    broker: str | None,
+    show_progress: bool = True,
+) -> RunReport:
+    """Run a whole training job on this machine and return its report."""
+    if slowdowns and len(slowdowns) != workers + 1:
+        raise ValueError(f"--slowdowns needs {workers + 1} factors (central first), got {len(slowdowns)}")
+    factors = slowdowns or [1.0] * (workers + 1)
+    cluster = config.cluster if config.cluster != "default" else f"demo-{uuid.uuid4().hex[:6]}"
+    embedded = None if broker else EmbeddedBroker().start()
+    url = broker or (embedded.url if embedded else "")
+    config = config.model_copy(
+        update={"broker": url, "cluster": cluster, "workers": workers, "slowdown": factors[0]}
+    )
+    try:
+        with local_workers(workers, url, cluster, factors[1:]):
+            if show_progress and config.progress:
+                columns = (
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TimeRemainingColumn(),
+                )
+                with Progress(*columns, console=console, transient=False) as progress:
+                    task = progress.add_task("starting", total=None)
+                    return Central(config, progress=_progress_hook(progress, task)).run()
+            return Central(config).run()
+    finally:
+        if embedded is not None:
+            embedded.stop()

@@ -1,0 +1,229 @@
+"""One pipeline stage's compute: forward and backward of single batches with weight stashing.
+
+Note: weight stashing and vertical sync.
+    ``version`` counts the optimizer updates a stage has applied. The central node tags each batch
+    with its own version when it forwards it; every later stage forwards that batch with *its*
+    weights of the same version (vertical sync, papers/000 Sec. III-C), and its backward pass uses
+    exactly those weights (weight stashing). Stages apply updates in batch order, so a later stage
+    always already has the version a batch asks for; it keeps every version a batch in flight or a
+    future batch can still ask for, as separate tensors. Forward passes run through
+    ``torch.func.functional_call`` on detached leaves of those stashed tensors, so the optimizer can
+    update the live parameters in place without tripping autograd's version counters (the bug that
+    froze PipeDream at PyTorch 1.4).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from edgeagent.errors import TrainingError
+
+
+class StageModule(nn.Module):
+    """Layers ``[start, end)`` of the model, keyed by their global index so names survive a re-split."""
+
+    def __init__(self, layers: dict[int, nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): m for i, m in sorted(layers.items())})
+
+    @property
+    def start(self) -> int:
+        return min(int(k) for k in self.layers) if len(self.layers) else 0
+
+    @property
+    def end(self) -> int:
+        return max(int(k) for k in self.layers) + 1 if len(self.layers) else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+
+@dataclass
+class _InFlight:
+    version: int
+    inputs: torch.Tensor  # leaf requiring grad (not on stage 0)
+    output: torch.Tensor
+    params: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class BackwardResult:
+    grad_input: torch.Tensor | None  # None on stage 0
+    loss: float
+    correct: int
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    learning_rate: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    aggregation: bool = False
+    # Versions concurrently used on this stage: n - i for stage i of n (papers/000 Sec. III-C).
+    aggregation_window: int = 1
+    # Aggregate every window * interval updates (the paper: "an interval which is a multiple of n - i").
+    aggregation_interval: int = 1
+
+
+class Stage:
+    """A stage's sub-model, optimizer, stash of weight versions and batches in flight."""
+
+    def __init__(self, module: StageModule, options: StageOptions, *, is_first: bool, is_last: bool) -> None:
+        self.module = module
+        self.options = options
+        self.is_first = is_first
+        self.is_last = is_last
+        params = list(module.parameters())
+        self.optimizer = (
+            torch.optim.SGD(
+                params,
+                lr=options.learning_rate,
+                momentum=options.momentum,
+                weight_decay=options.weight_decay,
+            )
+            if params
+            else None
+        )
+        self.version = 0
+        self._stash: dict[int, dict[str, torch.Tensor]] = {0: self._snapshot()}
+        self._in_flight: dict[int, _InFlight] = {}
+        self._floor = 0  # no future batch asks for a version below this
+        self._recent: list[dict[str, torch.Tensor]] = []  # last versions, for aggregation
+        self.compute_seconds = 0.0  # real compute time, summed; the worker reports averages
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in self.module.named_parameters()}
+
+    @property
+    def stashed_versions(self) -> list[int]:
+        return sorted(self._stash)
+
+    @property
+    def in_flight(self) -> list[int]:
+        return sorted(self._in_flight)
+
+    def _prune(self) -> None:
+        keep = {v.version for v in self._in_flight.values()} | {self.version}
+        for version in list(self._stash):
+            if version < self._floor and version not in keep:
+                del self._stash[version]
+
+    def drop_in_flight(self) -> None:
+        """Forget batches in flight (after a fault or a re-split); their updates never happen."""
+        self._in_flight.clear()
+        self._floor = self.version
+        self._prune()
+
+    # -- compute -------------------------------------------------------------------------------
+
+    def forward(self, batch_id: int, x: torch.Tensor, version: int | None = None) -> tuple[torch.Tensor, int]:
+        """Forward a training batch with weight version ``version`` (``None``: the newest).
+
+        Returns the output (detached, to send on) and the version used.
+        """
+        started = time.perf_counter()
+        version = self.version if version is None else version
+        if version not in self._stash:
+            raise TrainingError(
+                f"batch {batch_id} asks for weight version {version}, stashed: {self.stashed_versions}"
+            )
+        if batch_id in self._in_flight:
+            raise TrainingError(f"batch {batch_id} forwarded twice")
+        self._floor = max(self._floor, version)
+        params = {name: t.detach().requires_grad_(True) for name, t in self._stash[version].items()}
+        inputs = x if self.is_first else x.detach().requires_grad_(True)
+        self.module.train()
+        output = functional_call(self.module, params, (inputs,))  # (B, ...)
+        self._in_flight[batch_id] = _InFlight(version, inputs, output, params)
+        self._prune()
+        self.compute_seconds += time.perf_counter() - started
+        return output.detach(), version
+
+    def backward(
+        self, batch_id: int, grad_output: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> BackwardResult:
+        """Backward of an earlier forward: the last stage passes ``labels``, the others ``grad_output``.
+
+        Uses the weights the batch was forwarded with, then applies the update to the live weights.
+        """
+        started = time.perf_counter()
+        entry = self._in_flight.pop(batch_id, None)
+        if entry is None:
+            raise TrainingError(
+                f"backward of batch {batch_id}, which is not in flight here ({self.in_flight})"
+            )
+        loss_value, correct = 0.0, 0
+        if self.is_last:
+            if labels is None:
+                raise TrainingError("the last stage needs the labels to compute the loss")
+            loss = F.cross_entropy(entry.output, labels)
+            loss.backward()
+            loss_value = float(loss.detach())
+            correct = int((entry.output.detach().argmax(dim=1) == labels).sum())
+        else:
+            if grad_output is None or grad_output.shape != entry.output.shape:
+                got = None if grad_output is None else tuple(grad_output.shape)
+                raise TrainingError(
+                    f"gradient of batch {batch_id} has shape {got}, expected {tuple(entry.output.shape)}"
+                )
+            entry.output.backward(grad_output)
+        grad_input = None if self.is_first else entry.inputs.grad
+        self._apply_update(entry.params)
+        self.compute_seconds += time.perf_counter() - started
+        return BackwardResult(grad_input=grad_input, loss=loss_value, correct=correct)
+
+    def _apply_update(self, used: dict[str, torch.Tensor]) -> None:
+        if self.optimizer is not None:
+            for name, p in self.module.named_parameters():
+                p.grad = used[name].grad
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        self._maybe_aggregate()
+        self._stash[self.version] = self._snapshot()
+        self._prune()
+
+    def _maybe_aggregate(self) -> None:
+        window = self.options.aggregation_window
+        if not self.options.aggregation or window <= 1:
+            return
+        self._recent.append(self._snapshot())
+        del self._recent[:-window]
+        if self.version % (window * self.options.aggregation_interval) or len(self._recent) < window:
+            return
+        # The last `window` versions each grew from the same stale base with different batches;
+        # their mean is the aggregated weight (papers/000 Sec. III-C, Fig. 2).
+        with torch.no_grad():
+            for name, p in self.module.named_parameters():
+                p.copy_(torch.stack([v[name] for v in self._recent]).mean(dim=0))
+        self._recent = [self._snapshot()]
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor) -> torch.Tensor:
+        """Forward with the newest weights in eval mode (test accuracy)."""
+        self.module.eval()
+        try:
+            return self.module(x)
+        finally:
+            self.module.train()
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Live parameters and buffers, keyed ``layers.<global index>.<name>``."""
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def named_layers(self) -> Iterator[tuple[int, nn.Module]]:
+        for key, layer in self.module.layers.items():
+            yield int(key), layer

@@ -1,0 +1,408 @@
+"""Typed messages and their envelope.
+
+Every payload is an envelope ``{"v": FORMAT_VERSION, "k": kind, "s": sender, "b": body}``. Messages
+that carry tensors (the data plane, assignments, weights) are CBOR; status, heartbeats, metrics,
+events and commands are JSON so that ``mosquitto_sub -v -t 'edgeagent/#'`` shows them readably.
+Tensors are RFC 8746 typed arrays (see :mod:`edgeagent.protocol.tensors`); nothing is pickled.
+
+Each message kind is a frozen dataclass; :func:`decode` checks every field's type, so a role never
+sees a half-valid message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from enum import Enum
+from typing import Any, ClassVar, Literal, Union
+
+import cbor2
+import torch
+
+from edgeagent.errors import ProtocolError
+from edgeagent.protocol.tensors import decode_tensor, encode_tensor
+
+FORMAT_VERSION = 1
+MAX_DECODE_BYTES = 256 * 1024 * 1024
+
+
+class MessageKind(str, Enum):
+    DISCOVER = "discover"
+    ANNOUNCE = "announce"
+    STATUS = "status"
+    HEARTBEAT = "heartbeat"
+    ASSIGN = "assign"
+    READY = "ready"
+    ACTIVATION = "activation"
+    GRADIENT = "gradient"
+    EVAL_RESULT = "eval_result"
+    COMMAND = "command"
+    WEIGHTS = "weights"
+    COMMIT = "commit"
+    METRICS = "metrics"
+    EVENT = "event"
+    ERROR = "error"
+
+
+Encoding = Literal["cbor", "json"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """Base of all messages. Subclasses set ``KIND`` and ``ENCODING``."""
+
+    KIND: ClassVar[MessageKind]
+    ENCODING: ClassVar[Encoding] = "cbor"
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery and liveness (JSON)
+
+
+@dataclasses.dataclass(frozen=True)
+class Discover(Message):
+    """The central node asks every device of the cluster to announce itself."""
+
+    KIND = MessageKind.DISCOVER
+    ENCODING = "json"
+    run_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Announce(Message):
+    """A worker says it is available (at start-up and in answer to :class:`Discover`)."""
+
+    KIND = MessageKind.ANNOUNCE
+    ENCODING = "json"
+    device_id: str
+    busy_with: str = ""  # the run id it is training in, "" when idle
+    threads: int = 1
+    slowdown: float = 1.0
+    software: str = ""
+    profile_hash: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Status(Message):
+    """Retained per-device status; the last will publishes ``state="offline"``."""
+
+    KIND = MessageKind.STATUS
+    ENCODING = "json"
+    device_id: str
+    state: str  # online | idle | training | offline | error
+    run_id: str = ""
+    stage: int = -1
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat(Message):
+    KIND = MessageKind.HEARTBEAT
+    ENCODING = "json"
+    device_id: str
+    seq: int
+    run_id: str = ""
+    stage: int = -1
+    interval: float = 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up (CBOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class Assign(Message):
+    """Central -> worker: everything a worker needs to build its stage (paper Table I and more)."""
+
+    KIND = MessageKind.ASSIGN
+    run_id: str
+    plan_id: int
+    worker_list: list[str]  # device ids in pipeline order; index 0 is the central node
+    points: list[int]  # partition points: stage i owns layers [points[i], points[i+1])
+    model: dict[str, Any]  # ModelSpec.to_dict()
+    seed: int
+    # Table I state variables.
+    committed_forward_id: int
+    committed_backward_id: int
+    status: int
+    learning_rate: float
+    epochs: int
+    batches_per_epoch: int
+    # Training options every stage must agree on.
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    in_flight: int = 4
+    aggregation: bool = True
+    aggregation_interval: int = 1
+    weights: dict[str, torch.Tensor] | None = None  # pre-trained weights (continuous learning)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready(Message):
+    """Worker -> central: the stage is built and subscribed."""
+
+    KIND = MessageKind.READY
+    run_id: str
+    plan_id: int
+    device_id: str
+    stage: int
+    parameters: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Data plane (CBOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class Activation(Message):
+    """Output of stage ``stage`` for one batch; ``version`` is the weight version (vertical sync)."""
+
+    KIND = MessageKind.ACTIVATION
+    run_id: str
+    plan_id: int
+    stage: int
+    batch_id: int
+    version: int
+    mode: str  # "train" | "eval"
+    x: torch.Tensor
+    y: torch.Tensor  # labels travel with the batch so the last stage can compute the loss
+
+
+@dataclasses.dataclass(frozen=True)
+class Gradient(Message):
+    """Gradient of the loss w.r.t. the input of stage ``stage + 1``, sent by that stage."""
+
+    KIND = MessageKind.GRADIENT
+    run_id: str
+    plan_id: int
+    stage: int
+    batch_id: int
+    g: torch.Tensor
+    loss: float  # the last stage's loss for this batch, passed down to the central node
+    correct: int = 0  # training predictions that were right (for training accuracy)
+    # Average compute seconds per batch of each stage from this one to the last (capacity estimation).
+    stage_times: list[float] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult(Message):
+    KIND = MessageKind.EVAL_RESULT
+    run_id: str
+    plan_id: int
+    batch_id: int
+    correct: int
+    count: int
+    loss_sum: float
+
+
+# ---------------------------------------------------------------------------------------------
+# Control
+
+
+@dataclasses.dataclass(frozen=True)
+class Command(Message):
+    """Central -> devices. ``name`` is one of ``COMMANDS``; JSON so users can send it by hand."""
+
+    KIND = MessageKind.COMMAND
+    ENCODING = "json"
+    run_id: str
+    name: str
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    COMMANDS: ClassVar[tuple[str, ...]] = ("start", "stop", "collect", "reset")
+
+
+@dataclasses.dataclass(frozen=True)
+class Weights(Message):
+    """A stage's weights: an answer to ``collect``, a replica, or layers moving to a new owner."""
+
+    KIND = MessageKind.WEIGHTS
+    run_id: str
+    device_id: str
+    stage: int
+    start: int
+    end: int
+    version: int
+    tensors: dict[str, torch.Tensor]
+    purpose: str = "collect"  # collect | chain | global | redistribute
+    optimizer: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Commit(Message):
+    KIND = MessageKind.COMMIT
+    run_id: str
+    plan_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics(Message):
+    KIND = MessageKind.METRICS
+    ENCODING = "json"
+    device_id: str
+    values: dict[str, Any]
+    run_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Event(Message):
+    KIND = MessageKind.EVENT
+    ENCODING = "json"
+    name: str
+    run_id: str = ""
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorReport(Message):
+    """A role tells the sender (or the monitor) what it rejected and why."""
+
+    KIND = MessageKind.ERROR
+    ENCODING = "json"
+    device_id: str
+    code: str
+    reason: str
+    run_id: str = ""
+
+
+MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
+    cls.KIND: cls
+    for cls in (
+        Discover,
+        Announce,
+        Status,
+        Heartbeat,
+        Assign,
+        Ready,
+        Activation,
+        Gradient,
+        EvalResult,
+        Command,
+        Weights,
+        Commit,
+        Metrics,
+        Event,
+        ErrorReport,
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def encode(msg: Message, *, sender: str) -> bytes:
+    """Serialise a message into its envelope (CBOR or JSON, by the message's kind)."""
+    body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    envelope = {"v": FORMAT_VERSION, "k": msg.KIND.value, "s": sender, "b": body}
+    if msg.ENCODING == "json":
+        return json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
+    return cbor2.dumps(_to_cbor(envelope))
+
+
+def _to_cbor(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return encode_tensor(value)
+    if isinstance(value, dict):
+        return {k: _to_cbor(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_cbor(v) for v in value]
+    return value
+
+
+def decode(payload: bytes) -> tuple[str, Message]:
+    """Return ``(sender, message)``. Raises :class:`ProtocolError` on anything malformed."""
+    if len(payload) > MAX_DECODE_BYTES:
+        raise ProtocolError(f"payload of {len(payload)} bytes exceeds the {MAX_DECODE_BYTES}-byte limit")
+    if not payload:
+        raise ProtocolError("empty payload")
+    try:
+        envelope = json.loads(payload) if payload[:1] == b"{" else cbor2.loads(payload)
+    except Exception as exc:  # json and cbor2 raise many types for garbage
+        raise ProtocolError(f"undecodable payload of {len(payload)} bytes: {exc}") from exc
+    if not isinstance(envelope, dict):
+        raise ProtocolError(f"envelope must be a map, got {type(envelope).__name__}")
+    version = envelope.get("v")
+    if version != FORMAT_VERSION:
+        raise ProtocolError(
+            f"format version {version!r} is not supported (this side speaks {FORMAT_VERSION})"
+        )
+    try:
+        kind = MessageKind(envelope.get("k"))
+    except ValueError as exc:
+        raise ProtocolError(f"unknown message kind {envelope.get('k')!r}") from exc
+    sender, body = envelope.get("s"), envelope.get("b")
+    if not isinstance(sender, str) or not isinstance(body, dict):
+        raise ProtocolError(f"{kind.value} envelope lacks a sender string or a body map")
+    return sender, _build(MESSAGE_TYPES[kind], body)
+
+
+_SCHEMAS: dict[type[Message], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}
+
+
+def _schema(cls: type[Message]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """Type hints and fields of a message class, worked out once (get_type_hints is slow)."""
+    if cls not in _SCHEMAS:
+        _SCHEMAS[cls] = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    return _SCHEMAS[cls]
+
+
+def _build(cls: type[Message], body: dict[str, Any]) -> Message:
+    hints, fields = _schema(cls)
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise ProtocolError(f"{cls.KIND.value} has unknown fields {sorted(unknown)}")
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in body:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{cls.KIND.value} lacks field {name!r}")
+            continue
+        values[name] = _check(hints[name], body[name], f"{cls.KIND.value}.{name}")
+    return cls(**values)
+
+
+def _check(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            try:
+                return _check(arg, value, where)
+            except ProtocolError as exc:
+                errors.append(str(exc))
+        raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp}")
+    if tp is type(None):
+        if value is not None:
+            raise ProtocolError(f"{where}: expected null")
+        return None
+    if tp is Any:
+        return value
+    if tp is torch.Tensor:
+        return decode_tensor(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ProtocolError(f"{where}: expected a finite number, got {value}")
+        return float(value)
+    if tp in (int, str, bytes, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
+        key_t, val_t = typing.get_args(tp)
+        return {
+            _check(key_t, k, f"{where} key"): _check(val_t, v, f"{where}[{k!r}]") for k, v in value.items()
+        }
+    raise ProtocolError(f"{where}: no decoder for {tp}")  # a programming error, reported like bad input

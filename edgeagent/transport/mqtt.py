@@ -1,0 +1,217 @@
+"""MQTT transport on paho-mqtt (VERSION2 callbacks, MQTT 3.1.1), for any standard broker."""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import threading
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgeagent.errors import ConfigError, ProtocolError
+from edgeagent.protocol.chunking import DEFAULT_CHUNK_SIZE, Reassembler, is_chunk, split_payload
+from edgeagent.transport.base import Transport
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
+
+
+@dataclass(frozen=True)
+class BrokerUrl:
+    """``mqtt://[user:pass@]host:port`` or ``mqtts://...`` for TLS."""
+
+    scheme: str
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "mqtts"
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerUrl:
+        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+        if parts.scheme not in DEFAULT_PORTS:
+            raise ConfigError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://, got {parts.scheme!r}")
+        try:
+            port = parts.port or DEFAULT_PORTS[parts.scheme]
+        except ValueError as exc:
+            raise ConfigError(f"broker URL {url!r}: bad port") from exc
+        if not parts.hostname:
+            raise ConfigError(f"broker URL {url!r} has no host")
+        return cls(
+            scheme=parts.scheme,
+            host=parts.hostname,
+            port=port,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+        )
+
+    def redacted(self) -> str:
+        user = f"{self.username}:***@" if self.username else ""
+        return f"{self.scheme}://{user}{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+class MqttTransport(Transport):
+    """One paho client. Reconnects by itself with capped, jittered backoff and resubscribes."""
+
+    def __init__(
+        self,
+        url: str | BrokerUrl,
+        client_id: str,
+        *,
+        will: tuple[str, bytes] | None = None,
+        keepalive: int = 10,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_message: int = 256 * 1024 * 1024,
+        tls: TlsOptions | None = None,
+        max_backoff: float = 5.0,
+    ) -> None:
+        super().__init__(client_id)
+        self.url = url if isinstance(url, BrokerUrl) else BrokerUrl.parse(url)
+        self.chunk_size = chunk_size
+        self.max_message = max_message
+        self.max_backoff = max_backoff
+        self._reassembler = Reassembler(max_message=max_message)
+        self._reassembly_lock = threading.Lock()
+        self._is_connected = threading.Event()
+        self._closed = False
+        self.dropped = 0  # payloads dropped as malformed or oversized, for tests and metrics
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=True
+        )
+        if self.url.username:
+            client.username_pw_set(self.url.username, self.url.password)
+        if self.url.tls or tls is not None:
+            opts = tls or TlsOptions()
+            client.tls_set(
+                ca_certs=opts.ca_file,
+                certfile=opts.cert_file,
+                keyfile=opts.key_file,
+                cert_reqs=ssl.CERT_REQUIRED,
+            )
+        if will is not None:
+            client.will_set(will[0], will[1], qos=1, retain=True)
+        client.on_connect = self._handle_connect
+        client.on_disconnect = self._handle_disconnect
+        client.on_message = self._handle_message
+        client.reconnect_delay_set(min_delay=1, max_delay=max(1, int(max_backoff)))
+        client.max_inflight_messages_set(64)
+        self._client = client
+        client.connect_async(self.url.host, self.url.port, keepalive=keepalive)
+        client.loop_start()
+
+    # -- Transport -----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._is_connected.is_set()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._is_connected.wait(timeout)
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        if len(payload) > self.max_message:
+            raise ProtocolError(f"refusing to send {len(payload)} bytes to {topic}: limit {self.max_message}")
+        for frame in split_payload(payload, self.chunk_size):
+            info = self._client.publish(topic, frame, qos=qos, retain=retain)
+            if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                log.warning("publish to %s failed: %s", topic, mqtt.error_string(info.rc))
+
+    def _subscribe_remote(self, pattern: str) -> None:
+        if self.connected:
+            self._client.subscribe(pattern, qos=1)
+
+    def _unsubscribe_remote(self, pattern: str) -> None:
+        if self.connected:
+            self._client.unsubscribe(pattern)
+
+    def close(self) -> None:
+        """Disconnect cleanly (no last will is sent) and stop the network thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._client.disconnect()
+        finally:
+            self._client.loop_stop()
+            self._is_connected.clear()
+
+    def kill(self) -> None:
+        """Drop the connection without DISCONNECT so that the broker publishes the last will (tests)."""
+        self._closed = True
+        sock = self._client.socket()
+        self._client.loop_stop()
+        if sock is not None:
+            sock.close()
+        self._is_connected.clear()
+
+    # -- paho callbacks (network thread) -----------------------------------------------------
+
+    def _handle_connect(
+        self, client: mqtt.Client, userdata: object, flags: object, rc: object, props: object
+    ) -> None:
+        if getattr(rc, "is_failure", False):
+            log.error(
+                "broker %s refused %s: %s (check the credentials and ACLs for this device)",
+                self.url.redacted(),
+                self.client_id,
+                rc,
+            )
+            return
+        log.debug("%s connected to %s", self.client_id, self.url.redacted())
+        self._client.reconnect_delay_set(min_delay=1, max_delay=max(1, int(self.max_backoff)))
+        # Connected first, then resubscribe: a subscribe() racing with this sees "connected" and sends
+        # its own SUBSCRIBE; one sent twice is harmless, one never sent would be lost until a reconnect.
+        self._is_connected.set()
+        for pattern in self._patterns():
+            client.subscribe(pattern, qos=1)
+        self._connected()
+
+    def _handle_disconnect(
+        self, client: mqtt.Client, userdata: object, flags: object, rc: object, props: object
+    ) -> None:
+        self._is_connected.clear()
+        if self._closed:
+            return
+        # Jitter the first retry so that a cluster does not reconnect in lock-step after a broker restart.
+        jittered: Any = random.uniform(0.2, 1.0)  # paho annotates int but sleeps on any number
+        client.reconnect_delay_set(min_delay=jittered, max_delay=max(1, int(self.max_backoff)))
+        log.warning("%s lost the broker %s (%s); reconnecting", self.client_id, self.url.redacted(), rc)
+
+    def _handle_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        payload = bytes(message.payload)
+        topic = message.topic
+        if len(payload) > self.max_message:
+            self.dropped += 1
+            log.warning(
+                "dropped %d bytes on %s: over the %d-byte limit", len(payload), topic, self.max_message
+            )
+            return
+        if is_chunk(payload):
+            try:
+                with self._reassembly_lock:
+                    whole = self._reassembler.feed(topic, payload)
+            except ProtocolError as exc:
+                self.dropped += 1
+                log.warning("dropped a chunk on %s: %s", topic, exc)
+                return
+            if whole is None:
+                return
+            payload = whole
+        self._dispatch(topic, payload)

@@ -1,0 +1,86 @@
+"""Shared fixtures: real brokers on free ephemeral ports (embedded amqtt and Mosquitto)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgeagent.broker import EmbeddedBroker, free_port
+
+
+def _wait_port(port: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+class MosquittoProcess:
+    """A private Mosquitto on an ephemeral port, so tests never share the machine's broker."""
+
+    def __init__(self, tmp: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.conf = tmp / f"mosquitto-{self.port}.conf"
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+            "max_queued_messages 10000\nlog_dest stderr\nlog_type error\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> MosquittoProcess:
+        self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf)], stderr=subprocess.DEVNULL)
+        if not _wait_port(self.port):
+            raise RuntimeError(f"mosquitto did not listen on {self.port}")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def amqtt_url() -> Iterator[str]:
+    broker = EmbeddedBroker().start()
+    try:
+        yield broker.url
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def mosquitto_url(tmp_path: Path) -> Iterator[str]:
+    if shutil.which("mosquitto") is None:
+        pytest.skip("the mosquitto binary is not installed (apt-get install mosquitto)")
+    proc = MosquittoProcess(tmp_path).start()
+    try:
+        yield proc.url
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(params=["amqtt", "mosquitto"])
+def broker_url(request: pytest.FixtureRequest) -> str:
+    """Each test that takes this runs once against amqtt and once against Mosquitto."""
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+@pytest.fixture
+def cluster() -> str:
+    """A unique cluster name, so concurrent runs on one broker never see each other's topics."""
+    return f"t{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,103 @@
+"""Multi-process training over real brokers: the central node here, workers as real processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.data import batch_indices, load_dataset
+from edgeagent.demo import run_demo
+from edgeagent.models import ModelSpec, build_model
+
+pytestmark = pytest.mark.slow
+
+
+def test_three_stage_gradients_match_unsplit_reference(amqtt_url: str, cluster: str, tmp_path: Path) -> None:
+    """One batch, no staleness: the split model's update equals the unsplit model's gradient step."""
+    lr = 0.5
+    train = TrainConfig(
+        model="cnn",
+        dataset="digits",
+        batch_size=32,
+        learning_rate=lr,
+        momentum=0.0,
+        weight_decay=0.0,
+        in_flight=1,
+        aggregation=False,
+        max_batches=1,
+        epochs=1,
+    )
+    saved = tmp_path / "model.pt"
+    config = CentralConfig(cluster=cluster, train=train, save_model=str(saved), progress=False)
+    report = run_demo(config, workers=2, slowdowns=[], broker=amqtt_url, show_progress=False)
+    assert report.batches == 1
+    assert len(report.partitions[0]["points"]) == 4  # three stages
+
+    data = load_dataset("digits", seed=0)
+    spec = ModelSpec("cnn", data.in_shape, data.num_classes)
+    reference = build_model(spec, seed=0)
+    initial = {k: v.clone() for k, v in reference.state_dict().items()}
+    idx = batch_indices(data.x_train.shape[0], 32, epoch=0, seed=0)[0]
+    torch.nn.functional.cross_entropy(reference(data.x_train[idx]), data.y_train[idx]).backward()
+
+    trained = torch.load(saved, weights_only=True)
+    assert set(trained) == set(initial)
+    for name, p in reference.named_parameters():
+        assert p.grad is not None
+        split_grad = (initial[name] - trained[name]) / lr
+        torch.testing.assert_close(split_grad, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_short_run_on_digits_learns(broker_url: str, cluster: str) -> None:
+    """Two epochs on digits with the default asynchronous pipeline, on amqtt and on Mosquitto."""
+    train = TrainConfig(epochs=2)
+    config = CentralConfig(cluster=cluster, train=train, progress=False)
+    report = run_demo(config, workers=2, slowdowns=[], broker=broker_url, show_progress=False)
+    assert report.epochs == 2
+    assert report.final_accuracy > 0.5  # chance is 0.1
+    assert report.samples_per_second > 0
+    assert report.partitions and report.partitions[0]["batch"] == 0
+
+
+def test_demo_command_reaches_90_percent_on_mosquitto(mosquitto_url: str, tmp_path: Path) -> None:
+    """The README's demo, pointed at a Mosquitto broker, as a user would run it."""
+    report_file = tmp_path / "report.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgeagent",
+            "demo",
+            "--broker",
+            mosquitto_url,
+            "--report",
+            str(report_file),
+            "--no-progress",
+            "--log-level",
+            "WARNING",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(report_file.read_text())
+    for key in (
+        "final_accuracy",
+        "test_accuracy_per_epoch",
+        "samples_per_second",
+        "batches",
+        "epochs",
+        "wall_seconds",
+        "partitions",
+        "recoveries",
+    ):
+        assert key in report
+    assert report["final_accuracy"] >= 0.90, report["test_accuracy_per_epoch"]
+    assert report["recoveries"] == []

@@ -1,0 +1,229 @@
+"""Schedule and stash bookkeeping, without a broker."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from edgeagent.errors import TrainingError
+from edgeagent.models import ModelSpec, build_layers, build_model
+from edgeagent.pipeline.schedule import Action, next_kind, one_f_one_b, simulate, validate
+from edgeagent.pipeline.stage import Stage, StageModule, StageOptions
+
+SPEC = ModelSpec("cnn", (1, 8, 8), 10)
+POINTS = [0, 2, 4, 8]
+
+
+def make_stages(options: StageOptions, points: list[int] = POINTS) -> list[Stage]:
+    n = len(points) - 1
+    stages = []
+    for i in range(n):
+        layers = build_layers(SPEC, points[i], points[i + 1], seed=0)
+        module = StageModule({points[i] + k: layer for k, layer in enumerate(layers)})
+        stages.append(Stage(module, options, is_first=i == 0, is_last=i == n - 1))
+    return stages
+
+
+def drive(stages: list[Stage], xs: torch.Tensor, ys: torch.Tensor, in_flight: int) -> dict[int, int]:
+    """Run the 1F1B schedule over in-process stages; return the version each batch was forwarded with."""
+    n, batches = len(stages), xs.shape[0]
+    schedule = one_f_one_b(n, batches, in_flight)
+    acts: dict[tuple[int, int], torch.Tensor] = {}
+    grads: dict[tuple[int, int], torch.Tensor | None] = {}
+    versions: dict[int, int] = {}
+    pos = [0] * n
+    remaining = sum(len(v) for v in schedule.values())
+    while remaining:
+        progressed = False
+        for s in range(n):
+            while pos[s] < len(schedule[s]):
+                a = schedule[s][pos[s]]
+                if a.kind == "F":
+                    if s == 0:
+                        out, versions[a.batch] = stages[0].forward(a.batch, xs[a.batch])
+                    elif (s - 1, a.batch) in acts:
+                        out, _ = stages[s].forward(a.batch, acts[(s - 1, a.batch)], versions[a.batch])
+                    else:
+                        break
+                    acts[(s, a.batch)] = out
+                else:
+                    if s == n - 1:
+                        r = stages[s].backward(a.batch, labels=ys[a.batch])
+                    elif (s + 1, a.batch) in grads:
+                        r = stages[s].backward(a.batch, grad_output=grads[(s + 1, a.batch)])
+                    else:
+                        break
+                    grads[(s, a.batch)] = r.grad_input
+                pos[s] += 1
+                remaining -= 1
+                progressed = True
+        assert progressed, "schedule deadlocked"
+    return versions
+
+
+def stale_sgd_reference(
+    xs: torch.Tensor, ys: torch.Tensor, versions: dict[int, int], lr: float
+) -> dict[str, torch.Tensor]:
+    """w_{t+1} = w_t - lr * grad(w_{version(t)}) on the unsplit model: PipeDream's update rule."""
+    history = [copy.deepcopy(build_model(SPEC, seed=0).state_dict())]
+    for b in range(xs.shape[0]):
+        model = build_model(SPEC, seed=0)
+        model.load_state_dict(history[versions[b]])
+        torch.nn.functional.cross_entropy(model(xs[b]), ys[b]).backward()
+        new = {k: v.clone() for k, v in history[-1].items()}
+        for name, p in model.named_parameters():
+            assert p.grad is not None
+            new[name] -= lr * p.grad
+        history.append(new)
+    return history[-1]
+
+
+def merged_state(stages: list[Stage]) -> dict[str, torch.Tensor]:
+    return {k.removeprefix("layers."): v for s in stages for k, v in s.module.state_dict().items()}
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 3, 5])
+def test_pipeline_matches_stale_sgd(in_flight: int) -> None:
+    torch.manual_seed(0)
+    xs, ys = torch.randn(9, 4, 1, 8, 8), torch.randint(0, 10, (9, 4))
+    stages = make_stages(StageOptions(learning_rate=0.1))
+    versions = drive(stages, xs, ys, in_flight)
+    # Vertical sync: batch b was forwarded with the version after b - in_flight + 1 updates.
+    assert versions == {b: max(0, b - in_flight + 1) for b in range(9)}
+    expected = stale_sgd_reference(xs, ys, versions, lr=0.1)
+    got = merged_state(stages)
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value)
+
+
+def test_stash_is_bounded_and_pruned() -> None:
+    torch.manual_seed(0)
+    xs, ys = torch.randn(12, 4, 1, 8, 8), torch.randint(0, 10, (12, 4))
+    stages = make_stages(StageOptions(learning_rate=0.1))
+    drive(stages, xs, ys, in_flight=3)
+    for stage in stages:
+        assert stage.in_flight == []
+        assert stage.version == 12
+        # Only versions a future batch may still ask for survive: the newest ones.
+        assert len(stage.stashed_versions) <= 3 + 1
+        assert stage.stashed_versions[-1] == 12
+
+
+def test_stash_does_not_alias_live_weights() -> None:
+    stage = make_stages(StageOptions(learning_rate=0.5), [0, 8])[0]
+    x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+    before = {k: v.clone() for k, v in stage.module.named_parameters()}
+    stage.forward(0, x)
+    stage.forward(1, x)  # forwarded with version 0 too
+    stage.backward(0, labels=y)  # updates live weights in place
+    stage.backward(1, labels=y)  # must still see version 0, and autograd must not complain
+    assert stage.version == 2
+    changed = any(not torch.equal(before[k], v) for k, v in stage.module.named_parameters())
+    assert changed
+
+
+def test_unknown_version_and_batch_raise() -> None:
+    stages = make_stages(StageOptions(learning_rate=0.1))
+    with pytest.raises(TrainingError, match="version 7"):
+        stages[1].forward(0, torch.randn(4, 8, 4, 4), version=7)
+    with pytest.raises(TrainingError, match="not in flight"):
+        stages[2].backward(3, labels=torch.zeros(4, dtype=torch.long))
+    _out, _ = stages[1].forward(0, torch.randn(4, 8, 4, 4), version=0)
+    with pytest.raises(TrainingError, match="shape"):
+        stages[1].backward(0, grad_output=torch.zeros(1, 2))
+
+
+def test_drop_in_flight_forgets_batches() -> None:
+    stage = make_stages(StageOptions(learning_rate=0.1), [0, 8])[0]
+    stage.forward(0, torch.randn(2, 1, 8, 8))
+    stage.drop_in_flight()
+    assert stage.in_flight == []
+    with pytest.raises(TrainingError):
+        stage.backward(0, labels=torch.zeros(2, dtype=torch.long))
+
+
+def test_aggregation_averages_the_window() -> None:
+    torch.manual_seed(0)
+    xs, ys = torch.randn(6, 4, 1, 8, 8), torch.randint(0, 10, (6, 4))
+    plain = make_stages(StageOptions(learning_rate=0.1), [0, 8])[0]
+    agg = make_stages(StageOptions(learning_rate=0.1, aggregation=True, aggregation_window=3), [0, 8])[0]
+    snapshots = []
+    for b in range(3):
+        for stage in (plain, agg):
+            stage.forward(b, xs[b])
+            stage.backward(b, labels=ys[b])
+        snapshots.append({k: v.detach().clone() for k, v in plain.module.named_parameters()})
+    # After 3 = window updates the aggregated stage holds the mean of the three versions.
+    for name, p in agg.module.named_parameters():
+        torch.testing.assert_close(p.detach(), torch.stack([s[name] for s in snapshots]).mean(0))
+    assert agg.version == plain.version == 3
+
+
+def test_aggregation_off_or_window_one_changes_nothing() -> None:
+    torch.manual_seed(0)
+    xs, ys = torch.randn(4, 4, 1, 8, 8), torch.randint(0, 10, (4, 4))
+    a = make_stages(StageOptions(learning_rate=0.1), [0, 8])[0]
+    b = make_stages(StageOptions(learning_rate=0.1, aggregation=True, aggregation_window=1), [0, 8])[0]
+    for i in range(4):
+        for stage in (a, b):
+            stage.forward(i, xs[i])
+            stage.backward(i, labels=ys[i])
+    for (_, pa), (_, pb) in zip(a.module.named_parameters(), b.module.named_parameters(), strict=False):
+        assert torch.equal(pa, pb)
+
+
+# -- schedule ------------------------------------------------------------------------------------
+
+
+def test_action_string_form_round_trips() -> None:
+    assert str(Action(1, "F", 0)) == "1F0"
+    assert Action.parse("12B7") == Action(12, "B", 7)
+    with pytest.raises(ValueError):
+        Action.parse("1X0")
+
+
+@pytest.mark.parametrize(
+    ("stages", "batches", "bound"), [(1, 5, 1), (3, 8, 3), (3, 8, 1), (4, 10, 2), (3, 2, 5)]
+)
+def test_generated_schedules_validate(stages: int, batches: int, bound: int) -> None:
+    validate(one_f_one_b(stages, batches, bound), stages, batches, bound)
+
+
+def test_validate_rejects_broken_schedules() -> None:
+    s = one_f_one_b(3, 4, 3)
+    bad = {k: list(v) for k, v in s.items()}
+    bad[1] = [a for a in bad[1] if a != Action(1, "F", 2)]
+    with pytest.raises(ValueError, match="stage 1 does F"):
+        validate(bad, 3, 4)
+    swapped = {k: list(v) for k, v in s.items()}
+    swapped[2][0], swapped[2][1] = swapped[2][1], swapped[2][0]
+    with pytest.raises(ValueError, match="before its forward"):
+        validate(swapped, 3, 4)
+    with pytest.raises(ValueError, match="in flight"):
+        validate(s, 3, 4, in_flight=2)
+
+
+def test_simulate_detects_deadlock() -> None:
+    s = one_f_one_b(2, 2, 2)
+    # Stage 1 wants to backward batch 0 before it has forwarded it: it waits forever.
+    s[1] = [Action(1, "B", 0), Action(1, "F", 0), Action(1, "F", 1), Action(1, "B", 1)]
+    with pytest.raises(ValueError, match="deadlock"):
+        simulate(s, [1, 1], [1, 1])
+
+
+def test_pipelining_overlaps_three_equal_stages() -> None:
+    n = 120
+    pipelined = simulate(one_f_one_b(3, n, 3), [1, 1, 1], [2, 2, 2])
+    serial = simulate(one_f_one_b(3, n, 1), [1, 1, 1], [2, 2, 2])
+    assert serial.makespan / pipelined.makespan == pytest.approx(3.0, rel=0.05)
+
+
+def test_next_kind_alternates() -> None:
+    assert next_kind(None, True, True) == "B"
+    assert next_kind("B", True, True) == "F"
+    assert next_kind("F", True, True) == "B"
+    assert next_kind("F", True, False) == "F"
+    assert next_kind("B", False, True) == "B"
+    assert next_kind(None, False, False) is None
