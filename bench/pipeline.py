@@ -1,6 +1,6 @@
 """Pipelining overlap: samples/s of a 3-device pipeline with the in-flight bound at its default and at 1.
 
-    python bench/pipeline.py [--slowdown 40] [--batches 60] [--broker URL]
+    python bench/pipeline.py [--slowdown 10] [--batches 90] [--in-flight K] [--broker URL]
 
 Compute dominates through ``--slowdowns S,S,S`` (each device takes S times its CPU time, sleeping the
 difference, so three emulated devices do not fight over two cores). With three equal stages the
@@ -22,15 +22,16 @@ from edgeagent.demo import run_demo
 from edgeagent.logs import setup_logging
 from edgeagent.pipeline.schedule import one_f_one_b, simulate
 
-# Six equal hidden layers split 2/2/2: three equal stages.
-MODEL_OPTIONS = {"hidden": [256, 256, 256, 256, 256]}
+# Six 1024-wide layers and a small head split 2/2/2+head: three equal stages whose cost is real
+# matrix work, not per-call overhead.
+MODEL_OPTIONS = {"hidden": [1024] * 6}
 
 
 def measure(in_flight: int, *, slowdown: float, batches: int, broker: str | None) -> dict[str, float]:
     train = TrainConfig(
         model="mlp",
         model_options=MODEL_OPTIONS,
-        dataset="synthetic:4096:64:10",
+        dataset="synthetic:8192:1024:10",
         batch_size=64,
         epochs=1,
         max_batches=batches,
@@ -51,15 +52,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--slowdown", type=float, default=40.0)
-    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--slowdown", type=float, default=10.0)
+    parser.add_argument("--batches", type=int, default=90)
     parser.add_argument("--broker", default=None, help="default: the embedded broker")
+    parser.add_argument("--in-flight", type=int, default=0, help="the pipelined bound (default: the default)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     setup_logging("WARNING")
     logging.getLogger("edgeagent").setLevel(logging.WARNING)
 
-    pipelined = measure(0, slowdown=args.slowdown, batches=args.batches, broker=args.broker)
+    pipelined = measure(args.in_flight, slowdown=args.slowdown, batches=args.batches, broker=args.broker)
     serial = measure(1, slowdown=args.slowdown, batches=args.batches, broker=args.broker)
     ratio = pipelined["samples_per_second"] / serial["samples_per_second"]
     ideal = (
@@ -67,7 +69,7 @@ def main() -> None:
         / simulate(one_f_one_b(3, args.batches, 3), [1] * 3, [2] * 3).makespan
     )
     print(
-        f"3-device pipeline, mlp 6x256 on synthetic data, batch 64, slowdowns {args.slowdown:g} everywhere,"
+        f"3-device pipeline, mlp 6x1024+head on synthetic 1024-feature data, batch 64, slowdowns {args.slowdown:g} everywhere,"
         f" {args.batches} batches, partition {pipelined['points']}"
     )
     print(f"{'in-flight bound':<28}{'samples/s':>12}{'train s':>10}")

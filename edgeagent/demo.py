@@ -59,11 +59,15 @@ def worker_command(
 
 @contextlib.contextmanager
 def local_workers(
-    n: int, broker: str, cluster: str, slowdowns: list[float], *, log_level: str = "WARNING"
+    n: int, broker: str, cluster: str, slowdowns: list[float], *, log_level: str | None = None
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start ``n`` worker processes ``worker-1 .. worker-n``; stop any that are left at the end."""
+    """Start ``n`` worker processes ``worker-1 .. worker-n``; stop any that are left at the end.
+
+    Workers log warnings only (``EDGEAGENT_WORKER_LOG_LEVEL`` overrides) so the progress bar stays readable.
+    """
     procs = []
-    env = dict(os.environ, EDGEAGENT_LOG_LEVEL=log_level)
+    level = log_level or os.environ.get("EDGEAGENT_WORKER_LOG_LEVEL", "WARNING")
+    env = dict(os.environ, EDGEAGENT_LOG_LEVEL=level)
     try:
         for i in range(n):
             cmd = worker_command(f"worker-{i + 1}", broker, cluster, slowdowns[i])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -16,6 +16,24 @@ from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TimeAccount:
+    """Where a role's time went: compute (emulated), communication (encoding and publishing), idle."""
+
+    compute: float = 0.0
+    communication: float = 0.0
+    idle: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def reset(self) -> None:
+        self.compute = self.communication = self.idle = 0.0
+        self.started = time.perf_counter()
+
+    def summary(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.started
+        return {"wall": wall, "compute": self.compute, "communication": self.communication, "idle": self.idle}
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,7 @@ class Role:
         self._scheduler: BackgroundScheduler | None = None
         self.heartbeat_interval = 1.0
         self._status = Status(device_id=device_id, state="online")
+        self.times = TimeAccount()
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -64,15 +83,25 @@ class Role:
         self.inbox.put(Inbound(info, sender, message))
 
     def next_message(self, timeout: float | None) -> Inbound | None:
+        if timeout == 0:
+            try:
+                return self.inbox.get_nowait()
+            except queue.Empty:
+                return None
+        started = time.perf_counter()
         try:
-            return self.inbox.get(timeout=timeout) if timeout != 0 else self.inbox.get_nowait()
+            return self.inbox.get(timeout=timeout)
         except queue.Empty:
             return None
+        finally:
+            self.times.idle += time.perf_counter() - started
 
     # -- sending -------------------------------------------------------------------------------
 
     def send(self, topic: str, message: Message, *, retain: bool = False, qos: int = 1) -> None:
+        started = time.perf_counter()
         self.transport.publish(topic, encode(message, sender=self.device_id), qos=qos, retain=retain)
+        self.times.communication += time.perf_counter() - started
 
     def set_status(self, state: str, *, run_id: str = "", stage: int = -1, detail: str = "") -> None:
         self._status = Status(
@@ -134,7 +163,7 @@ class Clock:
         self.cpu = time.thread_time()
 
 
-def emulate_slowdown(started: Clock, factor: float) -> float:
+def emulate_slowdown(started: Clock, factor: float, account: TimeAccount | None = None) -> float:
     """Make a compute step take ``factor`` times the CPU time it really used; return its emulated duration.
 
     CPU time, not wall time, is scaled: several emulated devices share this machine's cores, and
@@ -146,7 +175,10 @@ def emulate_slowdown(started: Clock, factor: float) -> float:
     wall = time.perf_counter() - started.wall
     if factor > 1.0 and target > wall:
         time.sleep(target - wall)
-    return max(target, wall) if factor > 1.0 else wall
+    duration = max(target, wall) if factor > 1.0 else wall
+    if account is not None:
+        account.compute += duration
+    return duration
 
 
 def configure_threads(threads: int) -> None:

@@ -315,6 +315,7 @@ class Central(Role):
             total = min(total, self.train.max_batches)
         bound = self._bound()
         train_started = time.perf_counter()
+        self.times.reset()
         samples = 0
         next_f = 0  # next global batch id to forward
         committed_b = -1  # committed backward id (Table I)
@@ -348,7 +349,7 @@ class Central(Role):
                     assert grad is not None
                     stage.backward(bid, grad_output=grad.g)
                     loss, correct = grad.loss, grad.correct
-                emulate_slowdown(started, self.config.slowdown)
+                emulate_slowdown(started, self.config.slowdown, self.times)
                 committed_b = bid
                 self._sent_at.pop(bid, None)
                 losses.append(loss)
@@ -373,7 +374,7 @@ class Central(Role):
                 started = Clock()
                 x, y = batch(next_f)
                 out, version = stage.forward(next_f, x)
-                emulate_slowdown(started, self.config.slowdown)
+                emulate_slowdown(started, self.config.slowdown, self.times)
                 if not stage.is_last:
                     self.send(
                         self.topics.activations(0),
@@ -393,6 +394,14 @@ class Central(Role):
                 continue
             self._wait_for_messages()
         report.train_seconds = time.perf_counter() - train_started - eval_seconds
+        t = self.times.summary()
+        log.info(
+            "central: of %.1f s: compute %.1f, communication %.1f, idle %.1f",
+            t["wall"],
+            t["compute"],
+            t["communication"],
+            t["idle"],
+        )
         report.batches = committed_b + 1
         report.epochs = len(report.test_accuracy_per_epoch)
         report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
@@ -477,7 +486,7 @@ class Central(Role):
         for eid, x, y in chunks:
             started = Clock()
             out = stage.evaluate(x)
-            emulate_slowdown(started, self.config.slowdown)
+            emulate_slowdown(started, self.config.slowdown, self.times)
             self.send(
                 self.topics.activations(0),
                 Activation(

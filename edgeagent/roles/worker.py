@@ -212,6 +212,7 @@ class Worker(Role):
             self.listen(pattern)
         start_id = msg.committed_backward_id + 1
         self.run_state = _Run(msg, index, stage, subs, next_forward=start_id, next_backward=start_id)
+        self.times.reset()
         self.set_status("training", run_id=msg.run_id, stage=index)
         n_params = sum(p.numel() for p in module.parameters())
         log.info(
@@ -256,7 +257,18 @@ class Worker(Role):
         if msg.name == "collect":
             self._send_weights(run, purpose="collect")
         elif msg.name == "stop":
-            log.info("%s: run %s finished after %d batches here", self.device_id, msg.run_id, run.batches)
+            t = self.times.summary()
+            log.info(
+                "%s: run %s finished after %d batches here; of %.1f s: compute %.1f, communication %.1f, "
+                "idle %.1f",
+                self.device_id,
+                msg.run_id,
+                run.batches,
+                t["wall"],
+                t["compute"],
+                t["communication"],
+                t["idle"],
+            )
             self._leave_run()
             if self.config.once:
                 self._stopping = True
@@ -295,10 +307,10 @@ class Worker(Role):
             result = stage.backward(msg.batch_id, labels=msg.y)
             run.next_backward = msg.batch_id + 1
             run.batches += 1
-            emulate_slowdown(started, self.slowdown)
+            emulate_slowdown(started, self.slowdown, self.times)
             self._send_gradient(run, msg.batch_id, result.grad_input, result.loss, result.correct, [])
             return
-        emulate_slowdown(started, self.slowdown)
+        emulate_slowdown(started, self.slowdown, self.times)
         self.send(
             self.topics.activations(run.index),
             Activation(
@@ -319,7 +331,7 @@ class Worker(Role):
         started = Clock()
         result = run.stage.backward(msg.batch_id, grad_output=msg.g)
         run.batches += 1
-        emulate_slowdown(started, self.slowdown)
+        emulate_slowdown(started, self.slowdown, self.times)
         self._send_gradient(run, msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
 
     def _send_gradient(
@@ -351,7 +363,7 @@ class Worker(Role):
     def _evaluate(self, run: _Run, msg: Activation) -> None:
         started = Clock()
         out = run.stage.evaluate(msg.x)
-        emulate_slowdown(started, self.slowdown)
+        emulate_slowdown(started, self.slowdown, self.times)
         if run.is_last:
             loss_sum = float(torch.nn.functional.cross_entropy(out, msg.y, reduction="sum"))
             correct = int((out.argmax(dim=1) == msg.y).sum())

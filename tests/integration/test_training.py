@@ -101,3 +101,54 @@ def test_demo_command_reaches_90_percent_on_mosquitto(mosquitto_url: str, tmp_pa
         assert key in report
     assert report["final_accuracy"] >= 0.90, report["test_accuracy_per_epoch"]
     assert report["recoveries"] == []
+
+
+def test_garbage_on_live_topics_is_dropped_and_the_run_completes(amqtt_url: str, cluster: str) -> None:
+    """Malformed payloads on every topic the roles subscribe to, while they train."""
+    import threading
+
+    from edgeagent.protocol.topics import Family, Topics
+    from edgeagent.transport.mqtt import MqttTransport
+
+    topics = Topics(cluster)
+    targets = [
+        topics.activations(0),
+        topics.activations(1),
+        topics.gradients(1),
+        topics.gradients(2),
+        topics.results(2),
+        topics.fixed(Family.COMMAND),
+        topics.fixed(Family.ANNOUNCE),
+        topics.device(Family.CONTROL, "worker-1"),
+        topics.device(Family.REPLY, "worker-2"),
+        topics.device(Family.HEARTBEAT, "worker-1"),
+        f"{topics.base}/no/such/topic",
+    ]
+    payloads = [b"", b"\xff\x00garbage", b'{"v":99,"k":"gradient","s":"x","b":{}}', b"\xd9\x9c\x41\x80", b"{" * 50]
+    stop = threading.Event()
+    sent = [0]
+
+    def flood() -> None:
+        attacker = MqttTransport(amqtt_url, f"attacker-{cluster}")
+        try:
+            attacker.wait_connected(10)
+            while not stop.is_set() and sent[0] < 2000:
+                for t in targets:
+                    for p in payloads:
+                        attacker.publish(t, p, qos=0)
+                        sent[0] += 1
+                stop.wait(0.05)
+        finally:
+            attacker.close()
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    try:
+        config = CentralConfig(cluster=cluster, train=TrainConfig(epochs=2), progress=False)
+        report = run_demo(config, workers=2, slowdowns=[], broker=amqtt_url, show_progress=False)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert sent[0] > 100
+    assert report.epochs == 2
+    assert report.final_accuracy > 0.5
