@@ -69,8 +69,8 @@ def main() -> None:
         / simulate(one_f_one_b(3, args.batches, 3), [1] * 3, [2] * 3).makespan
     )
     print(
-        f"3-device pipeline, mlp 6x1024+head on synthetic 1024-feature data, batch 64, slowdowns {args.slowdown:g} everywhere,"
-        f" {args.batches} batches, partition {pipelined['points']}"
+        f"3-device pipeline, mlp 6x1024+head on synthetic 1024-feature data, batch 64, "
+        f"slowdowns {args.slowdown:g} everywhere, {args.batches} batches, partition {pipelined['points']}"
     )
     print(f"{'in-flight bound':<28}{'samples/s':>12}{'train s':>10}")
     print(

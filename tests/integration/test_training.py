@@ -124,7 +124,13 @@ def test_garbage_on_live_topics_is_dropped_and_the_run_completes(amqtt_url: str,
         topics.device(Family.HEARTBEAT, "worker-1"),
         f"{topics.base}/no/such/topic",
     ]
-    payloads = [b"", b"\xff\x00garbage", b'{"v":99,"k":"gradient","s":"x","b":{}}', b"\xd9\x9c\x41\x80", b"{" * 50]
+    payloads = [
+        b"",
+        b"\xff\x00garbage",
+        b'{"v":99,"k":"gradient","s":"x","b":{}}',
+        b"\xd9\x9c\x41\x80",
+        b"{" * 50,
+    ]
     stop = threading.Event()
     sent = [0]
 
