@@ -93,8 +93,14 @@ class EmbeddedBroker:
             await broker.start()
             started.set_result(None)
             await self._stop.wait()
-            with contextlib.suppress(Exception):
-                await broker.shutdown()
+            try:
+                await asyncio.wait_for(broker.shutdown(), 5.0)
+            except Exception:
+                # amqtt can hang in shutdown when a client packet races the reader's cancellation
+                # (asyncio.wait_for on 3.11 swallows it); close the listeners ourselves.
+                for server in broker._servers.values():
+                    with contextlib.suppress(Exception):
+                        await server.close_instance()
 
         try:
             asyncio.run(main())
@@ -107,10 +113,13 @@ class EmbeddedBroker:
     def stop(self, timeout: float = 10.0) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._thread = None
-        self._loop = None
+        thread, self._thread, self._loop = self._thread, None, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise RuntimeError(
+                    f"the embedded broker on port {self.port} did not stop within {timeout:.0f} s"
+                )
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from edgeagent.config import CentralConfig, WorkerConfig, load, load_yaml, merge
+from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
 from edgeagent.errors import EdgeAgentError
 from edgeagent.logs import console, setup_logging
 
@@ -55,6 +55,21 @@ def train_options(f: F) -> F:
         click.option("--cluster", help="Cluster name: the topic root edgeagent/v1/<cluster>/."),
         click.option("--report", type=click.Path(dir_okay=False), help="Write a JSON run report here."),
         click.option("--save-model", type=click.Path(dir_okay=False), help="Save the trained model here."),
+        click.option(
+            "--partition",
+            type=click.Choice(["uniform", "dynamic", "oracle"]),
+            help="uniform: PipeDream's even split; dynamic: FTPipeHD (default); oracle: DP on true speeds.",
+        ),
+        click.option(
+            "--repartition-first", type=int, help="Batches of epoch 0 before the first re-split (10)."
+        ),
+        click.option("--repartition-every", type=int, help="Batches between later re-splits (100)."),
+        click.option(
+            "--change-slowdown",
+            "slowdown_changes",
+            multiple=True,
+            help="DEVICE@BATCH=F: from that batch on, DEVICE emulates an F-times slower device.",
+        ),
         click.option("--log-level", default="INFO", show_default=True),
     ]
     for option in reversed(options):
@@ -74,12 +89,22 @@ _TRAIN_KEYS = (
     "max_batches",
     "init_weights",
 )
-_CENTRAL_KEYS = ("broker", "cluster", "report", "save_model")
+_CENTRAL_KEYS = (
+    "broker",
+    "cluster",
+    "report",
+    "save_model",
+    "partition",
+    "repartition_first",
+    "repartition_every",
+)
 
 
 def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
     train = {k: kw[k] for k in _TRAIN_KEYS if kw.get(k) is not None}
     central = {k: kw[k] for k in _CENTRAL_KEYS if kw.get(k) is not None}
+    if kw.get("slowdown_changes"):
+        central["slowdown_changes"] = list(kw["slowdown_changes"])
     return {**central, "train": train} if train else central
 
 
@@ -105,11 +130,12 @@ def demo(**kw: Any) -> None:
 
     setup_logging(kw["log_level"], device="central")
     try:
+        source = kw["config_file"] or "<arguments>"
         base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
-        demo_part = base.pop("demo", {}) if isinstance(base.get("demo"), dict) else {}
-        config = load(CentralConfig, None, merge(base, _central_overrides({**kw, "broker": None})))
-        workers = kw["workers"] if kw["workers"] is not None else int(demo_part.get("workers", 2))
-        slowdowns = _floats(kw["slowdowns"]) or [float(s) for s in demo_part.get("slowdowns", [])]
+        section = build(DemoConfig, base.pop("demo", None) or {}, source=f"{source} (demo:)")
+        config = build(CentralConfig, merge(base, _central_overrides({**kw, "broker": None})), source=source)
+        workers = kw["workers"] if kw["workers"] is not None else section.workers
+        slowdowns = _floats(kw["slowdowns"]) or list(section.slowdowns)
         report = run_demo(
             config,
             workers=workers,

@@ -6,7 +6,7 @@ Command-line flags override the YAML values. Errors name the file, the key and w
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -44,6 +44,9 @@ class TrainConfig(_Frozen):
     init_weights: str | None = None
 
 
+PartitionMode = Literal["uniform", "dynamic", "oracle"]
+
+
 class CentralConfig(_Frozen):
     broker: str = "mqtt://127.0.0.1:1883"
     cluster: str = "default"
@@ -58,7 +61,29 @@ class CentralConfig(_Frozen):
     report: str | None = None
     save_model: str | None = None
     progress: bool = True
+    # uniform: PipeDream's even split, never changes; dynamic: FTPipeHD (re-split from measurements);
+    # oracle: the DP fed the true slowdowns, the limit to measure against.
+    partition: PartitionMode = "dynamic"
+    repartition_first: int = Field(10, ge=1, description="batches of epoch 0 before the first re-split")
+    repartition_every: int = Field(100, ge=1, description="batches between later re-splits")
+    # Emulation changes during the run, "DEVICE@BATCH=SLOWDOWN", e.g. "worker-2@300=5".
+    slowdown_changes: list[str] = Field(default_factory=list)
     train: TrainConfig = Field(default_factory=TrainConfig)
+
+
+def parse_slowdown_change(text: str) -> tuple[str, int, float]:
+    """``"worker-2@300=5"`` -> ``("worker-2", 300, 5.0)``."""
+    try:
+        device, rest = text.split("@", 1)
+        batch, factor = rest.split("=", 1)
+        parsed = device, int(batch), float(factor)
+    except ValueError:
+        raise ConfigError(
+            f"slowdown change {text!r}: expected DEVICE@BATCH=SLOWDOWN, e.g. worker-2@300=5"
+        ) from None
+    if parsed[1] < 0 or parsed[2] < 1:
+        raise ConfigError(f"slowdown change {text!r}: batch must be >= 0 and slowdown >= 1")
+    return parsed
 
 
 class WorkerConfig(_Frozen):

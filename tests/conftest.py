@@ -33,7 +33,7 @@ class MosquittoProcess:
         self.conf = tmp / f"mosquitto-{self.port}.conf"
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            "max_queued_messages 10000\nlog_dest stderr\nlog_type error\n"
+            "max_queued_messages 10000\nset_tcp_nodelay true\nlog_dest stderr\nlog_type error\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None
 

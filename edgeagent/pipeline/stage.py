@@ -15,7 +15,7 @@ Note: weight stashing and vertical sync.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +77,9 @@ class StageOptions:
 class Stage:
     """A stage's sub-model, optimizer, stash of weight versions and batches in flight."""
 
-    def __init__(self, module: StageModule, options: StageOptions, *, is_first: bool, is_last: bool) -> None:
+    def __init__(
+        self, module: StageModule, options: StageOptions, *, is_first: bool, is_last: bool, version: int = 0
+    ) -> None:
         self.module = module
         self.options = options
         self.is_first = is_first
@@ -93,10 +95,10 @@ class Stage:
             if params
             else None
         )
-        self.version = 0
-        self._stash: dict[int, dict[str, torch.Tensor]] = {0: self._snapshot()}
+        self.version = version
+        self._stash: dict[int, dict[str, torch.Tensor]] = {version: self._snapshot()}
         self._in_flight: dict[int, _InFlight] = {}
-        self._floor = 0  # no future batch asks for a version below this
+        self._floor = version  # no future batch asks for a version below this
         self._recent: list[dict[str, torch.Tensor]] = []  # last versions, for aggregation
         self.compute_seconds = 0.0  # real compute time, summed; the worker reports averages
 
@@ -223,6 +225,37 @@ class Stage:
     def state(self) -> dict[str, torch.Tensor]:
         """Live parameters and buffers, keyed ``layers.<global index>.<name>``."""
         return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def export(self, layers: Iterable[int]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Weights (parameters and buffers) and momentum buffers of some of this stage's layers."""
+        wanted = {str(j) for j in layers}
+        missing = wanted - set(self.module.layers.keys())
+        if missing:
+            raise TrainingError(
+                f"layers {sorted(int(j) for j in missing)} are not on this stage "
+                f"[{self.module.start}, {self.module.end})"
+            )
+        weights = {k: v for k, v in self.state().items() if k.split(".")[1] in wanted}
+        momentum: dict[str, torch.Tensor] = {}
+        if self.optimizer is not None:
+            for name, p in self.module.named_parameters():
+                buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
+                if buf is not None and name.split(".")[1] in wanted:
+                    momentum[name] = buf.detach().clone()
+        return weights, momentum
+
+    def load_momentum(self, momentum: dict[str, torch.Tensor]) -> None:
+        """Restore momentum buffers (moved here with their layers)."""
+        if self.optimizer is None:
+            return
+        for name, p in self.module.named_parameters():
+            buf = momentum.get(name)
+            if buf is not None:
+                if buf.shape != p.shape:
+                    raise TrainingError(
+                        f"momentum for {name} has shape {tuple(buf.shape)}, expected {tuple(p.shape)}"
+                    )
+                self.optimizer.state[p]["momentum_buffer"] = buf.clone()
 
     def named_layers(self) -> Iterator[tuple[int, nn.Module]]:
         for key, layer in self.module.layers.items():

@@ -79,6 +79,8 @@ class Reassembler:
         self.max_pending = max_pending
         self.timeout = timeout
         self._partials: OrderedDict[tuple[str, str], _Partial] = OrderedDict()
+        # Recently completed messages: a late duplicate chunk (QoS 1 redelivery) must not start a new partial.
+        self._done: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     @property
     def pending(self) -> int:
@@ -120,6 +122,8 @@ class Reassembler:
                 f"chunk {index}/{count} of a {total}-byte message rejected (limit {self.max_message} bytes)"
             )
         key = (source, msg_id)
+        if key in self._done:
+            return None
         partial = self._partials.get(key)
         if partial is None:
             while len(self._partials) >= self.max_pending:
@@ -138,6 +142,9 @@ class Reassembler:
         if len(partial.parts) < count:
             return None
         del self._partials[key]
+        self._done[key] = None
+        while len(self._done) > 4 * self.max_pending:
+            self._done.popitem(last=False)
         payload = b"".join(partial.parts[i] for i in range(count))
         if len(payload) != total or hashlib.sha256(payload).digest() != digest:
             raise ProtocolError(f"message {msg_id} failed its integrity check ({len(payload)}/{total} bytes)")

@@ -45,6 +45,10 @@ class MessageKind(str, Enum):
     METRICS = "metrics"
     EVENT = "event"
     ERROR = "error"
+    PROBE = "probe"
+    LINK_REPORT = "link_report"
+    REPARTITION = "repartition"
+    FETCH = "fetch"
 
 
 Encoding = Literal["cbor", "json"]
@@ -150,6 +154,7 @@ class Ready(Message):
     device_id: str
     stage: int
     parameters: int
+    phase: str = "built"  # "fetched": has every layer of a new plan; "built": the stage runs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +217,7 @@ class Command(Message):
     name: str
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    COMMANDS: ClassVar[tuple[str, ...]] = ("start", "stop", "collect", "reset")
+    COMMANDS: ClassVar[tuple[str, ...]] = ("start", "stop", "collect", "reset", "probe", "emulate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +233,9 @@ class Weights(Message):
     version: int
     tensors: dict[str, torch.Tensor]
     purpose: str = "collect"  # collect | chain | global | redistribute
-    optimizer: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    optimizer: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # momentum buffers
+    plan_id: int = -1
+    recipient: str = ""  # for "redistribute": the device that asked for these layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +275,61 @@ class ErrorReport(Message):
     run_id: str = ""
 
 
+# ---------------------------------------------------------------------------------------------
+# Links and re-partitioning (papers/000 Sec. III-B, III-D)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe(Message):
+    """Bandwidth probe along the real path (device -> broker -> device); the target echoes a tiny reply."""
+
+    KIND = MessageKind.PROBE
+    source: str
+    target: str
+    nonce: int
+    reply: bool = False
+    padding: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkReport(Message):
+    """Measured link from ``source`` to ``target`` (stage k to k+1), sent to the central node."""
+
+    KIND = MessageKind.LINK_REPORT
+    run_id: str
+    source: str
+    target: str
+    bandwidth: float  # bytes per second
+    latency: float  # seconds per message
+
+
+@dataclasses.dataclass(frozen=True)
+class Repartition(Message):
+    """Central -> all: a new split. Each device works out what it lacks and fetches it (Algorithm 1)."""
+
+    KIND = MessageKind.REPARTITION
+    run_id: str
+    plan_id: int
+    points: list[int]
+    worker_list: list[str]
+    previous_points: list[int]
+    previous_workers: list[str]
+    version: int  # every stage's weight version after the drain (the committed backward id + 1)
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchRequest(Message):
+    """Device -> current owner: send me these layers (weights and momentum) for plan ``plan_id``."""
+
+    KIND = MessageKind.FETCH
+    run_id: str
+    plan_id: int
+    requester: str
+    owner: str
+    layers: list[int]
+
+
 MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
     cls.KIND: cls
     for cls in (
@@ -286,6 +348,10 @@ MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
         Metrics,
         Event,
         ErrorReport,
+        Probe,
+        LinkReport,
+        Repartition,
+        FetchRequest,
     )
 }
 
@@ -299,7 +365,10 @@ def encode(msg: Message, *, sender: str) -> bytes:
     body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
     envelope = {"v": FORMAT_VERSION, "k": msg.KIND.value, "s": sender, "b": body}
     if msg.ENCODING == "json":
-        return json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
+        try:
+            return json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
+        except ValueError as exc:  # NaN or infinity, e.g. a diverging loss in metrics
+            raise ProtocolError(f"{msg.KIND.value} has a value JSON cannot carry: {exc}") from exc
     return cbor2.dumps(_to_cbor(envelope))
 
 
@@ -326,7 +395,7 @@ def decode(payload: bytes) -> tuple[str, Message]:
     if not isinstance(envelope, dict):
         raise ProtocolError(f"envelope must be a map, got {type(envelope).__name__}")
     version = envelope.get("v")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:
         raise ProtocolError(
             f"format version {version!r} is not supported (this side speaks {FORMAT_VERSION})"
         )
@@ -352,6 +421,8 @@ def _schema(cls: type[Message]) -> tuple[dict[str, Any], dict[str, dataclasses.F
 
 def _build(cls: type[Message], body: dict[str, Any]) -> Message:
     hints, fields = _schema(cls)
+    if not all(isinstance(k, str) for k in body):
+        raise ProtocolError(f"{cls.KIND.value} body has non-string keys")
     unknown = set(body) - set(fields)
     if unknown:
         raise ProtocolError(f"{cls.KIND.value} has unknown fields {sorted(unknown)}")
@@ -386,9 +457,13 @@ def _check(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
-        if not math.isfinite(value):
-            raise ProtocolError(f"{where}: expected a finite number, got {value}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ProtocolError(f"{where}: {str(value)[:20]}... does not fit a float") from None
+        if not math.isfinite(number):
+            raise ProtocolError(f"{where}: expected a finite number, got {number}")
+        return number
     if tp in (int, str, bytes, bool):
         if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
             raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")

@@ -12,6 +12,8 @@
         device/<id>/reply           device  -> central  CBOR  ready, weights, errors
         device/<id>/replica         device  -> peers    CBOR  replica uploads (fault tolerance)
         device/<id>/profile         central -> device   YAML  retained device profile (operations)
+        device/<id>/probe           device  -> device   CBOR  bandwidth probes and their echoes
+        device/<id>/request         device  -> device   CBOR  fetch requests for layers (re-partition)
         stage/<s>/act               stage s -> s+1      CBOR  activations produced by stage s
         stage/<s>/grad              stage s -> s-1      CBOR  gradients produced by stage s
         stage/<s>/result            last    -> central  CBOR  evaluation results of the last stage
@@ -33,12 +35,13 @@ from edgeagent.errors import ProtocolError
 
 ROOT = "edgeagent"
 PROTOCOL_VERSION = "v1"
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_STAGE = re.compile(r"0|[1-9][0-9]{0,8}")
 
 
 def check_name(kind: str, value: str) -> str:
     """Validate a cluster or device id: 1-64 of ``A-Z a-z 0-9 _ . -`` (no ``/``, ``+`` or ``#``)."""
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise ProtocolError(f"invalid {kind} {value!r}: use 1-64 characters from A-Z a-z 0-9 _ . -")
     return value
 
@@ -55,6 +58,8 @@ class Family(str, Enum):
     REPLY = "reply"
     REPLICA = "replica"
     PROFILE = "profile"
+    PROBE = "probe"
+    REQUEST = "request"
     ACTIVATIONS = "act"
     GRADIENTS = "grad"
     RESULTS = "result"
@@ -73,6 +78,8 @@ _DEVICE_FAMILIES = {
         Family.REPLY,
         Family.REPLICA,
         Family.PROFILE,
+        Family.PROBE,
+        Family.REQUEST,
     )
 }
 _STAGE_FAMILIES = {f.value: f for f in (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS)}
@@ -149,7 +156,12 @@ class Topics:
         parts = rest.split("/")
         if len(parts) == 3 and parts[0] == "device" and parts[2] in _DEVICE_FAMILIES:
             return TopicInfo(_DEVICE_FAMILIES[parts[2]], device=check_name("device id", parts[1]))
-        if len(parts) == 3 and parts[0] == "stage" and parts[2] in _STAGE_FAMILIES and parts[1].isdigit():
+        if (
+            len(parts) == 3
+            and parts[0] == "stage"
+            and parts[2] in _STAGE_FAMILIES
+            and _STAGE.fullmatch(parts[1])
+        ):
             return TopicInfo(_STAGE_FAMILIES[parts[2]], stage=int(parts[1]))
         raise ProtocolError(f"unknown topic {topic!r}")
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 import queue
+import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 
 import torch
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from edgeagent.errors import ProtocolError
-from edgeagent.protocol.messages import Heartbeat, Message, Status, decode, encode
+from edgeagent.errors import ProtocolError, TrainingError
+from edgeagent.protocol.messages import Heartbeat, Message, Probe, Status, decode, encode
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.transport.base import Transport
 
@@ -76,7 +78,7 @@ class Role:
         try:
             info = self.topics.parse(topic)
             sender, message = decode(payload)
-        except ProtocolError as exc:
+        except (ProtocolError, ValueError, TypeError, OverflowError) as exc:  # the latter: decoder bugs
             self.dropped += 1
             log.warning("%s dropped a %d-byte message on %s: %s", self.device_id, len(payload), topic, exc)
             return
@@ -161,6 +163,80 @@ class Clock:
     def __init__(self) -> None:
         self.wall = time.perf_counter()
         self.cpu = time.thread_time()
+
+
+class LinkProbes:
+    """Measures the real path to a peer (device -> broker -> peer) and echoes the peers' probes.
+
+    Echoes are sent from the network thread, so a busy training loop does not distort a peer's
+    measurement. Bandwidth = (big - small bytes) / (rtt(big) - rtt(small)); latency = rtt(small) / 2.
+    """
+
+    def __init__(self, role: Role) -> None:
+        self.role = role
+        self._waiters: dict[int, threading.Event] = {}
+        self._nonce = 0
+        self._lock = threading.Lock()
+        self._topics: set[str] = set()
+
+    def watch(self, peer: str) -> None:
+        """Listen to ``peer``'s probe topic: its probes to us and its echoes of ours."""
+        topic = self.role.topics.device(Family.PROBE, peer)
+        if topic not in self._topics:
+            self._topics.add(topic)
+            self.role.transport.subscribe(topic, self._on_probe)
+
+    def unwatch_all(self) -> None:
+        for topic in self._topics:
+            self.role.transport.unsubscribe(topic)
+        self._topics.clear()
+
+    def _on_probe(self, topic: str, payload: bytes) -> None:
+        try:
+            _, msg = decode(payload)
+        except ProtocolError as exc:
+            log.warning("%s dropped a probe on %s: %s", self.role.device_id, topic, exc)
+            return
+        if not isinstance(msg, Probe) or msg.target != self.role.device_id:
+            return
+        if msg.reply:
+            with self._lock:
+                event = self._waiters.get(msg.nonce)
+            if event is not None:
+                event.set()
+            return
+        echo = Probe(source=self.role.device_id, target=msg.source, nonce=msg.nonce, reply=True)
+        self.role.send(self.role.topics.device(Family.PROBE, self.role.device_id), echo)
+
+    def _round_trip(self, target: str, size: int, timeout: float) -> float:
+        with self._lock:
+            self._nonce += 1
+            nonce = self._nonce
+            event = self._waiters[nonce] = threading.Event()
+        probe = Probe(source=self.role.device_id, target=target, nonce=nonce, padding=bytes(size))
+        started = time.perf_counter()
+        self.role.send(self.role.topics.device(Family.PROBE, self.role.device_id), probe)
+        ok = event.wait(timeout)
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            del self._waiters[nonce]
+        if not ok:
+            raise TrainingError(f"no probe echo from {target} within {timeout:.0f} s")
+        return elapsed
+
+    def measure(
+        self, target: str, *, rounds: int = 3, big: int = 256 * 1024, small: int = 64, timeout: float = 10.0
+    ) -> tuple[float, float]:
+        """Return ``(bandwidth bytes/s, latency s)`` of the path to ``target``."""
+        self.watch(target)
+        self._round_trip(target, small, timeout)  # warm-up: connection and subscription paths
+        smalls, bigs = [], []
+        for _ in range(rounds):
+            smalls.append(self._round_trip(target, small, timeout))
+            bigs.append(self._round_trip(target, big, timeout))
+        rtt_small, rtt_big = statistics.median(smalls), statistics.median(bigs)
+        bandwidth = (big - small) / max(rtt_big - rtt_small, 1e-6)
+        return bandwidth, rtt_small / 2
 
 
 def emulate_slowdown(started: Clock, factor: float, account: TimeAccount | None = None) -> float:

@@ -1,9 +1,13 @@
-"""The central node: holds the data, runs stage 0, drives the pipeline and evaluates.
+"""The central node: holds the data, runs stage 0, drives the pipeline, re-splits it and evaluates.
 
 Initialization follows papers/000 Sec. III-B: discover workers, form the ordered worker list, profile
-the layers, make the initial (equal-device) partition, send every worker the Table I state and wait
-until all have built their stages. Training follows Sec. III-C: 1F1B with a bound on the batches in
-flight, weight stashing and vertical sync (the version travels with each batch).
+the layers, make the initial (equal-device) partition, send every worker the Table I state, wait until
+all have built their stages, and measure every link along the path data takes (through the broker).
+Training follows Sec. III-C (1F1B, a bound on batches in flight, weight stashing, vertical sync) and
+Sec. III-D: after ``repartition_first`` batches of epoch 0 and then every ``repartition_every``
+batches, capacities are estimated from the stage times that ride with the gradients (eq. 1-3), the DP
+(eq. 4-7) proposes a split, and if the predicted gain beats the cost of moving the weights, the
+pipeline drains and every device fetches the layers it lacks before a commit barrier.
 """
 
 from __future__ import annotations
@@ -12,17 +16,21 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from edgeagent.config import CentralConfig
+from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batch_indices, batches_per_epoch, load_dataset
-from edgeagent.errors import TrainingError
+from edgeagent.errors import EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec, build_model, num_layers
+from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import admit
-from edgeagent.pipeline.stage import Stage, StageModule, StageOptions
+from edgeagent.pipeline.stage import Stage
+from edgeagent.planner.capacity import capacities
+from edgeagent.planner.dp import Link, Problem, predict, repartition_gain, solve
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.planner.profiler import LayerProfile, profile_layers
 from edgeagent.protocol.messages import (
@@ -30,18 +38,23 @@ from edgeagent.protocol.messages import (
     Announce,
     Assign,
     Command,
+    Commit,
     Discover,
     ErrorReport,
     EvalResult,
     Event,
+    FetchRequest,
     Gradient,
     Heartbeat,
+    LinkReport,
     Ready,
+    Repartition,
     Status,
     Weights,
 )
 from edgeagent.protocol.topics import Family, Topics
-from edgeagent.roles.base import Clock, Inbound, Role, configure_threads, emulate_slowdown
+from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
+from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.transport.base import Transport
 from edgeagent.transport.mqtt import MqttTransport
 
@@ -69,8 +82,10 @@ class RunReport:
     train_seconds: float = 0.0
     partitions: list[dict[str, Any]] = field(default_factory=list)
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    partition_mode: str = "dynamic"
     in_flight: int = 0
     aggregation: bool = True
+    links: list[dict[str, float]] = field(default_factory=list)
     layer_profile: dict[str, Any] = field(default_factory=dict)
     timeline: list[dict[str, float]] = field(default_factory=list)
 
@@ -82,7 +97,20 @@ class RunReport:
 class _Worker:
     device_id: str
     last_heartbeat: float
+    slowdown: float = 1.0
     online: bool = True
+
+
+@dataclass
+class RepartitionPolicy:
+    """When to re-split (pure): after ``first`` batches of epoch 0, then every ``every`` batches."""
+
+    first: int = 10
+    every: int = 100
+
+    def due(self, done: int) -> bool:
+        """``done`` = batches whose backward pass has finished."""
+        return done == self.first or (done > self.first and (done - self.first) % self.every == 0)
 
 
 class Central(Role):
@@ -105,11 +133,31 @@ class Central(Role):
         self.workers: dict[str, _Worker] = {}
         self.worker_list: list[str] = []
         self.points: list[int] = []
-        self._ready: set[str] = set()
+        self.links: list[Link] = []
+        self.probes = LinkProbes(self)
+        self.policy = RepartitionPolicy(config.repartition_first, config.repartition_every)
+        self.options = TrainOptions(
+            learning_rate=self.train.learning_rate,
+            momentum=self.train.momentum,
+            weight_decay=self.train.weight_decay,
+            aggregation=self.train.aggregation,
+            aggregation_interval=self.train.aggregation_interval,
+        )
+        self.changes = sorted((parse_slowdown_change(c) for c in config.slowdown_changes), key=lambda c: c[1])
+        self._spec: ModelSpec | None = None
+        self._profile: LayerProfile | None = None
         self._gradients: dict[int, Gradient] = {}
         self._results: dict[int, EvalResult] = {}
         self._weights: dict[str, Weights] = {}
+        self._links: dict[str, LinkReport] = {}
+        self._ready: dict[int, dict[str, str]] = {}  # plan id -> device -> phase
         self._sent_at: dict[int, float] = {}
+        self._stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
+        self._own_time = 0.0
+        self._own_batches = 0
+        self._plan_job: Future[tuple[list[int], float, str]] | None = None
+        self._switch: Switch | None = None
+        self._stage: Stage | None = None
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -117,9 +165,8 @@ class Central(Role):
         started = time.perf_counter()
         configure_threads(self.config.threads)
         torch.manual_seed(self.train.seed)
-        for family in (Family.ANNOUNCE,):
-            self.listen(self.topics.fixed(family))
-        for family in (Family.HEARTBEAT, Family.STATUS, Family.REPLY):
+        self.listen(self.topics.fixed(Family.ANNOUNCE))
+        for family in (Family.HEARTBEAT, Family.STATUS, Family.REPLY, Family.REQUEST):
             self.listen(self.topics.devices(family))
         if not self.transport.wait_connected(self.config.startup_timeout):
             raise TrainingError(
@@ -138,11 +185,10 @@ class Central(Role):
                 data.num_classes,
                 tuple(sorted(self.train.model_options.items())),
             )
+            self._spec = spec
             self.worker_list = [self.device_id, *self._discover(self.config.workers)]
-            profile = self._profile(spec, data)
-            n_stages = len(self.worker_list)
-            self.points = balanced_partition(profile.seconds, n_stages)
-            stage = self._setup(spec)
+            self._profile = profile = self._profile_layers(spec, data)
+            self.points = balanced_partition(profile.seconds, len(self.worker_list))
             report = RunReport(
                 run_id=self.run_id,
                 model=self.train.model,
@@ -151,24 +197,36 @@ class Central(Role):
                 in_flight=self._bound(),
                 aggregation=self.train.aggregation,
                 layer_profile=profile.to_dict(),
+                partition_mode=self.config.partition,
             )
-            report.partitions.append(
-                {"batch": 0, "points": list(self.points), "reason": "initial (equal devices)"}
-            )
-            self._event("partition", points=self.points, batch=0)
-            self._train(stage, data, report)
+            self._stage = self._setup(spec)
+            self.links = self._measure_links()
+            report.links = [{"bandwidth": lk.bandwidth, "latency": lk.latency} for lk in self.links]
+            self._record_partition(report, 0, "initial: equal devices (PipeDream)")
+            if self.config.partition == "oracle" and len(self.worker_list) > 1:
+                points = solve(self._problem(self._true_capacities()))
+                if points != self.points:
+                    self._switch_to(points, version=0)
+                self._record_partition(report, 0, "oracle: the DP fed the true slowdowns")
+            self._train(data, report)
             report.wall_seconds = time.perf_counter() - started
             if self.config.save_model:
-                self._save_model(stage, spec)
+                self._save_model(spec)
             return report
         finally:
             self._finish()
+
+    @property
+    def stage(self) -> Stage:
+        assert self._stage is not None
+        return self._stage
 
     def _finish(self) -> None:
         if self.worker_list[1:]:
             self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="stop"))
         self.set_status("idle")
         self.stop_heartbeats()
+        self.probes.unwatch_all()
         if self._owns_transport:
             self.transport.close()
 
@@ -208,11 +266,11 @@ class Central(Role):
         # The worker list is ordered by device id so that a re-run gives the same pipeline.
         chosen = sorted(found)[:wanted]
         now = time.monotonic()
-        self.workers = {d: _Worker(d, now) for d in chosen}
+        self.workers = {d: _Worker(d, now, slowdown=found[d].slowdown) for d in chosen}
         log.info("workers: %s", ", ".join(chosen))
         return chosen
 
-    def _profile(self, spec: ModelSpec, data: Dataset) -> LayerProfile:
+    def _profile_layers(self, spec: ModelSpec, data: Dataset) -> LayerProfile:
         model = build_model(spec, seed=self.train.seed)
         sample = data.x_train[: self.train.batch_size]
         profile = profile_layers(list(model), sample, runs=10)
@@ -222,13 +280,8 @@ class Central(Role):
         return profile
 
     def _setup(self, spec: ModelSpec) -> Stage:
-        n_stages = len(self.worker_list)
         initial = self._initial_weights()
         for index, device in enumerate(self.worker_list[1:], start=1):
-            start, end = self.points[index], self.points[index + 1]
-            weights = None
-            if initial is not None:
-                weights = {k: v for k, v in initial.items() if start <= int(k.split(".")[1]) < end}
             self.send(
                 self.topics.device(Family.CONTROL, device),
                 Assign(
@@ -249,34 +302,46 @@ class Central(Role):
                     in_flight=self._bound(),
                     aggregation=self.train.aggregation,
                     aggregation_interval=self.train.aggregation_interval,
-                    weights=weights,
+                    weights=self._layer_slice(initial, self.points[index], self.points[index + 1]),
                 ),
             )
-        from edgeagent.models import build_layers
-
-        layers = build_layers(spec, 0, self.points[1], seed=self.train.seed)
-        module = StageModule(dict(enumerate(layers)))
-        if initial is not None:
-            module.load_state_dict(
-                {k: v for k, v in initial.items() if int(k.split(".")[1]) < self.points[1]}
-            )
-        stage = Stage(
-            module,
-            StageOptions(
-                learning_rate=self.train.learning_rate,
-                momentum=self.train.momentum,
-                weight_decay=self.train.weight_decay,
-                aggregation=self.train.aggregation,
-                aggregation_window=n_stages,
-                aggregation_interval=self.train.aggregation_interval,
-            ),
-            is_first=True,
-            is_last=n_stages == 1,
-        )
-        self.listen(self.topics.gradients(1)) if n_stages > 1 else None
-        self.listen(self.topics.results(n_stages - 1)) if n_stages > 1 else None
-        self._wait_ready()
+        stage = self._build_own_stage(spec, self._layer_slice(initial, 0, self.points[1]), version=0)
+        self._subscribe_stage()
+        self._wait_ready(self.plan_id, "built", set(self.worker_list[1:]))
         return stage
+
+    def _build_own_stage(
+        self, spec: ModelSpec, weights: dict[str, torch.Tensor] | None, version: int
+    ) -> Stage:
+        return make_stage(
+            spec,
+            seed=self.train.seed,
+            start=0,
+            end=self.points[1],
+            index=0,
+            num_stages=len(self.points) - 1,
+            learning_rate=self.train.learning_rate,
+            momentum=self.train.momentum,
+            weight_decay=self.train.weight_decay,
+            aggregation=self.train.aggregation,
+            aggregation_interval=self.train.aggregation_interval,
+            weights=weights,
+            version=version,
+        )
+
+    def _subscribe_stage(self) -> None:
+        n = len(self.worker_list)
+        if n > 1:
+            self.listen(self.topics.gradients(1))
+            self.listen(self.topics.results(n - 1))
+
+    @staticmethod
+    def _layer_slice(
+        state: dict[str, torch.Tensor] | None, start: int, end: int
+    ) -> dict[str, torch.Tensor] | None:
+        if state is None:
+            return None
+        return {k: v for k, v in state.items() if start <= int(k.split(".")[1]) < end}
 
     def _initial_weights(self) -> dict[str, torch.Tensor] | None:
         """Pre-trained weights (continuous learning), renamed to the stage modules' ``layers.<j>.`` keys."""
@@ -285,29 +350,185 @@ class Central(Role):
         state = torch.load(self.train.init_weights, map_location="cpu", weights_only=True)
         return {k if k.startswith("layers.") else f"layers.{k}": v for k, v in state.items()}
 
-    def _wait_ready(self) -> None:
-        pending = set(self.worker_list[1:])
+    def _wait_ready(self, plan_id: int, phase: str, devices: set[str]) -> None:
         deadline = time.monotonic() + self.config.startup_timeout
-        while pending:
+        while True:
+            done = {d for d, p in self._ready.get(plan_id, {}).items() if p == phase}
+            pending = devices - done
+            if not pending:
+                return
             if time.monotonic() > deadline:
                 raise TrainingError(
-                    f"workers {sorted(pending)} did not build their stages within "
+                    f"workers {sorted(pending)} did not report {phase!r} for plan {plan_id} within "
                     f"{self.config.startup_timeout:.0f} s"
                 )
             item = self.next_message(0.2)
-            if item is None:
-                continue
-            msg = item.message
-            if isinstance(msg, Ready) and msg.run_id == self.run_id and msg.plan_id == self.plan_id:
-                pending.discard(msg.device_id)
-            elif isinstance(msg, ErrorReport) and msg.run_id == self.run_id:
-                raise TrainingError(f"worker {msg.device_id} refused its stage: {msg.reason}")
-            else:
+            if item is not None:
+                if isinstance(item.message, ErrorReport) and item.message.run_id == self.run_id:
+                    raise TrainingError(f"worker {item.message.device_id} failed: {item.message.reason}")
                 self._handle_background(item)
+
+    def _measure_links(self) -> list[Link]:
+        """Bandwidth and latency of every link k -> k+1 along the real path (through the broker)."""
+        n = len(self.worker_list)
+        if n < 2:
+            return []
+        for k in range(1, n - 1):
+            self.send(
+                self.topics.fixed(Family.COMMAND),
+                Command(
+                    run_id=self.run_id,
+                    name="probe",
+                    args={"source": self.worker_list[k], "target": self.worker_list[k + 1]},
+                ),
+            )
+        bandwidth, latency = self.probes.measure(self.worker_list[1])
+        links = {self.device_id: Link(bandwidth, latency)}
+        deadline = time.monotonic() + self.config.startup_timeout
+        while len(links) < n - 1:
+            for source, rep in list(self._links.items()):
+                links[source] = Link(rep.bandwidth, rep.latency)
+            if len(links) >= n - 1:
+                break
+            if time.monotonic() > deadline:
+                raise TrainingError(
+                    f"link measurements missing from {sorted(set(self.worker_list[:-1]) - set(links))}"
+                )
+            item = self.next_message(0.2)
+            if item is not None:
+                self._handle_background(item)
+        result = [links[d] for d in self.worker_list[:-1]]
+        for k, lk in enumerate(result):
+            log.info(
+                "link %d->%d: %.1f MB/s, %.2f ms per message", k, k + 1, lk.bandwidth / 1e6, lk.latency * 1e3
+            )
+        return result
+
+    # -- planning (Sec. III-D) -----------------------------------------------------------------
+
+    def _problem(self, caps: list[float]) -> Problem:
+        profile = self._profile
+        assert profile is not None and self._spec is not None
+        params = self._param_bytes()
+        return Problem(
+            layer_times=tuple(profile.seconds),
+            output_bytes=tuple(profile.output_bytes),
+            capacities=tuple(caps),
+            links=tuple(self.links),
+            param_bytes=params,
+            in_flight=self._bound(),
+        )
+
+    def _param_bytes(self) -> tuple[int, ...]:
+        assert self._spec is not None
+        model = build_model(self._spec, seed=self.train.seed)
+        return tuple(sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in model)
+
+    def _true_capacities(self) -> list[float]:
+        return [self.config.slowdown, *(self.workers[d].slowdown for d in self.worker_list[1:])]
+
+    def _measured_capacities(self) -> list[float] | None:
+        profile = self._profile
+        if profile is None or len(self._stage_times) != len(self.worker_list) - 1 or not self._own_batches:
+            return None
+        times = [self._own_time / self._own_batches, *self._stage_times]
+        return capacities(times, profile.seconds, self.points)
+
+    def _plan(self, caps: list[float], current: list[int]) -> tuple[list[int], float, str]:
+        """The planning job (runs on the scheduler's thread): DP, then is the move worth it?"""
+        problem = self._problem(caps)
+        proposed = solve(problem)
+        move_bw = min((lk.bandwidth for lk in self.links), default=1e9)
+        worth, gain, cost = repartition_gain(
+            problem, current, proposed, horizon_batches=self.policy.every, move_bandwidth=move_bw
+        )
+        predicted = predict(problem, proposed)
+        caps_text = ", ".join(f"{c:.2f}" for c in caps)
+        if not worth:
+            return (
+                current,
+                predict(problem, current),
+                f"kept (capacities {caps_text}; gain {gain:.2f} s <= cost {cost:.2f} s)",
+            )
+        return (
+            proposed,
+            predicted,
+            f"capacities {caps_text}; predicted gain {gain:.2f} s > move cost {cost:.2f} s",
+        )
+
+    def _start_planning(self) -> None:
+        caps = self._measured_capacities()
+        if caps is None or self._plan_job is not None or self._scheduler is None:
+            return
+        job: Future[tuple[list[int], float, str]] = Future()
+        current = list(self.points)
+
+        def run() -> None:
+            try:
+                job.set_result(self._plan(caps, current))
+            except Exception as exc:  # a planning bug must not stop training: keep the split
+                job.set_exception(exc)
+
+        self._scheduler.add_job(run, id=f"plan-{self.plan_id}", replace_existing=True)
+        self._plan_job = job
+
+    def _switch_to(self, points: list[int], *, version: int) -> None:
+        """Move layers to a new split (the pipeline is drained): fetch, commit, build, resume."""
+        assert self._spec is not None
+        order = Repartition(
+            run_id=self.run_id,
+            plan_id=self.plan_id + 1,
+            points=points,
+            worker_list=self.worker_list,
+            previous_points=self.points,
+            previous_workers=self.worker_list,
+            version=version,
+        )
+        for device in self.worker_list[1:]:
+            self.send(self.topics.device(Family.CONTROL, device), order)
+        switch = Switch.start(self.device_id, order, self._stage)
+        assert switch is not None
+        self._switch = switch
+        for owner in switch.pending:
+            self.listen(self.topics.device(Family.REPLICA, owner))
+        for request in switch.requests():
+            self.send(self.topics.device(Family.REQUEST, self.device_id), request)
+        deadline = time.monotonic() + self.config.startup_timeout
+        while not switch.complete:
+            if time.monotonic() > deadline:
+                raise TrainingError(f"layers {switch.pending} never arrived for plan {order.plan_id}")
+            item = self.next_message(0.2)
+            if item is not None:
+                self._handle_background(item)
+        self._wait_ready(order.plan_id, "fetched", set(self.worker_list[1:]))
+        self.send(self.topics.fixed(Family.COMMIT), Commit(run_id=self.run_id, plan_id=order.plan_id))
+        self._stage = switch.build(self._spec, self.train.seed, self.options)
+        for owner in switch.plan.fetch:
+            self.stop_listening(self.topics.device(Family.REPLICA, owner))
+        self._switch = None
+        self.plan_id, self.points = order.plan_id, list(points)
+        self._wait_ready(order.plan_id, "built", set(self.worker_list[1:]))
+        self._stage_times = []
+        self._own_time, self._own_batches = 0.0, 0
+        self._event("partition", points=points, batch=version, plan_id=self.plan_id)
+
+    def _record_partition(
+        self, report: RunReport, batch: int, reason: str, predicted: float | None = None
+    ) -> None:
+        entry: dict[str, Any] = {
+            "batch": batch,
+            "points": list(self.points),
+            "plan_id": self.plan_id,
+            "reason": reason,
+        }
+        if predicted is not None:
+            entry["predicted_step"] = predicted
+        report.partitions.append(entry)
+        log.info("partition %s from batch %d (%s)", self.points, batch, reason)
 
     # -- training (Sec. III-C) -----------------------------------------------------------------
 
-    def _train(self, stage: Stage, data: Dataset, report: RunReport) -> None:
+    def _train(self, data: Dataset, report: RunReport) -> None:
         n_train = data.x_train.shape[0]
         per_epoch = batches_per_epoch(n_train, self.train.batch_size)
         total = per_epoch * self.train.epochs
@@ -321,6 +542,9 @@ class Central(Role):
         committed_b = -1  # committed backward id (Table I)
         losses: list[float] = []
         epoch_orders: dict[int, list[torch.Tensor]] = {}
+        pending_points: list[int] | None = None
+        window_start, window_batches = time.perf_counter(), 0
+        changes = list(self.changes)
 
         def batch(global_id: int) -> tuple[torch.Tensor, torch.Tensor]:
             epoch, i = divmod(global_id, per_epoch)
@@ -334,8 +558,42 @@ class Central(Role):
 
         eval_seconds = 0.0
         while committed_b + 1 < total:
+            stage = self.stage
             epoch_end = min(total, (committed_b + 1) // per_epoch * per_epoch + per_epoch)
             in_flight = next_f - committed_b - 1
+            if pending_points is not None and in_flight == 0:
+                self._switch_to(pending_points, version=committed_b + 1)
+                pending_points = None
+                window_start, window_batches = time.perf_counter(), 0
+                continue
+            if self._plan_job is not None and self._plan_job.done():
+                job, self._plan_job = self._plan_job, None
+                try:
+                    points, predicted, reason = job.result()
+                except (EdgeAgentError, ValueError) as exc:
+                    log.warning("re-partition skipped: %s", exc)
+                else:
+                    measured = (time.perf_counter() - window_start) / max(1, window_batches)
+                    log.info(
+                        "plan check at batch %d: %.1f ms/batch measured, %.1f ms predicted for %s (%s)",
+                        committed_b + 1,
+                        1e3 * measured,
+                        1e3 * predicted,
+                        points,
+                        reason,
+                    )
+                    if points != self.points:
+                        pending_points = points
+                        report.partitions.append(
+                            {
+                                "batch": committed_b + 1,
+                                "points": points,
+                                "plan_id": self.plan_id + 1,
+                                "reason": reason,
+                                "predicted_step": predicted,
+                                "measured_step_before": measured,
+                            }
+                        )
             grad = self._gradients.pop(committed_b + 1, None)
             if grad is not None or (stage.is_last and in_flight > 0):
                 # Backward of the oldest batch in flight.
@@ -349,32 +607,32 @@ class Central(Role):
                     assert grad is not None
                     stage.backward(bid, grad_output=grad.g)
                     loss, correct = grad.loss, grad.correct
-                emulate_slowdown(started, self.config.slowdown, self.times)
+                    self._stage_times = list(grad.stage_times)
+                self._own_time += emulate_slowdown(started, self.config.slowdown, self.times)
+                self._own_batches += 1
                 committed_b = bid
                 self._sent_at.pop(bid, None)
                 losses.append(loss)
                 samples += self.train.batch_size
+                window_batches += 1
                 elapsed = time.perf_counter() - train_started - eval_seconds
                 report.timeline.append({"batch": bid, "t": round(elapsed, 4), "loss": loss})
                 self._notify(batch=bid + 1, total=total, loss=loss, correct=correct)
+                while changes and changes[0][1] <= bid + 1:
+                    device, at, factor = changes.pop(0)
+                    self._emulate(device, factor, at)
+                if self.config.partition == "dynamic" and self.policy.due(bid + 1) and bid + 1 < total:
+                    self._start_planning()
                 if committed_b + 1 == epoch_end:
-                    epoch = committed_b // per_epoch
                     eval_started = time.perf_counter()
-                    acc, test_loss = self._evaluate(stage, data)
+                    self._end_epoch(committed_b, per_epoch, losses, data, report)
                     eval_seconds += time.perf_counter() - eval_started
-                    report.test_accuracy_per_epoch.append(acc)
-                    report.test_loss_per_epoch.append(test_loss)
-                    tail = losses[-per_epoch:]
-                    report.train_loss_per_epoch.append(sum(tail) / max(1, len(tail)))
-                    log.info("epoch %d: test accuracy %.2f%%, test loss %.4f", epoch, 100 * acc, test_loss)
-                    self._event("epoch", epoch=epoch, accuracy=acc, loss=test_loss, batch=committed_b)
-                    self._notify(epoch=epoch, accuracy=acc)
                 continue
-            if next_f < epoch_end and admit(in_flight, bound):
+            if next_f < epoch_end and pending_points is None and admit(in_flight, bound):
                 started = Clock()
                 x, y = batch(next_f)
                 out, version = stage.forward(next_f, x)
-                emulate_slowdown(started, self.config.slowdown, self.times)
+                self._own_time += emulate_slowdown(started, self.config.slowdown, self.times)
                 if not stage.is_last:
                     self.send(
                         self.topics.activations(0),
@@ -408,7 +666,31 @@ class Central(Role):
         if report.test_accuracy_per_epoch:
             report.final_accuracy = report.test_accuracy_per_epoch[-1]
         elif total:
-            report.final_accuracy, _ = self._evaluate(stage, data)
+            report.final_accuracy, _ = self._evaluate(data)
+
+    def _end_epoch(
+        self, committed_b: int, per_epoch: int, losses: list[float], data: Dataset, report: RunReport
+    ) -> None:
+        epoch = committed_b // per_epoch
+        acc, test_loss = self._evaluate(data)
+        report.test_accuracy_per_epoch.append(acc)
+        report.test_loss_per_epoch.append(test_loss)
+        tail = losses[-per_epoch:]
+        report.train_loss_per_epoch.append(sum(tail) / max(1, len(tail)))
+        log.info("epoch %d: test accuracy %.2f%%, test loss %.4f", epoch, 100 * acc, test_loss)
+        self._event("epoch", epoch=epoch, accuracy=acc, loss=test_loss, batch=committed_b)
+        self._notify(epoch=epoch, accuracy=acc)
+
+    def _emulate(self, device: str, factor: float, batch: int) -> None:
+        log.info("batch %d: %s now emulates a %.1fx slower device", batch, device, factor)
+        if device == self.device_id:
+            self.config = self.config.model_copy(update={"slowdown": factor})
+        else:
+            self.send(
+                self.topics.fixed(Family.COMMAND),
+                Command(run_id=self.run_id, name="emulate", args={"device": device, "slowdown": factor}),
+            )
+        self._event("slowdown", device=device, slowdown=factor, batch=batch)
 
     def _wait_for_messages(self) -> None:
         """Block for the next message; meanwhile check that the pipeline is alive."""
@@ -456,8 +738,25 @@ class Central(Role):
             if w is not None and msg.state == "offline":
                 w.online = False
                 log.warning("worker %s went offline (last will)", msg.device_id)
-        elif isinstance(msg, Weights):
+        elif isinstance(msg, Ready):
             if msg.run_id == self.run_id:
+                self._ready.setdefault(msg.plan_id, {})[msg.device_id] = msg.phase
+        elif isinstance(msg, LinkReport):
+            if msg.run_id == self.run_id:
+                self._links[msg.source] = msg
+        elif isinstance(msg, FetchRequest):
+            if msg.run_id == self.run_id and msg.owner == self.device_id:
+                self.send(
+                    self.topics.device(Family.REPLICA, self.device_id),
+                    serve_fetch(self._stage, msg, self.device_id, self.run_id),
+                )
+        elif isinstance(msg, Weights):
+            if msg.run_id != self.run_id:
+                return
+            if msg.purpose == "redistribute":
+                if self._switch is not None:
+                    self._switch.accept(msg)
+            else:
                 self._weights[msg.device_id] = msg
         elif isinstance(msg, ErrorReport):
             log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
@@ -468,8 +767,9 @@ class Central(Role):
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def _evaluate(self, stage: Stage, data: Dataset) -> tuple[float, float]:
+    def _evaluate(self, data: Dataset) -> tuple[float, float]:
         """Test accuracy with the newest weights, pushed through the pipeline in eval mode."""
+        stage = self.stage
         bs = self.train.eval_batch_size
         n = data.x_test.shape[0]
         chunks = [(i, data.x_test[i : i + bs], data.y_test[i : i + bs]) for i in range(0, n, bs)]
@@ -514,7 +814,7 @@ class Central(Role):
 
     # -- the trained model ---------------------------------------------------------------------
 
-    def collect_weights(self, stage: Stage) -> dict[str, torch.Tensor]:
+    def collect_weights(self) -> dict[str, torch.Tensor]:
         """The whole model's state, gathered from every stage (keys ``<layer>.<name>``)."""
         self._weights.clear()
         if len(self.worker_list) > 1:
@@ -528,15 +828,14 @@ class Central(Role):
             if item is not None:
                 self._handle_background(item)
         state: dict[str, torch.Tensor] = {}
-        for part in [stage.state(), *(w.tensors for w in self._weights.values())]:
+        for part in [self.stage.state(), *(w.tensors for w in self._weights.values())]:
             for key, value in part.items():
                 state[key.removeprefix("layers.")] = value
         return state
 
-    def _save_model(self, stage: Stage, spec: ModelSpec) -> None:
+    def _save_model(self, spec: ModelSpec) -> None:
         path = self.config.save_model
         assert path is not None
-        state = self.collect_weights(stage)
-        expected = num_layers(spec)
+        state = self.collect_weights()
         torch.save(state, path)
-        log.info("saved the trained model (%d layers, %d tensors) to %s", expected, len(state), path)
+        log.info("saved the trained model (%d layers, %d tensors) to %s", num_layers(spec), len(state), path)

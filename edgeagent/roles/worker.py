@@ -1,8 +1,9 @@
-"""The worker: runs one pipeline stage, as the central node assigns it."""
+"""The worker: runs one pipeline stage, as the central node assigns it, and moves layers when it re-splits."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -10,23 +11,29 @@ import torch
 from edgeagent import __version__
 from edgeagent.config import WorkerConfig
 from edgeagent.errors import EdgeAgentError, TrainingError
-from edgeagent.models import ModelSpec, build_layers
+from edgeagent.models import ModelSpec
+from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import Kind, next_kind
-from edgeagent.pipeline.stage import Stage, StageModule, StageOptions
+from edgeagent.pipeline.stage import Stage
 from edgeagent.protocol.messages import (
     Activation,
     Announce,
     Assign,
     Command,
+    Commit,
     Discover,
     ErrorReport,
     EvalResult,
+    FetchRequest,
     Gradient,
+    LinkReport,
     Ready,
+    Repartition,
     Weights,
 )
 from edgeagent.protocol.topics import Family, Topics
-from edgeagent.roles.base import Clock, Inbound, Role, configure_threads, emulate_slowdown
+from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
+from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.transport.base import Transport
 from edgeagent.transport.mqtt import MqttTransport
 
@@ -35,27 +42,38 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Run:
-    """What a worker knows about the run it is in."""
+    """What a worker knows about the run it is in; the plan part changes at every re-partition."""
 
-    assign: Assign
+    run_id: str
+    spec: ModelSpec
+    seed: int
+    options: TrainOptions
+    plan_id: int
+    points: list[int]
+    worker_list: list[str]
     index: int
     stage: Stage
-    subscriptions: list[str]
+    subscriptions: list[str] = field(default_factory=list)
     forwards: dict[int, Activation] = field(default_factory=dict)
     backwards: dict[int, Gradient] = field(default_factory=dict)
     evals: list[Activation] = field(default_factory=list)
     next_forward: int = 0
     next_backward: int = 0
     last: Kind | None = None
-    batches: int = 0
+    batches: int = 0  # backward passes done under this plan
+    step_seconds: float = 0.0  # emulated compute of those batches (forward + backward)
+    switch: Switch | None = None
 
     @property
     def num_stages(self) -> int:
-        return len(self.assign.points) - 1
+        return len(self.points) - 1
 
     @property
     def is_last(self) -> bool:
         return self.index == self.num_stages - 1
+
+    def matches(self, run_id: str, plan_id: int) -> bool:
+        return run_id == self.run_id and plan_id == self.plan_id
 
 
 class Worker(Role):
@@ -70,6 +88,7 @@ class Worker(Role):
         super().__init__(transport, topics, config.device_id)
         self.run_state: _Run | None = None
         self.completed_runs = 0
+        self.probes = LinkProbes(self)
         self._stopping = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -79,7 +98,9 @@ class Worker(Role):
         configure_threads(self.config.threads)
         self.listen(self.topics.fixed(Family.DISCOVER))
         self.listen(self.topics.fixed(Family.COMMAND))
+        self.listen(self.topics.fixed(Family.COMMIT))
         self.listen(self.topics.device(Family.CONTROL, self.device_id))
+        self.listen(self.topics.devices(Family.REQUEST))
         if not self.transport.wait_connected(30):
             log.warning("%s: broker not reachable yet; still trying", self.device_id)
         self.set_status("idle")
@@ -98,7 +119,7 @@ class Worker(Role):
         self._stopping = True
 
     def announce(self) -> None:
-        busy = self.run_state.assign.run_id if self.run_state else ""
+        busy = self.run_state.run_id if self.run_state else ""
         self.send(
             self.topics.fixed(Family.ANNOUNCE),
             Announce(
@@ -117,7 +138,11 @@ class Worker(Role):
         work = run is not None and (self._ready(run) is not None or bool(run.evals))
         item = self.next_message(0 if work else 0.5)
         while item is not None:
-            self._handle(item)
+            try:
+                self._handle(item)
+            except EdgeAgentError as exc:
+                log.error("%s: %s (from %s); message dropped", self.device_id, exc, item.sender)
+                self._report_error("message", str(exc))
             item = self.next_message(0)
         run = self.run_state
         if run is None:
@@ -136,6 +161,8 @@ class Worker(Role):
             self._report_error("compute", str(exc))
 
     def _ready(self, run: _Run) -> Kind | None:
+        if run.switch is not None:
+            return None  # drained for a re-partition; nothing should arrive, and nothing runs
         fwd = run.next_forward in run.forwards
         bwd = (not run.is_last) and run.next_backward in run.backwards
         return next_kind(run.last, fwd, bwd)
@@ -144,7 +171,7 @@ class Worker(Role):
         msg = item.message
         run = self.run_state
         if isinstance(msg, Activation):
-            if run is None or msg.run_id != run.assign.run_id or msg.plan_id != run.assign.plan_id:
+            if run is None or not run.matches(msg.run_id, msg.plan_id):
                 return  # a stale batch from an earlier run or plan
             if msg.stage != run.index - 1:
                 log.warning(
@@ -158,12 +185,23 @@ class Worker(Role):
             elif msg.batch_id >= run.next_forward:  # below: a duplicate delivery (QoS 1)
                 run.forwards[msg.batch_id] = msg
         elif isinstance(msg, Gradient):
-            if run is None or msg.run_id != run.assign.run_id or msg.plan_id != run.assign.plan_id:
-                return
-            if msg.batch_id >= run.next_backward:
+            if run is not None and run.matches(msg.run_id, msg.plan_id) and msg.batch_id >= run.next_backward:
                 run.backwards[msg.batch_id] = msg
         elif isinstance(msg, Assign):
             self._assign(msg)
+        elif isinstance(msg, Repartition):
+            self._repartition(msg)
+        elif isinstance(msg, FetchRequest):
+            if run is not None and msg.owner == self.device_id and msg.run_id == run.run_id:
+                reply = serve_fetch(run.stage, msg, self.device_id, run.run_id)
+                self.send(self.topics.device(Family.REPLICA, self.device_id), reply)
+        elif isinstance(msg, Weights):
+            if run is not None and run.switch is not None and run.switch.accept(msg):
+                self._maybe_fetched(run)
+        elif isinstance(msg, Commit):
+            switch = run.switch if run is not None and msg.run_id == run.run_id else None
+            if run is not None and switch is not None and msg.plan_id == switch.plan_id:
+                self._commit(run, switch)
         elif isinstance(msg, Command):
             self._command(msg)
         elif isinstance(msg, Discover):
@@ -174,64 +212,110 @@ class Worker(Role):
     # -- set-up --------------------------------------------------------------------------------
 
     def _assign(self, msg: Assign) -> None:
-        if self.run_state is not None and self.run_state.assign.run_id != msg.run_id:
-            self._report_error("busy", f"already training run {self.run_state.assign.run_id}", msg.run_id)
+        if self.run_state is not None and self.run_state.run_id != msg.run_id:
+            self._report_error("busy", f"already training run {self.run_state.run_id}", msg.run_id)
             return
         if self.device_id not in msg.worker_list:
             self._report_error("assign", f"not in the worker list {msg.worker_list}", msg.run_id)
             return
         index = msg.worker_list.index(self.device_id)
-        try:
-            spec = ModelSpec.from_dict(msg.model)
-            start, end = msg.points[index], msg.points[index + 1]
-            layers = build_layers(spec, start, end, seed=msg.seed)
-            module = StageModule({start + k: layer for k, layer in enumerate(layers)})
-            if msg.weights:
-                missing, _unexpected = module.load_state_dict(msg.weights, strict=False)
-                if missing:
-                    raise TrainingError(f"assignment lacks weights for {missing[:5]}")
-        except (ValueError, EdgeAgentError, RuntimeError) as exc:
-            self._report_error("assign", f"cannot build stage {index}: {exc}", msg.run_id)
-            return
-        num_stages = len(msg.points) - 1
-        options = StageOptions(
+        options = TrainOptions(
             learning_rate=msg.learning_rate,
             momentum=msg.momentum,
             weight_decay=msg.weight_decay,
             aggregation=msg.aggregation,
-            aggregation_window=num_stages - index,
             aggregation_interval=msg.aggregation_interval,
         )
-        stage = Stage(module, options, is_first=False, is_last=index == num_stages - 1)
+        try:
+            spec = ModelSpec.from_dict(msg.model)
+            stage = self._build(spec, msg.seed, options, msg.points, index, msg.weights, version=0)
+        except (ValueError, EdgeAgentError) as exc:
+            self._report_error("assign", f"cannot build stage {index}: {exc}", msg.run_id)
+            return
         if self.run_state is not None:
             self._leave_run()
-        subs = [self.topics.activations(index - 1)]
-        if index < num_stages - 1:
-            subs.append(self.topics.gradients(index + 1))
-        for pattern in subs:
-            self.listen(pattern)
         start_id = msg.committed_backward_id + 1
-        self.run_state = _Run(msg, index, stage, subs, next_forward=start_id, next_backward=start_id)
+        run = _Run(
+            msg.run_id,
+            spec,
+            msg.seed,
+            options,
+            msg.plan_id,
+            list(msg.points),
+            list(msg.worker_list),
+            index,
+            stage,
+            next_forward=start_id,
+            next_backward=start_id,
+        )
+        self.run_state = run
+        self._subscribe_stage(run)
         self.times.reset()
         self.set_status("training", run_id=msg.run_id, stage=index)
-        n_params = sum(p.numel() for p in module.parameters())
+        self._say_ready(run, "built")
+
+    def _build(
+        self,
+        spec: ModelSpec,
+        seed: int,
+        options: TrainOptions,
+        points: list[int],
+        index: int,
+        weights: dict[str, torch.Tensor] | None,
+        version: int,
+    ) -> Stage:
+        start, end = points[index], points[index + 1]
+        if weights:
+            weights = {k: v for k, v in weights.items() if start <= int(k.split(".")[1]) < end}
+        stage = make_stage(
+            spec,
+            seed=seed,
+            start=start,
+            end=end,
+            index=index,
+            num_stages=len(points) - 1,
+            learning_rate=options.learning_rate,
+            momentum=options.momentum,
+            weight_decay=options.weight_decay,
+            aggregation=options.aggregation,
+            aggregation_interval=options.aggregation_interval,
+            weights=weights or None,
+            version=version,
+        )
+        n_params = sum(p.numel() for p in stage.module.parameters())
         log.info(
             "%s: stage %d of %d, layers [%d, %d), %d parameters",
             self.device_id,
             index,
-            num_stages,
-            msg.points[index],
-            msg.points[index + 1],
+            len(points) - 1,
+            start,
+            end,
             n_params,
         )
+        return stage
+
+    def _subscribe_stage(self, run: _Run) -> None:
+        """Listen to the stage's inputs: activations of the stage before, gradients of the stage after."""
+        for pattern in run.subscriptions:
+            self.stop_listening(pattern)
+        run.subscriptions = [self.topics.activations(run.index - 1)]
+        if not run.is_last:
+            run.subscriptions.append(self.topics.gradients(run.index + 1))
+        for pattern in run.subscriptions:
+            self.listen(pattern)
+        self.probes.unwatch_all()
+        self.probes.watch(run.worker_list[run.index - 1])  # echo the predecessor's bandwidth probes
+
+    def _say_ready(self, run: _Run, phase: str) -> None:
         self.send(
             self.topics.device(Family.REPLY, self.device_id),
             Ready(
-                run_id=msg.run_id,
-                plan_id=msg.plan_id,
+                run_id=run.run_id,
+                plan_id=run.switch.plan_id if run.switch else run.plan_id,
                 device_id=self.device_id,
-                stage=index,
-                parameters=n_params,
+                stage=run.index,
+                parameters=sum(p.numel() for p in run.stage.module.parameters()),
+                phase=phase,
             ),
         )
 
@@ -241,9 +325,59 @@ class Worker(Role):
             return
         for pattern in run.subscriptions:
             self.stop_listening(pattern)
+        self.probes.unwatch_all()
         self.run_state = None
         self.completed_runs += 1
         self.set_status("idle")
+
+    # -- re-partition (Sec. III-D) -------------------------------------------------------------
+
+    def _repartition(self, msg: Repartition) -> None:
+        run = self.run_state
+        if run is None or msg.run_id != run.run_id or msg.plan_id <= run.plan_id:
+            return
+        switch = Switch.start(self.device_id, msg, run.stage)
+        if switch is None:
+            log.info("%s: no stage in plan %d; leaving the run", self.device_id, msg.plan_id)
+            self._leave_run()
+            return
+        run.switch = switch
+        for owner in switch.pending:
+            self.listen(self.topics.device(Family.REPLICA, owner))
+        for request in switch.requests():
+            self.send(self.topics.device(Family.REQUEST, self.device_id), request)
+        log.info(
+            "%s: plan %d, layers [%d, %d): keeping %s, fetching %s",
+            self.device_id,
+            msg.plan_id,
+            switch.plan.start,
+            switch.plan.end,
+            list(switch.plan.local),
+            {k: list(v) for k, v in switch.plan.fetch.items()},
+        )
+        self._maybe_fetched(run)
+
+    def _maybe_fetched(self, run: _Run) -> None:
+        if run.switch is not None and run.switch.complete:
+            self._say_ready(run, "fetched")
+
+    def _commit(self, run: _Run, switch: Switch) -> None:
+        stage = switch.build(run.spec, run.seed, run.options)
+        for owner in switch.plan.fetch:
+            self.stop_listening(self.topics.device(Family.REPLICA, owner))
+        order = switch.order
+        run.plan_id, run.points, run.worker_list = order.plan_id, list(order.points), list(order.worker_list)
+        run.index, run.stage, run.switch = switch.plan.stage, stage, None
+        run.forwards.clear()
+        run.backwards.clear()
+        run.evals.clear()
+        run.next_forward = run.next_backward = order.version
+        run.last, run.batches, run.step_seconds = None, 0, 0.0
+        self._subscribe_stage(run)
+        self.set_status("training", run_id=run.run_id, stage=run.index)
+        self._say_ready(run, "built")
+
+    # -- commands ------------------------------------------------------------------------------
 
     def _command(self, msg: Command) -> None:
         run = self.run_state
@@ -252,10 +386,22 @@ class Worker(Role):
                 "command", f"unknown command {msg.name!r}; known: {Command.COMMANDS}", msg.run_id
             )
             return
-        if run is None or msg.run_id != run.assign.run_id:
+        if msg.name == "emulate" and msg.args.get("device") == self.device_id:
+            factor = msg.args.get("slowdown")
+            if isinstance(factor, (int, float)) and factor >= 1:
+                log.info("%s: slowdown %.1f -> %.1f", self.device_id, self.slowdown, factor)
+                self.slowdown = float(factor)
+            else:
+                self._report_error("command", f"emulate needs slowdown >= 1, got {factor!r}", msg.run_id)
+            return
+        if run is None or msg.run_id != run.run_id:
             return
         if msg.name == "collect":
             self._send_weights(run, purpose="collect")
+        elif msg.name == "probe" and msg.args.get("source") == self.device_id:
+            target = msg.args.get("target")
+            if isinstance(target, str):
+                threading.Thread(target=self._probe, args=(run.run_id, target), daemon=True).start()
         elif msg.name == "stop":
             t = self.times.summary()
             log.info(
@@ -273,12 +419,26 @@ class Worker(Role):
             if self.config.once:
                 self._stopping = True
 
+    def _probe(self, run_id: str, target: str) -> None:
+        try:
+            bandwidth, latency = self.probes.measure(target)
+        except EdgeAgentError as exc:
+            self._report_error("probe", str(exc), run_id)
+            return
+        log.info("%s -> %s: %.1f MB/s, %.2f ms", self.device_id, target, bandwidth / 1e6, latency * 1e3)
+        self.send(
+            self.topics.device(Family.REPLY, self.device_id),
+            LinkReport(
+                run_id=run_id, source=self.device_id, target=target, bandwidth=bandwidth, latency=latency
+            ),
+        )
+
     def _send_weights(self, run: _Run, *, purpose: str) -> None:
         stage = run.stage
         self.send(
             self.topics.device(Family.REPLY, self.device_id),
             Weights(
-                run_id=run.assign.run_id,
+                run_id=run.run_id,
                 device_id=self.device_id,
                 stage=run.index,
                 start=stage.module.start,
@@ -307,10 +467,10 @@ class Worker(Role):
             result = stage.backward(msg.batch_id, labels=msg.y)
             run.next_backward = msg.batch_id + 1
             run.batches += 1
-            emulate_slowdown(started, self.slowdown, self.times)
+            run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
             self._send_gradient(run, msg.batch_id, result.grad_input, result.loss, result.correct, [])
             return
-        emulate_slowdown(started, self.slowdown, self.times)
+        run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
         self.send(
             self.topics.activations(run.index),
             Activation(
@@ -331,7 +491,7 @@ class Worker(Role):
         started = Clock()
         result = run.stage.backward(msg.batch_id, grad_output=msg.g)
         run.batches += 1
-        emulate_slowdown(started, self.slowdown, self.times)
+        run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
         self._send_gradient(run, msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
 
     def _send_gradient(
@@ -345,12 +505,13 @@ class Worker(Role):
     ) -> None:
         if grad is None:
             raise TrainingError(f"stage {run.index} produced no input gradient for batch {batch_id}")
-        per_batch = run.stage.compute_seconds * self.slowdown / max(1, run.batches)
+        # The average time per batch rides with the gradients to the central node (Sec. III-D).
+        per_batch = run.step_seconds / max(1, run.batches)
         self.send(
             self.topics.gradients(run.index),
             Gradient(
-                run_id=run.assign.run_id,
-                plan_id=run.assign.plan_id,
+                run_id=run.run_id,
+                plan_id=run.plan_id,
                 stage=run.index,
                 batch_id=batch_id,
                 g=grad,
@@ -392,3 +553,6 @@ class Worker(Role):
                     y=msg.y,
                 ),
             )
+
+
+__all__ = ["Worker"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from edgeagent.errors import ProtocolError
 from edgeagent.protocol.chunking import DEFAULT_CHUNK_SIZE, Reassembler, is_chunk, split_payload
 from edgeagent.protocol.topics import topic_matches
 from edgeagent.transport.base import Transport
@@ -45,6 +46,11 @@ class MemoryTransport(Transport):
         return self._open
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        if retain and len(payload) > self.chunk_size:
+            # A broker keeps one retained message per topic: only the last chunk would survive.
+            raise ProtocolError(
+                f"retained payload to {topic} is {len(payload)} bytes; limit {self.chunk_size}"
+            )
         for frame in split_payload(payload, self.chunk_size):
             self.broker.route(topic, frame, retain)
 

@@ -1,0 +1,383 @@
+"""The partition DP of papers/000 Sec. III-D (eq. 4-7), with per-link bandwidths and memory limits.
+
+Conventions (as in :mod:`edgeagent.planner.partition`): ``points`` has ``n + 1`` entries and stage ``k``
+owns layers ``[points[k], points[k+1])``; stage 0 is the central node. ``links[k]`` joins stage ``k`` and
+``k + 1``; the tensor crossing it is the output of the cut layer ``points[k+1] - 1``.
+
+The paper's recursion (eq. 4-5, with ``l`` the last layer of the sub-pipeline, inclusive)::
+
+    A(j, 1) = T^0(0, j)
+    A(j, n) = min_l max( A(l, n-1),  2 * T_c^{n-2}_l,  T^{n-1}(l+1, j) )
+    T_c^i_j = D_j / B_{i,i+1}                   (eq. 6)
+    T^i(l+1, j) = sum_{m=l+1}^{j} T^0_{e,m} * C_i   (eq. 3, 7)
+
+is implemented over half-open ranges: ``A[k][e]`` is the best bottleneck time of layers ``[0, e)`` on
+stages ``0..k-1``. Every link has its own bandwidth (``links[k - 2]`` for the link in front of stage
+``k - 1``); nothing is shared between links. Beyond the paper: a per-message ``latency`` per link, an
+``activation_factor`` on ``D_j`` (compression), and per-stage memory limits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edgeagent.planner.capacity import range_sum
+from edgeagent.planner.partition import check_points, stage_of_layer
+
+_INF = math.inf
+
+
+@dataclass(frozen=True)
+class Link:
+    """The real path between two consecutive stages (through the broker)."""
+
+    bandwidth: float  # bytes/s; math.inf = free
+    latency: float = 0.0  # seconds per message; 0 = the paper's model
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0:  # also rejects NaN
+            raise ValueError(f"link bandwidth {self.bandwidth} bytes/s must be > 0")
+        if not (math.isfinite(self.latency) and self.latency >= 0):
+            raise ValueError(f"link latency {self.latency} s must be finite and >= 0")
+
+
+def _finite_nonneg(name: str, values: Sequence[float]) -> None:
+    for i, v in enumerate(values):
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{name}[{i}] = {v} must be finite and >= 0")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything the DP needs; all sequences are stored as tuples (lists are converted)."""
+
+    layer_times: tuple[float, ...]  # T^0_{e,j}: forward+backward seconds per batch on the central node
+    output_bytes: tuple[int, ...]  # D_j
+    capacities: tuple[float, ...]  # C_k per stage in pipeline order (C_0: the central node)
+    links: tuple[Link, ...]  # len n - 1; links[k] joins stage k and k + 1
+    param_bytes: tuple[int, ...] | None = None  # per layer: memory limits and move cost
+    memory_limits: tuple[float | None, ...] | None = None  # per stage, bytes; None = unlimited
+    in_flight: int = 0  # batches in flight on stage 0; 0 = the number of stages (PipeDream's NOAM)
+    activation_factor: float = 1.0  # multiplies D_j on the wire (compressed size / raw size)
+
+    def __post_init__(self) -> None:
+        for name in ("layer_times", "output_bytes", "capacities", "links", "param_bytes", "memory_limits"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+        num_layers, n = len(self.layer_times), len(self.capacities)
+        if num_layers < 1:
+            raise ValueError("a problem needs at least 1 layer, got 0")
+        if not 1 <= n <= num_layers:
+            raise ValueError(f"cannot split {num_layers} layers into {n} stages (need 1..{num_layers})")
+        if len(self.output_bytes) != num_layers:
+            raise ValueError(f"{len(self.output_bytes)} output sizes for {num_layers} layers")
+        if len(self.links) != n - 1:
+            raise ValueError(f"{len(self.links)} links for {n} stages (need {n - 1})")
+        if not all(isinstance(link, Link) for link in self.links):
+            raise ValueError("links must be Link instances")
+        _finite_nonneg("layer_times", self.layer_times)
+        _finite_nonneg("output_bytes", self.output_bytes)
+        for k, c in enumerate(self.capacities):
+            if not (math.isfinite(c) and c > 0):
+                raise ValueError(f"capacities[{k}] = {c} must be finite and > 0")
+        if self.param_bytes is not None:
+            if len(self.param_bytes) != num_layers:
+                raise ValueError(f"{len(self.param_bytes)} parameter sizes for {num_layers} layers")
+            _finite_nonneg("param_bytes", self.param_bytes)
+        if self.memory_limits is not None:
+            if len(self.memory_limits) != n:
+                raise ValueError(f"{len(self.memory_limits)} memory limits for {n} stages")
+            for k, m in enumerate(self.memory_limits):
+                if m is not None and not m >= 0:
+                    raise ValueError(f"memory_limits[{k}] = {m} must be >= 0 or None")
+        if self.in_flight < 0:
+            raise ValueError(f"in_flight {self.in_flight} must be >= 0 (0 = number of stages)")
+        if not (math.isfinite(self.activation_factor) and self.activation_factor >= 0):
+            raise ValueError(f"activation_factor {self.activation_factor} must be finite and >= 0")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.capacities)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_times)
+
+    @property
+    def bound(self) -> int:
+        """Batches in flight on stage 0 (``in_flight``, or the number of stages when it is 0)."""
+        return self.in_flight or self.num_stages
+
+    def limit(self, k: int) -> float | None:
+        return None if self.memory_limits is None else self.memory_limits[k]
+
+
+def problem_for_uniform(
+    layer_times: Sequence[float],
+    output_bytes: Sequence[int],
+    num_stages: int,
+    *,
+    bandwidth: float = math.inf,
+    latency: float = 0.0,
+    param_bytes: Sequence[int] | None = None,
+) -> Problem:
+    """A problem with equal devices (every ``C_k = 1``) and one kind of link everywhere: the paper's
+    fallback when no execution times have been collected yet (Sec. III-F)."""
+    return Problem(
+        layer_times=tuple(layer_times),
+        output_bytes=tuple(output_bytes),
+        capacities=(1.0,) * num_stages,
+        links=tuple(Link(bandwidth, latency) for _ in range(num_stages - 1)),
+        param_bytes=None if param_bytes is None else tuple(param_bytes),
+    )
+
+
+def _check_stage(p: Problem, k: int) -> None:
+    if not 0 <= k < p.num_stages:
+        raise ValueError(f"stage {k} is outside 0..{p.num_stages - 1}")
+
+
+def _check_range(p: Problem, start: int, end: int) -> None:
+    if not 0 <= start < end <= p.num_layers:
+        raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{p.num_layers}")
+
+
+def compute_time(p: Problem, k: int, start: int, end: int) -> float:
+    """Eq. 3 and 7: ``T^k(start..end-1) = sum_{m=start}^{end-1} T^0_{e,m} * C_k`` seconds per batch."""
+    _check_stage(p, k)
+    _check_range(p, start, end)
+    return range_sum(p.layer_times, start, end) * p.capacities[k]
+
+
+def comm_time(p: Problem, k: int, layer: int) -> float:
+    """Eq. 6 with eq. 5's factor 2: ``2 * (latency_k + D_layer * activation_factor / B_k)`` on link ``k``.
+
+    Two crossings of link ``k`` per batch: the activations of ``layer`` forward and their gradients
+    back. ``layer`` is the last layer of stage ``k``. With ``latency = 0`` and ``activation_factor = 1``
+    this is the paper's ``2 * T_{c,layer}^k``.
+    """
+    if not 0 <= k < len(p.links):
+        raise ValueError(f"link {k} is outside 0..{len(p.links) - 1}")
+    if not 0 <= layer < p.num_layers:
+        raise ValueError(f"layer {layer} is outside 0..{p.num_layers - 1}")
+    link = p.links[k]
+    return 2.0 * (link.latency + p.output_bytes[layer] * p.activation_factor / link.bandwidth)
+
+
+def in_flight_at(p: Problem, k: int) -> int:
+    """Batches between forward and backward on stage ``k`` under 1F1B: ``max(1, bound - k)``."""
+    return max(1, p.bound - k)
+
+
+def _plain_sum(values: Sequence[int]) -> int:
+    """Left-to-right sum, the order ``itertools.accumulate`` uses in :func:`solve`."""
+    total = 0
+    for v in values:
+        total += v
+    return total
+
+
+def _memory(p: Problem, k: int, params: int, activations: int) -> float:
+    outstanding = in_flight_at(p, k)
+    return float(params * (outstanding + 1 + 2) + outstanding * activations)
+
+
+def stage_memory(p: Problem, k: int, start: int, end: int) -> float:
+    """Upper bound on the training memory (bytes) of stage ``k`` owning ``[start, end)``.
+
+    With ``f = max(1, bound - k)`` batches in flight on stage ``k`` (``bound = in_flight`` or, when 0,
+    the number of stages; earlier stages have more batches in flight, as in PipeDream)::
+
+        memory = P * (f + 1 + 2) + f * A
+
+    * ``P``: the stage's parameter bytes (0 without ``param_bytes``). It keeps one stashed weight
+      version per batch in flight plus the live weights, ``f + 1`` copies (``n - k + 1`` with the
+      default bound, the most the stash ever holds), plus 2 for the gradient and the momentum buffer.
+    * ``A = sum D_j`` over its layers: every batch in flight keeps its layers' outputs for the
+      backward pass (raw sizes: ``activation_factor`` compresses the wire, not memory).
+
+    Inputs received, optimizer state other than momentum, and framework overhead are not counted.
+    """
+    _check_stage(p, k)
+    _check_range(p, start, end)
+    params = 0 if p.param_bytes is None else _plain_sum(p.param_bytes[start:end])
+    return _memory(p, k, params, _plain_sum(p.output_bytes[start:end]))
+
+
+def _check_split(p: Problem, points: Sequence[int]) -> None:
+    check_points(points, p.num_layers)
+    if len(points) != p.num_stages + 1:
+        raise ValueError(
+            f"partition points {list(points)} give {len(points) - 1} stages, need {p.num_stages}"
+        )
+
+
+def fits(p: Problem, points: Sequence[int]) -> bool:
+    """Whether every stage's :func:`stage_memory` is within its memory limit (``<=``)."""
+    _check_split(p, points)
+    for k in range(p.num_stages):
+        limit = p.limit(k)
+        if limit is not None and stage_memory(p, k, points[k], points[k + 1]) > limit:
+            return False
+    return True
+
+
+def predict(p: Problem, points: Sequence[int]) -> float:
+    """The pipeline's seconds per batch for a split: the max of eq. 5 unrolled, i.e. the largest of every
+    stage's :func:`compute_time` and every link's :func:`comm_time` at its cut layer."""
+    _check_split(p, points)
+    worst = max(compute_time(p, k, points[k], points[k + 1]) for k in range(p.num_stages))
+    for k in range(p.num_stages - 1):
+        worst = max(worst, comm_time(p, k, points[k + 1] - 1))
+    return worst
+
+
+def _infeasible(p: Problem) -> ValueError:
+    total_params = 0 if p.param_bytes is None else sum(p.param_bytes)
+    limits = list(p.memory_limits) if p.memory_limits is not None else None
+    return ValueError(
+        f"no split of {p.num_layers} layers into {p.num_stages} stages fits the memory limits {limits} "
+        f"(bytes; total parameter bytes {total_params}, total activation bytes {sum(p.output_bytes)}, "
+        f"bound {p.bound} batches in flight)"
+    )
+
+
+def _prefix_table(values: Sequence[float]) -> list[list[float]]:
+    """``table[s][e - s - 1] == range_sum(values, s, e)`` bit for bit (same order of additions)."""
+    table = []
+    for s in range(len(values)):
+        row, acc = [], 0.0
+        for m in range(s, len(values)):
+            acc += values[m]
+            row.append(acc)
+        table.append(row)
+    return table
+
+
+def solve(p: Problem) -> list[int]:
+    """The optimal split by the DP of eq. 4-5, in ``O(n L^2)`` time.
+
+    ``A[1][e] = T^0(0..e-1)`` (eq. 4, scaled by ``C_0``) and
+    ``A[k][e] = min_{k-1 <= s < e} max(A[k-1][s], comm_time(k-2, s-1), compute_time(k-1, s, e))``
+    (eq. 5): the first ``k - 1`` stages take ``[0, s)``, stage ``k - 1`` takes ``[s, e)`` and link
+    ``k - 2`` carries the output of layer ``s - 1``. Every stage gets at least one layer; a stage whose
+    :func:`stage_memory` exceeds its limit is infeasible (skipped). Raises ``ValueError`` if no split fits.
+
+    Tie-breaking (deterministic, identical to :func:`brute_force`): among all optimal splits, the one
+    whose points read from the last to the first are lexicographically largest, i.e. the latest last
+    cut, then the latest cut before it, and so on. Later stages thus take the extra layers, and earlier
+    stages, which stash more weight versions, take fewer (as :func:`balanced_partition` does).
+    Backtracking finds it: from the end, take the latest cut ``s`` whose last stage and link are within
+    the optimum and whose prefix ``A[k-1][s]`` is within it too.
+    """
+    n, num_layers = p.num_stages, p.num_layers
+    times = _prefix_table(p.layer_times)
+    sizes = p.param_bytes if p.param_bytes is not None else (0,) * num_layers
+    params = [list(itertools.accumulate(sizes[s:])) for s in range(num_layers)]
+    acts = [list(itertools.accumulate(p.output_bytes[s:])) for s in range(num_layers)]
+
+    def cost(k: int, s: int, e: int) -> float:
+        return times[s][e - s - 1] * p.capacities[k]
+
+    def ok(k: int, s: int, e: int) -> bool:
+        limit = p.limit(k)
+        return limit is None or _memory(p, k, params[s][e - s - 1], acts[s][e - s - 1]) <= limit
+
+    def comm(link: int, layer: int) -> float:
+        return comm_time(p, link, layer)
+
+    best = [[_INF] * (num_layers + 1) for _ in range(n + 1)]
+    for e in range(1, num_layers + 1):
+        if ok(0, 0, e):
+            best[1][e] = cost(0, 0, e)
+    for k in range(2, n + 1):
+        for e in range(k, num_layers + 1):
+            value = _INF
+            for s in range(k - 1, e):
+                prefix = best[k - 1][s]
+                if prefix == _INF or not ok(k - 1, s, e):
+                    continue
+                value = min(value, max(prefix, comm(k - 2, s - 1), cost(k - 1, s, e)))
+            best[k][e] = value
+    optimum = best[n][num_layers]
+    if optimum == _INF:
+        raise _infeasible(p)
+
+    points = [num_layers]
+    e = num_layers
+    for k in range(n, 1, -1):
+        for s in range(e - 1, k - 2, -1):
+            if (
+                best[k - 1][s] <= optimum
+                and ok(k - 1, s, e)
+                and max(comm(k - 2, s - 1), cost(k - 1, s, e)) <= optimum
+            ):
+                break
+        else:  # pragma: no cover - the optimum guarantees a cut
+            raise AssertionError(f"backtracking found no cut for stage {k - 1} below layer {e}")
+        points.append(s)
+        e = s
+    points.append(0)
+    points.reverse()
+    return points
+
+
+def brute_force(p: Problem) -> list[int]:
+    """Every split, minimising :func:`predict` among those that :func:`fits`, with :func:`solve`'s tie rule
+    (the latest cuts, compared from the last one). Exponential: for tests."""
+    best: tuple[float, list[int]] | None = None
+    for cuts in itertools.combinations(range(1, p.num_layers), p.num_stages - 1):
+        points = [0, *cuts, p.num_layers]
+        if not fits(p, points):
+            continue
+        value = predict(p, points)
+        if best is None or value < best[0] or (value == best[0] and points[::-1] > best[1][::-1]):
+            best = (value, points)
+    if best is None:
+        raise _infeasible(p)
+    return best[1]
+
+
+def moved_bytes(old_points: Sequence[int], new_points: Sequence[int], param_bytes: Sequence[int]) -> int:
+    """Parameter bytes of the layers whose owner stage index differs between the two splits."""
+    check_points(old_points, len(param_bytes))
+    check_points(new_points, len(param_bytes))
+    return sum(
+        size
+        for j, size in enumerate(param_bytes)
+        if stage_of_layer(old_points, j) != stage_of_layer(new_points, j)
+    )
+
+
+def repartition_gain(
+    p: Problem,
+    old_points: Sequence[int],
+    new_points: Sequence[int],
+    *,
+    horizon_batches: int,
+    move_bandwidth: float,
+    overhead: float = 0.0,
+) -> tuple[bool, float, float]:
+    """Whether moving from ``old_points`` to ``new_points`` pays off within ``horizon_batches`` batches.
+
+    ``gain = (predict(old) - predict(new)) * horizon_batches`` seconds;
+    ``cost = moved_bytes * 2 / move_bandwidth + overhead`` seconds (weights and momentum both move).
+    Returns ``(gain > cost and new != old, gain, cost)``. Needs ``p.param_bytes``.
+    """
+    if p.param_bytes is None:
+        raise ValueError(
+            f"repartition_gain needs param_bytes for the {p.num_layers} layers to price the move"
+        )
+    if horizon_batches < 0:
+        raise ValueError(f"horizon_batches {horizon_batches} must be >= 0")
+    if not move_bandwidth > 0:
+        raise ValueError(f"move_bandwidth {move_bandwidth} bytes/s must be > 0")
+    if not (math.isfinite(overhead) and overhead >= 0):
+        raise ValueError(f"overhead {overhead} s must be finite and >= 0")
+    gain = (predict(p, old_points) - predict(p, new_points)) * horizon_batches
+    cost = moved_bytes(old_points, new_points, p.param_bytes) * 2 / move_bandwidth + overhead
+    return gain > cost and list(new_points) != list(old_points), gain, cost
