@@ -55,6 +55,23 @@ def broker_config(host: str, port: int, *, password_file: str | None = None) -> 
     }
 
 
+class _SnapshotDict(dict):
+    """A dict whose iteration walks a snapshot.
+
+    Note: amqtt 0.12 iterates its broker-wide subscription table with ``await`` inside the loop (on
+    every client connect and every broadcast). A SUBSCRIBE or UNSUBSCRIBE handled meanwhile changes
+    the dict and raises ``RuntimeError: dictionary changed size during iteration``, which drops the
+    connecting client or kills the broadcast. Re-partitions subscribe and unsubscribe a lot, so the
+    embedded broker walks a copy instead.
+    """
+
+    def __iter__(self) -> Any:
+        return iter(list(super().keys()))
+
+    def items(self) -> Any:
+        return list(super().items())
+
+
 class EmbeddedBroker:
     """amqtt on a daemon thread with its own event loop.
 
@@ -90,6 +107,7 @@ class EmbeddedBroker:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             broker = Broker(config)
+            broker._subscriptions = _SnapshotDict()
             await broker.start()
             started.set_result(None)
             await self._stop.wait()

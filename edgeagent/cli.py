@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import yaml
 
 from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
 from edgeagent.errors import EdgeAgentError
@@ -39,6 +40,12 @@ def train_options(f: F) -> F:
         ),
         click.option("--epochs", type=int, help="Epochs to train."),
         click.option("--model", help="mlp | cnn | mobilenetv2 | pkg.module:function."),
+        click.option(
+            "--model-option",
+            "model_option",
+            multiple=True,
+            help="KEY=VALUE for the model (YAML value), e.g. width_mult=0.25 or hidden=[256,128].",
+        ),
         click.option("--dataset", help="digits | synthetic[:N:CxHxW:K] | FILE.npz"),
         click.option("--batch-size", type=int),
         click.option("--lr", "learning_rate", type=float, help="Learning rate."),
@@ -100,8 +107,20 @@ _CENTRAL_KEYS = (
 )
 
 
+def _model_options(items: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--model-option")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
 def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
     train = {k: kw[k] for k in _TRAIN_KEYS if kw.get(k) is not None}
+    if kw.get("model_option"):
+        train["model_options"] = _model_options(kw["model_option"])
     central = {k: kw[k] for k in _CENTRAL_KEYS if kw.get(k) is not None}
     if kw.get("slowdown_changes"):
         central["slowdown_changes"] = list(kw["slowdown_changes"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
+from edgeagent.roles.worker import STAGE_TIME_WINDOW
 from edgeagent.transport.base import Transport
 from edgeagent.transport.mqtt import MqttTransport
 
@@ -153,8 +155,8 @@ class Central(Role):
         self._ready: dict[int, dict[str, str]] = {}  # plan id -> device -> phase
         self._sent_at: dict[int, float] = {}
         self._stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
-        self._own_time = 0.0
-        self._own_batches = 0
+        self._own_recent: deque[float] = deque(maxlen=STAGE_TIME_WINDOW)  # stage 0's latest batch times
+        self._own_step = 0.0
         self._plan_job: Future[tuple[list[int], float, str]] | None = None
         self._switch: Switch | None = None
         self._stage: Stage | None = None
@@ -429,9 +431,9 @@ class Central(Role):
 
     def _measured_capacities(self) -> list[float] | None:
         profile = self._profile
-        if profile is None or len(self._stage_times) != len(self.worker_list) - 1 or not self._own_batches:
+        if profile is None or len(self._stage_times) != len(self.worker_list) - 1 or not self._own_recent:
             return None
-        times = [self._own_time / self._own_batches, *self._stage_times]
+        times = [sum(self._own_recent) / len(self._own_recent), *self._stage_times]
         return capacities(times, profile.seconds, self.points)
 
     def _plan(self, caps: list[float], current: list[int]) -> tuple[list[int], float, str]:
@@ -509,7 +511,7 @@ class Central(Role):
         self.plan_id, self.points = order.plan_id, list(points)
         self._wait_ready(order.plan_id, "built", set(self.worker_list[1:]))
         self._stage_times = []
-        self._own_time, self._own_batches = 0.0, 0
+        self._own_recent.clear()
         self._event("partition", points=points, batch=version, plan_id=self.plan_id)
 
     def _record_partition(
@@ -608,8 +610,10 @@ class Central(Role):
                     stage.backward(bid, grad_output=grad.g)
                     loss, correct = grad.loss, grad.correct
                     self._stage_times = list(grad.stage_times)
-                self._own_time += emulate_slowdown(started, self.config.slowdown, self.times)
-                self._own_batches += 1
+                self._own_recent.append(
+                    self._own_step + emulate_slowdown(started, self.config.slowdown, self.times)
+                )
+                self._own_step = 0.0
                 committed_b = bid
                 self._sent_at.pop(bid, None)
                 losses.append(loss)
@@ -632,7 +636,9 @@ class Central(Role):
                 started = Clock()
                 x, y = batch(next_f)
                 out, version = stage.forward(next_f, x)
-                self._own_time += emulate_slowdown(started, self.config.slowdown, self.times)
+                # Forward of this batch; its backward comes later, after other batches' forwards: the
+                # window then pairs each backward with the latest forward, which averages out the same.
+                self._own_step = emulate_slowdown(started, self.config.slowdown, self.times)
                 if not stage.is_last:
                     self.send(
                         self.topics.activations(0),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,8 @@ from edgeagent.transport.mqtt import MqttTransport
 
 log = logging.getLogger(__name__)
 
+STAGE_TIME_WINDOW = 10
+
 
 @dataclass
 class _Run:
@@ -61,7 +64,10 @@ class _Run:
     next_backward: int = 0
     last: Kind | None = None
     batches: int = 0  # backward passes done under this plan
-    step_seconds: float = 0.0  # emulated compute of those batches (forward + backward)
+    # Emulated compute (forward + backward) of the latest batches: a moving window, so that the
+    # capacity estimate follows a device that slows down (the paper reports "the average").
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=STAGE_TIME_WINDOW))
+    step_seconds: float = 0.0  # of the batch in progress
     switch: Switch | None = None
 
     @property
@@ -373,6 +379,7 @@ class Worker(Role):
         run.evals.clear()
         run.next_forward = run.next_backward = order.version
         run.last, run.batches, run.step_seconds = None, 0, 0.0
+        run.recent.clear()
         self._subscribe_stage(run)
         self.set_status("training", run_id=run.run_id, stage=run.index)
         self._say_ready(run, "built")
@@ -466,8 +473,8 @@ class Worker(Role):
         if run.is_last:
             result = stage.backward(msg.batch_id, labels=msg.y)
             run.next_backward = msg.batch_id + 1
-            run.batches += 1
             run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
+            self._batch_done(run)
             self._send_gradient(run, msg.batch_id, result.grad_input, result.loss, result.correct, [])
             return
         run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
@@ -490,9 +497,16 @@ class Worker(Role):
         run.last = "B"
         started = Clock()
         result = run.stage.backward(msg.batch_id, grad_output=msg.g)
-        run.batches += 1
         run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
+        self._batch_done(run)
         self._send_gradient(run, msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
+
+    @staticmethod
+    def _batch_done(run: _Run) -> None:
+        """A batch's forward and backward are both done here: record its compute time."""
+        run.batches += 1
+        run.recent.append(run.step_seconds)
+        run.step_seconds = 0.0
 
     def _send_gradient(
         self,
@@ -506,7 +520,7 @@ class Worker(Role):
         if grad is None:
             raise TrainingError(f"stage {run.index} produced no input gradient for batch {batch_id}")
         # The average time per batch rides with the gradients to the central node (Sec. III-D).
-        per_batch = run.step_seconds / max(1, run.batches)
+        per_batch = sum(run.recent) / max(1, len(run.recent))
         self.send(
             self.topics.gradients(run.index),
             Gradient(

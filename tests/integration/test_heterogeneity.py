@@ -1,0 +1,46 @@
+"""Dynamic partitioning with real worker processes and emulated slow devices."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.demo import run_demo
+
+pytestmark = pytest.mark.slow
+
+
+def layers_of(points: list[int], stage: int) -> int:
+    return points[stage + 1] - points[stage]
+
+
+def test_slow_device_loses_layers_at_the_first_repartition(amqtt_url: str, cluster: str) -> None:
+    train = TrainConfig(model="mobilenetv2", epochs=3)
+    config = CentralConfig(cluster=cluster, train=train, progress=False, partition="dynamic")
+    report = run_demo(config, workers=2, slowdowns=[1, 1, 6], broker=amqtt_url, show_progress=False)
+
+    initial = report.partitions[0]
+    assert initial["batch"] == 0
+    first = next(p for p in report.partitions if p["batch"] > 0)
+    assert first["batch"] == config.repartition_first  # the first re-split, after 10 batches of epoch 0
+    assert layers_of(first["points"], 2) < layers_of(initial["points"], 2), report.partitions
+    assert first["predicted_step"] > 0 and first["measured_step_before"] > 0
+    assert report.final_accuracy > 0.6, report.test_accuracy_per_epoch  # chance: 0.1
+
+
+def test_split_follows_a_device_that_slows_down(amqtt_url: str, cluster: str) -> None:
+    every = 20
+    train = TrainConfig(model="mobilenetv2", epochs=2)
+    config = CentralConfig(
+        cluster=cluster,
+        train=train,
+        progress=False,
+        repartition_every=every,
+        slowdown_changes=["worker-1@30=8"],
+    )
+    report = run_demo(config, workers=2, slowdowns=[1, 1, 1], broker=amqtt_url, show_progress=False)
+
+    before = [p for p in report.partitions if p["batch"] <= 30][-1]["points"]
+    after = [p for p in report.partitions if 30 < p["batch"] <= 30 + 2 * every]
+    assert after, f"no re-split within two intervals of the slowdown: {report.partitions}"
+    assert layers_of(after[-1]["points"], 1) < layers_of(before, 1), report.partitions
