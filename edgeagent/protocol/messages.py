@@ -236,6 +236,9 @@ class Weights(Message):
     optimizer: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # momentum buffers
     plan_id: int = -1
     recipient: str = ""  # for "redistribute": the device that asked for these layers
+    # The layers these tensors belong to; a layer without parameters or buffers (pooling, flatten)
+    # has no tensors but still counts as delivered.
+    layers: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

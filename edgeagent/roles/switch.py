@@ -93,7 +93,7 @@ class Switch:
         ):
             return False
         wanted = self.pending[msg.device_id]
-        got = {int(k.split(".")[1]) for k in msg.tensors}
+        got = set(msg.layers) | {int(k.split(".")[1]) for k in msg.tensors}
         if not wanted <= got:
             raise TrainingError(
                 f"{msg.device_id} sent layers {sorted(got)}, {self.device_id} asked for {sorted(wanted)}"
@@ -140,4 +140,5 @@ def serve_fetch(stage: Stage | None, request: FetchRequest, owner: str, run_id: 
         optimizer=momentum,
         plan_id=request.plan_id,
         recipient=request.requester,
+        layers=list(request.layers),
     )

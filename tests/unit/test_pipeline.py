@@ -227,3 +227,60 @@ def test_next_kind_alternates() -> None:
     assert next_kind("F", True, False) == "F"
     assert next_kind("B", False, True) == "B"
     assert next_kind(None, False, False) is None
+
+
+def test_switch_accepts_layers_without_tensors() -> None:
+    """Pooling and flatten layers have no tensors; fetching them must still complete."""
+    from edgeagent.models import num_layers
+    from edgeagent.pipeline.build import make_stage
+    from edgeagent.protocol.messages import Repartition
+    from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
+
+    spec = ModelSpec("cnn", (1, 8, 8), 10)  # layers 1, 3, 5 are max-pools: no parameters
+    total = num_layers(spec)
+    owner_stage = make_stage(
+        spec,
+        seed=0,
+        start=4,
+        end=total,
+        index=2,
+        num_stages=3,
+        learning_rate=0.1,
+        momentum=0.9,
+        weight_decay=0.0,
+        aggregation=False,
+        aggregation_interval=1,
+    )
+    order = Repartition(
+        run_id="r",
+        plan_id=1,
+        points=[0, 2, 6, total],
+        worker_list=["c", "a", "b"],
+        previous_points=[0, 2, 4, total],
+        previous_workers=["c", "a", "b"],
+        version=0,
+    )
+    mine = make_stage(
+        spec,
+        seed=0,
+        start=2,
+        end=4,
+        index=1,
+        num_stages=3,
+        learning_rate=0.1,
+        momentum=0.9,
+        weight_decay=0.0,
+        aggregation=False,
+        aggregation_interval=1,
+    )
+    switch = Switch.start("a", order, mine)
+    assert switch is not None and switch.pending == {"b": {4, 5}}
+    (request,) = switch.requests()
+    assert switch.accept(serve_fetch(owner_stage, request, "b", "r"))
+    assert switch.complete
+    options = TrainOptions(
+        learning_rate=0.1, momentum=0.9, weight_decay=0.0, aggregation=False, aggregation_interval=1
+    )
+    built = switch.build(spec, 0, options)
+    assert (built.module.start, built.module.end) == (2, 6)
+    torch.testing.assert_close(built.state()["layers.4.0.weight"], owner_stage.state()["layers.4.0.weight"])
