@@ -200,6 +200,7 @@ def central(**kw: Any) -> None:
 @click.option("--slowdown", type=float, help="Emulate a device this many times slower (>= 1).")
 @click.option("--threads", type=int, help="Torch threads.")
 @click.option("--heartbeat-interval", type=float)
+@click.option("--memory-limit-mb", type=float, help="Memory the stage may use here; the DP respects it.")
 @click.option("--once", is_flag=True, default=None, help="Exit after one run.")
 @click.option("--log-level", default=None)
 def worker(**kw: Any) -> None:

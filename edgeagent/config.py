@@ -93,6 +93,8 @@ class WorkerConfig(_Frozen):
     threads: int = Field(1, ge=1)
     slowdown: float = Field(1.0, ge=1.0)
     heartbeat_interval: float = Field(1.0, gt=0)
+    # Memory this device may use for its stage (weights, stashed versions, activations); 0 = no limit.
+    memory_limit_mb: float = Field(0.0, ge=0)
     # Leave after one run (the demo); a service keeps serving runs.
     once: bool = False
 

@@ -87,6 +87,7 @@ class Announce(Message):
     slowdown: float = 1.0
     software: str = ""
     profile_hash: str = ""
+    memory_limit: float = 0.0  # bytes the stage may use; 0 = no limit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,6 +100,7 @@ class _Worker:
     device_id: str
     last_heartbeat: float
     slowdown: float = 1.0
+    memory_limit: float = 0.0
     online: bool = True
 
 
@@ -268,7 +269,9 @@ class Central(Role):
         # The worker list is ordered by device id so that a re-run gives the same pipeline.
         chosen = sorted(found)[:wanted]
         now = time.monotonic()
-        self.workers = {d: _Worker(d, now, slowdown=found[d].slowdown) for d in chosen}
+        self.workers = {
+            d: _Worker(d, now, slowdown=found[d].slowdown, memory_limit=found[d].memory_limit) for d in chosen
+        }
         log.info("workers: %s", ", ".join(chosen))
         return chosen
 
@@ -412,7 +415,9 @@ class Central(Role):
         profile = self._profile
         assert profile is not None and self._spec is not None
         params = self._param_bytes()
+        limits = [None, *(self.workers[d].memory_limit or None for d in self.worker_list[1:])]
         return Problem(
+            memory_limits=tuple(limits) if any(limits) else None,
             layer_times=tuple(profile.seconds),
             output_bytes=tuple(profile.output_bytes),
             capacities=tuple(caps),

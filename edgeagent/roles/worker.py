@@ -134,6 +134,7 @@ class Worker(Role):
                 threads=self.config.threads,
                 slowdown=self.slowdown,
                 software=__version__,
+                memory_limit=self.config.memory_limit_mb * 1e6,
             ),
         )
 
