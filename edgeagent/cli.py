@@ -77,6 +77,19 @@ def train_options(f: F) -> F:
             multiple=True,
             help="DEVICE@BATCH=F: from that batch on, DEVICE emulates an F-times slower device.",
         ),
+        click.option(
+            "--recovery",
+            type=click.Choice(["ftpipehd", "respipe"]),
+            help="ftpipehd: re-split over the survivors (default); respipe: the next worker takes over.",
+        ),
+        click.option("--chain-every", type=int, help="Batches between chain replications (50; 0: off)."),
+        click.option("--global-every", type=int, help="Batches between global replications (100; 0: off)."),
+        click.option("--replicas", type=int, help="Chain successors holding a replica (ResPipe's z; 1)."),
+        click.option(
+            "--checkpoint",
+            type=click.Path(dir_okay=False),
+            help="Write a checkpoint here at every global replication.",
+        ),
         click.option("--log-level", default="INFO", show_default=True),
     ]
     for option in reversed(options):
@@ -97,6 +110,11 @@ _TRAIN_KEYS = (
     "init_weights",
 )
 _CENTRAL_KEYS = (
+    "recovery",
+    "chain_every",
+    "global_every",
+    "replicas",
+    "checkpoint",
     "broker",
     "cluster",
     "report",
@@ -105,6 +123,18 @@ _CENTRAL_KEYS = (
     "repartition_first",
     "repartition_every",
 )
+
+
+def _kills(items: tuple[str, ...]) -> dict[str, int]:
+    kills = {}
+    for item in items:
+        device, sep, batch = item.partition("@")
+        if not sep or not batch.isdigit():
+            raise click.BadParameter(
+                f"expected ID@BATCH like worker-1@205, got {item!r}", param_hint="--kill"
+            )
+        kills[device] = int(batch)
+    return kills
 
 
 def _model_options(items: tuple[str, ...]) -> dict[str, Any]:
@@ -143,6 +173,12 @@ def main() -> None:
 @click.option("--workers", type=int, help="Local worker processes to start (default 2).")
 @click.option("--slowdowns", help="Compute slowdown per device, central first, e.g. 1,1,6.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--kill",
+    "kills",
+    multiple=True,
+    help="ID@BATCH: SIGKILL worker ID when BATCH starts its backward pass (fault injection).",
+)
 def demo(**kw: Any) -> None:
     """Broker + central node + local workers: the whole job on this machine."""
     from edgeagent.demo import run_demo
@@ -161,6 +197,7 @@ def demo(**kw: Any) -> None:
             slowdowns=slowdowns,
             broker=kw["broker"],
             show_progress=not kw["no_progress"],
+            kills=_kills(kw["kills"]),
         )
     except (EdgeAgentError, ValueError) as exc:
         _fail(exc)
@@ -201,6 +238,9 @@ def central(**kw: Any) -> None:
 @click.option("--threads", type=int, help="Torch threads.")
 @click.option("--heartbeat-interval", type=float)
 @click.option("--memory-limit-mb", type=float, help="Memory the stage may use here; the DP respects it.")
+@click.option(
+    "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
+)
 @click.option("--once", is_flag=True, default=None, help="Exit after one run.")
 @click.option("--log-level", default=None)
 def worker(**kw: Any) -> None:

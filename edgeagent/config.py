@@ -56,8 +56,10 @@ class CentralConfig(_Frozen):
     slowdown: float = Field(1.0, ge=1.0)
     heartbeat_interval: float = Field(1.0, gt=0)
     startup_timeout: float = Field(60.0, gt=0)
-    # A batch whose gradients have not come back after this long stops the run (fault tolerance lands later).
-    batch_timeout: float = Field(120.0, gt=0)
+    # A batch whose gradients have not come back after this long is a fault (Sec. III-F's timer).
+    batch_timeout: float = Field(10.0, gt=0)
+    # After a fault, how long to wait for the workers to answer the probe.
+    probe_timeout: float = Field(1.0, gt=0)
     report: str | None = None
     save_model: str | None = None
     progress: bool = True
@@ -66,6 +68,13 @@ class CentralConfig(_Frozen):
     partition: PartitionMode = "dynamic"
     repartition_first: int = Field(10, ge=1, description="batches of epoch 0 before the first re-split")
     repartition_every: int = Field(100, ge=1, description="batches between later re-splits")
+    # Replication (papers/000 Sec. III-E) and recovery (Sec. III-F). respipe: the next worker takes over
+    # a dead worker's layers and nothing is re-split (papers/002), the baseline.
+    recovery: Literal["ftpipehd", "respipe"] = "ftpipehd"
+    chain_every: int = Field(50, ge=0, description="batches between chain replications (0: off)")
+    global_every: int = Field(100, ge=0, description="batches between global replications (0: off)")
+    replicas: int = Field(1, ge=1, description="chain successors that hold a replica (ResPipe's z)")
+    checkpoint: str | None = None  # write the central node's checkpoint here at every global replication
     # Emulation changes during the run, "DEVICE@BATCH=SLOWDOWN", e.g. "worker-2@300=5".
     slowdown_changes: list[str] = Field(default_factory=list)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -95,6 +104,9 @@ class WorkerConfig(_Frozen):
     heartbeat_interval: float = Field(1.0, gt=0)
     # Memory this device may use for its stage (weights, stashed versions, activations); 0 = no limit.
     memory_limit_mb: float = Field(0.0, ge=0)
+    # Fault injection (tests, `edgeagent demo --kill`): SIGKILL this process when this batch starts its
+    # backward pass here.
+    die_at_backward: int | None = None
     # Leave after one run (the demo); a service keeps serving runs.
     once: bool = False
 

@@ -23,7 +23,7 @@ from rich.progress import (
 from edgeagent.broker import EmbeddedBroker
 from edgeagent.config import CentralConfig
 from edgeagent.logs import console
-from edgeagent.roles.central import Central, RunReport
+from edgeagent.roles.central import Central, ProgressHook, RunReport
 
 log = logging.getLogger(__name__)
 
@@ -57,30 +57,72 @@ def worker_command(
     return [*cmd, "--once"] if once else cmd
 
 
-@contextlib.contextmanager
-def local_workers(
-    n: int, broker: str, cluster: str, slowdowns: list[float], *, log_level: str | None = None
-) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start ``n`` worker processes ``worker-1 .. worker-n``; stop any that are left at the end.
+class LocalWorkers:
+    """Worker processes ``worker-1 .. worker-n`` on this machine (the demo's devices).
 
     Workers log warnings only (``EDGEAGENT_WORKER_LOG_LEVEL`` overrides) so the progress bar stays readable.
     """
-    procs = []
-    level = log_level or os.environ.get("EDGEAGENT_WORKER_LOG_LEVEL", "WARNING")
-    env = dict(os.environ, EDGEAGENT_LOG_LEVEL=level)
-    try:
-        for i in range(n):
-            cmd = worker_command(f"worker-{i + 1}", broker, cluster, slowdowns[i])
-            procs.append(subprocess.Popen(cmd, env=env))
-        yield procs
-    finally:
-        for p in procs:
+
+    def __init__(
+        self,
+        n: int,
+        broker: str,
+        cluster: str,
+        slowdowns: list[float],
+        *,
+        kills: dict[str, int] | None = None,
+        log_level: str | None = None,
+    ) -> None:
+        self.broker, self.cluster = broker, cluster
+        self.slowdowns = {f"worker-{i + 1}": slowdowns[i] for i in range(n)}
+        self.kills = dict(kills or {})
+        unknown = set(self.kills) - set(self.slowdowns)
+        if unknown:
+            raise ValueError(f"--kill names {sorted(unknown)}; the workers are {sorted(self.slowdowns)}")
+        level = log_level or os.environ.get("EDGEAGENT_WORKER_LOG_LEVEL", "WARNING")
+        self.env = dict(os.environ, EDGEAGENT_LOG_LEVEL=level)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, device: str, *, inject: bool = True) -> subprocess.Popen[bytes]:
+        extra: tuple[str, ...] = ()
+        if inject and device in self.kills:
+            extra = ("--die-at-backward", str(self.kills[device]))
+        cmd = worker_command(device, self.broker, self.cluster, self.slowdowns[device], extra=extra)
+        self.procs[device] = proc = subprocess.Popen(cmd, env=self.env)
+        return proc
+
+    def start_all(self) -> LocalWorkers:
+        for device in self.slowdowns:
+            self.start(device)
+        return self
+
+    def restart(self, device: str) -> subprocess.Popen[bytes]:
+        """Start ``device`` again with the same id (as systemd would), without its fault injection."""
+        old = self.procs.get(device)
+        if old is not None and old.poll() is None:
+            old.kill()
+            old.wait()
+        return self.start(device, inject=False)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 log.warning("worker pid %d did not stop; killing it", p.pid)
                 p.kill()
                 p.wait()
+
+
+@contextlib.contextmanager
+def local_workers(
+    n: int, broker: str, cluster: str, slowdowns: list[float], *, kills: dict[str, int] | None = None
+) -> Iterator[LocalWorkers]:
+    workers = LocalWorkers(n, broker, cluster, slowdowns, kills=kills)
+    try:
+        yield workers.start_all()
+    finally:
+        workers.stop()
 
 
 def _progress_hook(progress: Progress, task: Any) -> Any:
@@ -108,6 +150,8 @@ def run_demo(
     slowdowns: list[float],
     broker: str | None,
     show_progress: bool = True,
+    kills: dict[str, int] | None = None,
+    on_progress: ProgressHook | None = None,
 ) -> RunReport:
     """Run a whole training job on this machine and return its report."""
     if slowdowns and len(slowdowns) != workers + 1:
@@ -120,7 +164,7 @@ def run_demo(
         update={"broker": url, "cluster": cluster, "workers": workers, "slowdown": factors[0]}
     )
     try:
-        with local_workers(workers, url, cluster, factors[1:]):
+        with local_workers(workers, url, cluster, factors[1:], kills=kills):
             if show_progress and config.progress:
                 columns = (
                     TextColumn("{task.description}"),
@@ -132,7 +176,7 @@ def run_demo(
                 with Progress(*columns, console=console, transient=False) as progress:
                     task = progress.add_task("starting", total=None)
                     return Central(config, progress=_progress_hook(progress, task)).run()
-            return Central(config).run()
+            return Central(config, progress=on_progress).run()
     finally:
         if embedded is not None:
             embedded.stop()

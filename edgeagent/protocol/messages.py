@@ -143,6 +143,11 @@ class Assign(Message):
     aggregation: bool = True
     aggregation_interval: int = 1
     weights: dict[str, torch.Tensor] | None = None  # pre-trained weights (continuous learning)
+    # Replication (Sec. III-E): chain to the next ``replicas`` stages every ``chain_every`` batches,
+    # global (to the central node) every ``global_every`` batches; 0 turns one off.
+    chain_every: int = 50
+    global_every: int = 100
+    replicas: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +160,9 @@ class Ready(Message):
     device_id: str
     stage: int
     parameters: int
-    phase: str = "built"  # "fetched": has every layer of a new plan; "built": the stage runs
+    phase: str = "built"  # "fetched": has every layer of a new plan; "built": the stage runs; "alive"
+    # For "alive": weight versions this device can serve, per device whose weights they are.
+    holdings: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +225,7 @@ class Command(Message):
     name: str
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    COMMANDS: ClassVar[tuple[str, ...]] = ("start", "stop", "collect", "reset", "probe", "emulate")
+    COMMANDS: ClassVar[tuple[str, ...]] = ("start", "stop", "collect", "reset", "probe", "emulate", "ping")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +247,8 @@ class Weights(Message):
     # The layers these tensors belong to; a layer without parameters or buffers (pooling, flatten)
     # has no tensors but still counts as delivered.
     layers: list[int] = dataclasses.field(default_factory=list)
+    of_device: str = ""  # whose weights these are, when a holder serves another device's replica
+    checksum: str = ""  # SHA-256 over the tensors (replicas): a replica counts only when it verifies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,6 +329,10 @@ class Repartition(Message):
     previous_workers: list[str]
     version: int  # every stage's weight version after the drain (the committed backward id + 1)
     reason: str = ""
+    # Recovery (Sec. III-F): every stage rolls back to the replica of ``version`` and the run replays
+    # from there; ``sources[i]`` is the device that serves old stage i's weights at that version.
+    recovery: bool = False
+    sources: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,8 +343,10 @@ class FetchRequest(Message):
     run_id: str
     plan_id: int
     requester: str
-    owner: str
+    owner: str  # the device asked: it holds the weights (its own, or a replica of ``of_device``)
     layers: list[int]
+    version: int = -1  # -1: the live weights; otherwise the replica (or seeded start, 0) of that version
+    of_device: str = ""  # whose weights; "" means the owner's own
 
 
 MESSAGE_TYPES: dict[MessageKind, type[Message]] = {

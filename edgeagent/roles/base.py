@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -147,6 +148,13 @@ class Role:
             interval=self.heartbeat_interval,
         )
         self.send(self.topics.device(Family.HEARTBEAT, self.device_id), beat, qos=0)
+
+    def run_soon(self, func: Callable[..., object], *args: object) -> None:
+        """Run ``func(*args)`` on the scheduler's thread (replication, planning) or here if there is none."""
+        if self._scheduler is None:
+            func(*args)
+        else:
+            self._scheduler.add_job(func, args=args)
 
     def stop_heartbeats(self) -> None:
         if self._scheduler is not None:

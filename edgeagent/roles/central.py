@@ -12,7 +12,9 @@ pipeline drains and every device fetches the layers it lacks before a commit bar
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
 import uuid
 from collections import deque
@@ -34,6 +36,7 @@ from edgeagent.planner.capacity import capacities
 from edgeagent.planner.dp import Link, Problem, predict, repartition_gain, solve
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.planner.profiler import LayerProfile, profile_layers
+from edgeagent.planner.recovery import choose_recovery_point, new_worker_list, respipe_points
 from edgeagent.protocol.messages import (
     Activation,
     Announce,
@@ -55,6 +58,7 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
+from edgeagent.roles.replicas import WeightStore
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.roles.worker import STAGE_TIME_WINDOW
 from edgeagent.transport.base import Transport
@@ -116,6 +120,15 @@ class RepartitionPolicy:
         return done == self.first or (done > self.first and (done - self.first) % self.every == 0)
 
 
+class _Fault(Exception):
+    """Raised inside the training loop when a fault is detected; caught by the loop, which recovers."""
+
+    def __init__(self, dead: list[str], reason: str) -> None:
+        super().__init__(reason)
+        self.dead = dead
+        self.reason = reason
+
+
 class Central(Role):
     """Runs one training run to its end: ``Central(config).run()`` returns the :class:`RunReport`."""
 
@@ -138,6 +151,14 @@ class Central(Role):
         self.points: list[int] = []
         self.links: list[Link] = []
         self.probes = LinkProbes(self)
+        self.store = WeightStore(config.device_id)
+        self._alive: dict[str, Ready] = {}
+        self._announced: dict[str, Announce] = {}
+        self.status = 0  # Table I: 1 while recovering from a fault
+        self._grace_until = 0.0
+        self._train_started = 0.0
+        self._eval_seconds = 0.0
+        self._last_progress = 0.0
         self.policy = RepartitionPolicy(config.repartition_first, config.repartition_every)
         self.options = TrainOptions(
             learning_rate=self.train.learning_rate,
@@ -284,32 +305,48 @@ class Central(Role):
         )
         return profile
 
+    def _assign(
+        self,
+        device: str,
+        *,
+        committed: int = -1,
+        status: int = 0,
+        weights: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Send ``device`` the Table I state and everything it needs to build its stage."""
+        assert self._spec is not None
+        index = self.worker_list.index(device)
+        self.send(
+            self.topics.device(Family.CONTROL, device),
+            Assign(
+                run_id=self.run_id,
+                plan_id=self.plan_id,
+                worker_list=self.worker_list,
+                points=self.points,
+                model=self._spec.to_dict(),
+                seed=self.train.seed,
+                committed_forward_id=committed,
+                committed_backward_id=committed,
+                status=status,
+                learning_rate=self.train.learning_rate,
+                epochs=self.train.epochs,
+                batches_per_epoch=0,
+                momentum=self.train.momentum,
+                weight_decay=self.train.weight_decay,
+                in_flight=self._bound(),
+                aggregation=self.train.aggregation,
+                aggregation_interval=self.train.aggregation_interval,
+                weights=self._layer_slice(weights, self.points[index], self.points[index + 1]),
+                chain_every=self.config.chain_every,
+                global_every=self.config.global_every,
+                replicas=self.config.replicas,
+            ),
+        )
+
     def _setup(self, spec: ModelSpec) -> Stage:
         initial = self._initial_weights()
-        for index, device in enumerate(self.worker_list[1:], start=1):
-            self.send(
-                self.topics.device(Family.CONTROL, device),
-                Assign(
-                    run_id=self.run_id,
-                    plan_id=self.plan_id,
-                    worker_list=self.worker_list,
-                    points=self.points,
-                    model=spec.to_dict(),
-                    seed=self.train.seed,
-                    committed_forward_id=-1,
-                    committed_backward_id=-1,
-                    status=0,
-                    learning_rate=self.train.learning_rate,
-                    epochs=self.train.epochs,
-                    batches_per_epoch=0,
-                    momentum=self.train.momentum,
-                    weight_decay=self.train.weight_decay,
-                    in_flight=self._bound(),
-                    aggregation=self.train.aggregation,
-                    aggregation_interval=self.train.aggregation_interval,
-                    weights=self._layer_slice(initial, self.points[index], self.points[index + 1]),
-                ),
-            )
+        for device in self.worker_list[1:]:
+            self._assign(device, weights=initial)
         stage = self._build_own_stage(spec, self._layer_slice(initial, 0, self.points[1]), version=0)
         self._subscribe_stage()
         self._wait_ready(self.plan_id, "built", set(self.worker_list[1:]))
@@ -334,11 +371,23 @@ class Central(Role):
             version=version,
         )
 
-    def _subscribe_stage(self) -> None:
+    def _stage_topics(self) -> list[str]:
         n = len(self.worker_list)
-        if n > 1:
-            self.listen(self.topics.gradients(1))
-            self.listen(self.topics.results(n - 1))
+        if n < 2:
+            return []
+        topics = [self.topics.gradients(1), self.topics.results(n - 1)]
+        # The last ``replicas`` workers' chain replicas wrap around to the central node.
+        for device in self.worker_list[max(1, n - self.config.replicas) :]:
+            topics.append(self.topics.device(Family.REPLICA, device))
+        return topics
+
+    def _subscribe_stage(self) -> None:
+        for topic in self._stage_topics():
+            self.listen(topic)
+
+    def _unsubscribe_stage(self) -> None:
+        for topic in self._stage_topics():
+            self.stop_listening(topic)
 
     @staticmethod
     def _layer_slice(
@@ -411,11 +460,15 @@ class Central(Role):
 
     # -- planning (Sec. III-D) -----------------------------------------------------------------
 
-    def _problem(self, caps: list[float]) -> Problem:
+    def _problem(self, caps: list[float], workers: list[str] | None = None) -> Problem:
         profile = self._profile
         assert profile is not None and self._spec is not None
         params = self._param_bytes()
-        limits = [None, *(self.workers[d].memory_limit or None for d in self.worker_list[1:])]
+        devices = workers or self.worker_list
+        limits = [
+            None,
+            *((w.memory_limit if (w := self.workers.get(d)) else 0.0) or None for d in devices[1:]),
+        ]
         return Problem(
             memory_limits=tuple(limits) if any(limits) else None,
             layer_times=tuple(profile.seconds),
@@ -423,7 +476,7 @@ class Central(Role):
             capacities=tuple(caps),
             links=tuple(self.links),
             param_bytes=params,
-            in_flight=self._bound(),
+            in_flight=self.train.in_flight or len(devices),
         )
 
     def _param_bytes(self) -> tuple[int, ...]:
@@ -479,25 +532,42 @@ class Central(Role):
         self._scheduler.add_job(run, id=f"plan-{self.plan_id}", replace_existing=True)
         self._plan_job = job
 
-    def _switch_to(self, points: list[int], *, version: int) -> None:
-        """Move layers to a new split (the pipeline is drained): fetch, commit, build, resume."""
+    def _switch_to(
+        self,
+        points: list[int],
+        *,
+        version: int,
+        workers: list[str] | None = None,
+        sources: list[str] | None = None,
+        recovery: bool = False,
+        reason: str = "",
+    ) -> None:
+        """Move layers to a new split: fetch, commit, build (the pipeline is drained or stopped).
+
+        For a recovery every stage rolls back to ``version`` and ``sources`` says who serves each old
+        stage's weights; ``workers`` is the new worker list (survivors, in their old order).
+        """
         assert self._spec is not None
+        new_list = workers or self.worker_list
         order = Repartition(
             run_id=self.run_id,
             plan_id=self.plan_id + 1,
             points=points,
-            worker_list=self.worker_list,
+            worker_list=new_list,
             previous_points=self.points,
             previous_workers=self.worker_list,
             version=version,
+            reason=reason,
+            recovery=recovery,
+            sources=sources or [],
         )
-        for device in self.worker_list[1:]:
+        for device in new_list[1:]:
             self.send(self.topics.device(Family.CONTROL, device), order)
-        switch = Switch.start(self.device_id, order, self._stage)
+        switch = Switch.start(self.device_id, order, self.store, self._stage, self._spec, self.train.seed)
         assert switch is not None
         self._switch = switch
-        for owner in switch.pending:
-            self.listen(self.topics.device(Family.REPLICA, owner))
+        for holder in switch.holders:
+            self.listen(self.topics.device(Family.REPLICA, holder))
         for request in switch.requests():
             self.send(self.topics.device(Family.REQUEST, self.device_id), request)
         deadline = time.monotonic() + self.config.startup_timeout
@@ -507,17 +577,21 @@ class Central(Role):
             item = self.next_message(0.2)
             if item is not None:
                 self._handle_background(item)
-        self._wait_ready(order.plan_id, "fetched", set(self.worker_list[1:]))
+        self._wait_ready(order.plan_id, "fetched", set(new_list[1:]))
         self.send(self.topics.fixed(Family.COMMIT), Commit(run_id=self.run_id, plan_id=order.plan_id))
         self._stage = switch.build(self._spec, self.train.seed, self.options)
-        for owner in switch.plan.fetch:
-            self.stop_listening(self.topics.device(Family.REPLICA, owner))
+        for holder in switch.plan.fetch:
+            self.stop_listening(self.topics.device(Family.REPLICA, holder))
         self._switch = None
-        self.plan_id, self.points = order.plan_id, list(points)
-        self._wait_ready(order.plan_id, "built", set(self.worker_list[1:]))
+        self._unsubscribe_stage()
+        self.plan_id, self.points, self.worker_list = order.plan_id, list(points), list(new_list)
+        self._subscribe_stage()
+        if recovery:
+            self.store.drop_after(version)
+        self._wait_ready(order.plan_id, "built", set(new_list[1:]))
         self._stage_times = []
         self._own_recent.clear()
-        self._event("partition", points=points, batch=version, plan_id=self.plan_id)
+        self._event("partition", points=points, batch=version, plan_id=self.plan_id, workers=new_list)
 
     def _record_partition(
         self, report: RunReport, batch: int, reason: str, predicted: float | None = None
@@ -563,106 +637,127 @@ class Central(Role):
             idx = epoch_orders[epoch][i]
             return data.x_train[idx], data.y_train[idx]
 
-        eval_seconds = 0.0
-        while committed_b + 1 < total:
-            stage = self.stage
-            epoch_end = min(total, (committed_b + 1) // per_epoch * per_epoch + per_epoch)
-            in_flight = next_f - committed_b - 1
-            if pending_points is not None and in_flight == 0:
-                self._switch_to(pending_points, version=committed_b + 1)
-                pending_points = None
-                window_start, window_batches = time.perf_counter(), 0
-                continue
-            if self._plan_job is not None and self._plan_job.done():
-                job, self._plan_job = self._plan_job, None
-                try:
-                    points, predicted, reason = job.result()
-                except (EdgeAgentError, ValueError) as exc:
-                    log.warning("re-partition skipped: %s", exc)
-                else:
-                    measured = (time.perf_counter() - window_start) / max(1, window_batches)
-                    log.info(
-                        "plan check at batch %d: %.1f ms/batch measured, %.1f ms predicted for %s (%s)",
-                        committed_b + 1,
-                        1e3 * measured,
-                        1e3 * predicted,
-                        points,
-                        reason,
-                    )
-                    if points != self.points:
-                        pending_points = points
-                        report.partitions.append(
-                            {
-                                "batch": committed_b + 1,
-                                "points": points,
-                                "plan_id": self.plan_id + 1,
-                                "reason": reason,
-                                "predicted_step": predicted,
-                                "measured_step_before": measured,
-                            }
+        self._eval_seconds = 0.0
+        self._train_started = train_started
+        while True:
+            try:
+                while committed_b + 1 < total:
+                    stage = self.stage
+                    epoch_end = min(total, (committed_b + 1) // per_epoch * per_epoch + per_epoch)
+                    in_flight = next_f - committed_b - 1
+                    if pending_points is not None and in_flight == 0:
+                        self._switch_to(pending_points, version=committed_b + 1)
+                        pending_points = None
+                        window_start, window_batches = time.perf_counter(), 0
+                        continue
+                    if self._plan_job is not None and self._plan_job.done():
+                        job, self._plan_job = self._plan_job, None
+                        try:
+                            points, predicted, reason = job.result()
+                        except (EdgeAgentError, ValueError) as exc:
+                            log.warning("re-partition skipped: %s", exc)
+                        else:
+                            measured = (time.perf_counter() - window_start) / max(1, window_batches)
+                            log.info(
+                                "plan check at batch %d: %.1f ms/batch measured, %.1f predicted for %s (%s)",
+                                committed_b + 1,
+                                1e3 * measured,
+                                1e3 * predicted,
+                                points,
+                                reason,
+                            )
+                            if points != self.points:
+                                pending_points = points
+                                report.partitions.append(
+                                    {
+                                        "batch": committed_b + 1,
+                                        "points": points,
+                                        "plan_id": self.plan_id + 1,
+                                        "reason": reason,
+                                        "predicted_step": predicted,
+                                        "measured_step_before": measured,
+                                    }
+                                )
+                    grad = self._gradients.pop(committed_b + 1, None)
+                    if grad is not None or (stage.is_last and in_flight > 0):
+                        # Backward of the oldest batch in flight.
+                        bid = committed_b + 1
+                        started = Clock()
+                        if stage.is_last:
+                            x, y = batch(bid)
+                            result = stage.backward(bid, labels=y)
+                            loss, correct = result.loss, result.correct
+                        else:
+                            assert grad is not None
+                            stage.backward(bid, grad_output=grad.g)
+                            loss, correct = grad.loss, grad.correct
+                            self._stage_times = list(grad.stage_times)
+                        self._own_recent.append(
+                            self._own_step + emulate_slowdown(started, self.config.slowdown, self.times)
                         )
-            grad = self._gradients.pop(committed_b + 1, None)
-            if grad is not None or (stage.is_last and in_flight > 0):
-                # Backward of the oldest batch in flight.
-                bid = committed_b + 1
-                started = Clock()
-                if stage.is_last:
-                    x, y = batch(bid)
-                    result = stage.backward(bid, labels=y)
-                    loss, correct = result.loss, result.correct
-                else:
-                    assert grad is not None
-                    stage.backward(bid, grad_output=grad.g)
-                    loss, correct = grad.loss, grad.correct
-                    self._stage_times = list(grad.stage_times)
-                self._own_recent.append(
-                    self._own_step + emulate_slowdown(started, self.config.slowdown, self.times)
-                )
-                self._own_step = 0.0
-                committed_b = bid
-                self._sent_at.pop(bid, None)
-                losses.append(loss)
-                samples += self.train.batch_size
-                window_batches += 1
-                elapsed = time.perf_counter() - train_started - eval_seconds
-                report.timeline.append({"batch": bid, "t": round(elapsed, 4), "loss": loss})
-                self._notify(batch=bid + 1, total=total, loss=loss, correct=correct)
-                while changes and changes[0][1] <= bid + 1:
-                    device, at, factor = changes.pop(0)
-                    self._emulate(device, factor, at)
-                if self.config.partition == "dynamic" and self.policy.due(bid + 1) and bid + 1 < total:
-                    self._start_planning()
-                if committed_b + 1 == epoch_end:
-                    eval_started = time.perf_counter()
-                    self._end_epoch(committed_b, per_epoch, losses, data, report)
-                    eval_seconds += time.perf_counter() - eval_started
-                continue
-            if next_f < epoch_end and pending_points is None and admit(in_flight, bound):
-                started = Clock()
-                x, y = batch(next_f)
-                out, version = stage.forward(next_f, x)
-                # Forward of this batch; its backward comes later, after other batches' forwards: the
-                # window then pairs each backward with the latest forward, which averages out the same.
-                self._own_step = emulate_slowdown(started, self.config.slowdown, self.times)
-                if not stage.is_last:
-                    self.send(
-                        self.topics.activations(0),
-                        Activation(
-                            run_id=self.run_id,
-                            plan_id=self.plan_id,
-                            stage=0,
-                            batch_id=next_f,
-                            version=version,
-                            mode="train",
-                            x=out,
-                            y=y,
-                        ),
-                    )
-                    self._sent_at[next_f] = time.monotonic()
-                next_f += 1
-                continue
-            self._wait_for_messages()
-        report.train_seconds = time.perf_counter() - train_started - eval_seconds
+                        self._own_step = 0.0
+                        committed_b = bid
+                        self._sent_at.pop(bid, None)
+                        losses.append(loss)
+                        samples += self.train.batch_size
+                        window_batches += 1
+                        elapsed = self._last_progress = self._clock()
+                        report.timeline.append({"batch": bid, "t": round(elapsed, 4), "loss": loss})
+                        done = bid + 1
+                        if any(
+                            every and done % every == 0
+                            for every in (self.config.chain_every, self.config.global_every)
+                        ):
+                            self.store.snapshot(stage)  # stage 0's own weights at this replication point
+                        self._notify(batch=bid + 1, total=total, loss=loss, correct=correct)
+                        while changes and changes[0][1] <= bid + 1:
+                            device, at, factor = changes.pop(0)
+                            self._emulate(device, factor, at)
+                        if (
+                            self.config.partition == "dynamic"
+                            and self.policy.due(bid + 1)
+                            and bid + 1 < total
+                        ):
+                            self._start_planning()
+                        if committed_b + 1 == epoch_end:
+                            eval_started = time.perf_counter()
+                            self._end_epoch(committed_b, per_epoch, losses, data, report)
+                            self._eval_seconds += time.perf_counter() - eval_started
+                        continue
+                    if next_f < epoch_end and pending_points is None and admit(in_flight, bound):
+                        started = Clock()
+                        x, y = batch(next_f)
+                        out, version = stage.forward(next_f, x)
+                        # Forward of this batch; its backward comes after other batches' forwards: the
+                        # window pairs each backward with the latest forward, which averages the same.
+                        self._own_step = emulate_slowdown(started, self.config.slowdown, self.times)
+                        if not stage.is_last:
+                            self.send(
+                                self.topics.activations(0),
+                                Activation(
+                                    run_id=self.run_id,
+                                    plan_id=self.plan_id,
+                                    stage=0,
+                                    batch_id=next_f,
+                                    version=version,
+                                    mode="train",
+                                    x=out,
+                                    y=y,
+                                ),
+                            )
+                            self._sent_at[next_f] = time.monotonic()
+                        next_f += 1
+                        continue
+                    self._wait_for_messages()
+                break
+            except _Fault as fault:
+                committed_b = self._recover(fault, committed_b, report)
+                next_f = committed_b + 1
+                pending_points = None
+                self._plan_job = None
+                window_start, window_batches = time.perf_counter(), 0
+
+        report.train_seconds = self._clock()
         t = self.times.summary()
         log.info(
             "central: of %.1f s: compute %.1f, communication %.1f, idle %.1f",
@@ -679,14 +774,21 @@ class Central(Role):
         elif total:
             report.final_accuracy, _ = self._evaluate(data)
 
+    def _clock(self) -> float:
+        """Training seconds so far (evaluation excluded): the time axis of the report."""
+        return time.perf_counter() - self._train_started - self._eval_seconds
+
     def _end_epoch(
         self, committed_b: int, per_epoch: int, losses: list[float], data: Dataset, report: RunReport
     ) -> None:
         epoch = committed_b // per_epoch
         acc, test_loss = self._evaluate(data)
+        tail = losses[-per_epoch:]
+        # An epoch replayed after a recovery overwrites its earlier figures.
+        del report.test_accuracy_per_epoch[epoch:], report.test_loss_per_epoch[epoch:]
+        del report.train_loss_per_epoch[epoch:]
         report.test_accuracy_per_epoch.append(acc)
         report.test_loss_per_epoch.append(test_loss)
-        tail = losses[-per_epoch:]
         report.train_loss_per_epoch.append(sum(tail) / max(1, len(tail)))
         log.info("epoch %d: test accuracy %.2f%%, test loss %.4f", epoch, 100 * acc, test_loss)
         self._event("epoch", epoch=epoch, accuracy=acc, loss=test_loss, batch=committed_b)
@@ -711,25 +813,172 @@ class Central(Role):
         self._check_liveness()
 
     def _check_liveness(self) -> None:
+        """Detect faults (Sec. III-F): a batch whose gradients are late, missed heartbeats, a last will."""
         now = time.monotonic()
-        for bid, sent in self._sent_at.items():
-            if now - sent > self.config.batch_timeout:
-                raise TrainingError(
-                    f"gradients of batch {bid} did not come back within {self.config.batch_timeout:.0f} s; "
-                    f"check the workers {self.worker_list[1:]} (logs, `edgeagent monitor`)"
-                )
-            break  # the oldest batch is enough
-        limit = 5 * self.config.heartbeat_interval
+        if not self.transport.connected:
+            # Our own link to the broker is down: nobody can be judged by heartbeats meanwhile.
+            self._grace_until = now + 3 * self.config.heartbeat_interval
+            return
+        if now < self._grace_until:
+            for w in self.workers.values():
+                w.last_heartbeat = max(w.last_heartbeat, now - self.config.heartbeat_interval)
+        limit = 3 * self.config.heartbeat_interval
         for w in self.workers.values():
             if w.online and now - w.last_heartbeat > limit:
                 w.online = False
                 log.warning("worker %s missed heartbeats for %.1f s", w.device_id, now - w.last_heartbeat)
-        dead = [w.device_id for w in self.workers.values() if not w.online]
-        if dead and self._sent_at:
-            raise TrainingError(
-                f"worker(s) {dead} stopped (no heartbeat or offline status) with batches in flight; "
-                "this run cannot continue without them"
+        dead = [
+            w.device_id for w in self.workers.values() if not w.online and w.device_id in self.worker_list
+        ]
+        late = [bid for bid, sent in self._sent_at.items() if now - sent > self.config.batch_timeout][:1]
+        if dead or late:
+            reason = f"worker(s) {dead} stopped" if dead else f"gradients of batch {late[0]} are late"
+            raise _Fault(dead, reason)
+
+    # -- fault tolerance (Sec. III-F) ----------------------------------------------------------
+
+    def _recover(self, fault: _Fault, committed_b: int, report: RunReport) -> int:
+        """Probe, pick survivors and a recovery point, re-split, roll back; return the new committed id."""
+        assert self._profile is not None
+        detected = self._clock()
+        self.status = 1  # set once: later timers of the same fault do not start another recovery
+        fault_batch = committed_b + 1
+        log.warning("fault at batch %d: %s; probing the workers", fault_batch, fault.reason)
+        self._event("fault", batch=fault_batch, reason=fault.reason, devices=fault.dead)
+        self._alive.clear()
+        self._announced.clear()
+        self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="ping"))
+        self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
+        expected = set(self.worker_list[1:]) - set(fault.dead)
+        deadline = time.monotonic() + self.config.probe_timeout
+        while time.monotonic() < deadline and not expected <= set(self._alive):
+            item = self.next_message(0.05)
+            if item is not None:
+                self._handle_background(item)
+        alive = set(self._alive)
+        restarted = {
+            d for d, a in self._announced.items() if d in self.worker_list and not a.busy_with
+        } - alive
+        missing = set(self.worker_list[1:]) - alive - restarted
+        case = 1 if not missing and not restarted else 2 if not missing else 3
+        holdings: dict[str, dict[str, list[int]]] = {d: r.holdings for d, r in self._alive.items()}
+        holdings[self.device_id] = self.store.holdings()
+        point = choose_recovery_point(
+            self.worker_list, alive | {self.device_id}, holdings, replicas=self.config.replicas
+        )
+        new_list = new_worker_list(self.worker_list, alive | restarted | {self.device_id})
+        points = list(self.points)
+        if case == 3 and self.config.recovery == "respipe":
+            points, new_list = respipe_points(self.points, self.worker_list, missing)
+        elif case == 3:
+            points = self._survivor_split(new_list)
+        for device in restarted:
+            # Case 2: it came back with its id. Send it the Table I state (status 1); it builds a fresh
+            # stage, then fetches its replica in the switch below.
+            self._ready.get(self.plan_id, {}).pop(device, None)
+            self._assign(device, committed=point.version - 1, status=1)
+            self.workers[device] = _Worker(
+                device, time.monotonic(), slowdown=self._announced[device].slowdown
             )
+        self._wait_ready(self.plan_id, "built", restarted)
+        reason = (
+            f"recovery case {case}: lost {sorted(missing)}, restarted {sorted(restarted)}; "
+            f"rolled back to version {point.version}"
+        )
+        self._switch_to(
+            points,
+            version=point.version,
+            workers=new_list,
+            sources=list(point.sources),
+            recovery=True,
+            reason=reason,
+        )
+        for device in missing:
+            self.workers.pop(device, None)
+        self._gradients.clear()
+        self._sent_at.clear()
+        self._results.clear()
+        self.status = 0
+        resumed = self._clock()
+        record = {
+            "case": case,
+            "devices": sorted(missing | restarted | set(fault.dead)),
+            "lost": sorted(missing),
+            "restarted": sorted(restarted),
+            "batch": fault_batch,
+            "last_progress_at": round(self._last_progress, 4),
+            "detected_at": round(detected, 4),
+            "resumed_at": round(resumed, 4),
+            "rolled_back_to": point.version,
+            "batches_replayed": fault_batch - point.version,
+            "points": points,
+            "workers": new_list[1:],
+            "recovery": self.config.recovery,
+        }
+        report.recoveries.append(record)
+        report.partitions.append(
+            {"batch": point.version, "points": points, "plan_id": self.plan_id, "reason": reason}
+        )
+        log.warning(
+            "recovered (case %d) in %.2f s after detection: stages %s on %s, replaying from batch %d",
+            case,
+            resumed - detected,
+            points,
+            new_list,
+            point.version,
+        )
+        self._event("recovery", **record)
+        return point.version - 1
+
+    def _survivor_split(self, new_list: list[str]) -> list[int]:
+        """The DP over the survivors (measured capacities where known, else equal devices)."""
+        assert self._profile is not None
+        caps = self._measured_capacities()
+        by_device = dict(zip(self.worker_list, caps, strict=True)) if caps else {}
+        survivor_caps = [by_device.get(d, 1.0) for d in new_list]
+        old_links = {
+            (a, b): lk for a, b, lk in zip(self.worker_list, self.worker_list[1:], self.links, strict=False)
+        }
+        slowest = min(self.links, key=lambda lk: lk.bandwidth) if self.links else Link(1e9)
+        # Survivors that were not neighbours before: assume the slowest measured link (no probe, to
+        # keep the recovery short).
+        self.links = [old_links.get(pair, slowest) for pair in itertools.pairwise(new_list)]
+        problem = self._problem(survivor_caps, workers=new_list)
+        return solve(problem)
+
+    def _maybe_checkpoint(self, version: int) -> None:
+        """At a global replication point, once every stage's replica of it is in, write a checkpoint."""
+        path = self.config.checkpoint
+        if (
+            not path
+            or self._spec is None
+            or not self.config.global_every
+            or version % self.config.global_every
+        ):
+            return
+        held = self.store.holdings()
+        if not all(version in held.get(d, []) for d in self.worker_list):
+            return
+        weights: dict[str, torch.Tensor] = {}
+        momentum: dict[str, torch.Tensor] = {}
+        for device in self.worker_list:
+            snap = self.store.snapshots[device][version]
+            weights.update(snap.weights)
+            momentum.update(snap.momentum)
+        state = {
+            "format": 1,
+            "run_id": self.run_id,
+            "version": version,
+            "points": list(self.points),
+            "worker_list": list(self.worker_list),
+            "weights": weights,
+            "momentum": momentum,
+            "config": self.config.model_dump_json(),
+        }
+        tmp = f"{path}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint whole
+        log.info("checkpoint of version %d written to %s", version, path)
 
     def _handle_background(self, item: Inbound) -> None:
         msg = item.message
@@ -751,24 +1000,40 @@ class Central(Role):
                 log.warning("worker %s went offline (last will)", msg.device_id)
         elif isinstance(msg, Ready):
             if msg.run_id == self.run_id:
-                self._ready.setdefault(msg.plan_id, {})[msg.device_id] = msg.phase
+                if msg.phase == "alive":
+                    self._alive[msg.device_id] = msg
+                else:
+                    self._ready.setdefault(msg.plan_id, {})[msg.device_id] = msg.phase
         elif isinstance(msg, LinkReport):
             if msg.run_id == self.run_id:
                 self._links[msg.source] = msg
         elif isinstance(msg, FetchRequest):
-            if msg.run_id == self.run_id and msg.owner == self.device_id:
-                self.send(
-                    self.topics.device(Family.REPLICA, self.device_id),
-                    serve_fetch(self._stage, msg, self.device_id, self.run_id),
-                )
+            if msg.run_id == self.run_id and msg.owner == self.device_id and self._spec is not None:
+                try:
+                    reply = serve_fetch(
+                        self.store, self._stage, msg, self._spec, self.train.seed, self.run_id
+                    )
+                except TrainingError as exc:
+                    log.error("cannot serve %s's fetch of layers %s: %s", msg.requester, msg.layers, exc)
+                    return
+                self.send(self.topics.device(Family.REPLICA, self.device_id), reply)
         elif isinstance(msg, Weights):
             if msg.run_id != self.run_id:
                 return
             if msg.purpose == "redistribute":
                 if self._switch is not None:
                     self._switch.accept(msg)
+            elif msg.purpose in ("chain", "global"):
+                try:
+                    self.store.add_replica(msg)
+                except TrainingError as exc:
+                    log.warning("%s", exc)
+                    return
+                self._maybe_checkpoint(msg.version)
             else:
                 self._weights[msg.device_id] = msg
+        elif isinstance(msg, Announce):
+            self._announced[msg.device_id] = msg
         elif isinstance(msg, ErrorReport):
             log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
 

@@ -1,16 +1,19 @@
-"""One device's part in a re-partition (papers/000 Sec. III-D): keep, fetch, wait for the commit, build.
+"""One device's part in a re-partition or a recovery (papers/000 Sec. III-D, III-F, Algorithm 1).
 
 Note: the protocol of a switch.
-    1. The central node drains the pipeline, so every stage holds the weights of the same version.
-    2. It sends ``Repartition`` (old and new points and worker lists) to every worker.
-    3. Each device works out from the two splits which of its new layers it already has and which it
-       must fetch from their current owner (``redistribution_plan``), asks those owners with
-       ``FetchRequest`` on its own request topic and collects the owners' ``Weights`` (with the
-       momentum buffers) from their replica topics. Owners answer from their *current* stage.
+    1. The central node drains the pipeline (re-partition) or stops it (recovery).
+    2. It sends ``Repartition`` (old and new points and worker lists) to every worker. For a recovery
+       it adds the version every stage rolls back to and ``sources``: which device serves each old
+       stage's weights at that version (the stage itself, its chain successor, or the central node's
+       global replica).
+    3. Each device works out from the two splits which of its new layers it can take from its own
+       store and which it must fetch (``redistribution_plan``: Algorithm 1 at device level), asks the
+       serving devices with ``FetchRequest`` on its own request topic and collects their ``Weights``
+       (with the momentum buffers) from their replica topics.
     4. When it has everything it says ``Ready(phase="fetched")``. Only when every device has, the
-       central node broadcasts ``Commit``: before it, nobody may drop the layers others still fetch.
+       central node broadcasts ``Commit``: before it, nobody may drop what others still fetch.
     5. On the commit each device builds its new stage and says ``Ready(phase="built")``; then the
-       central node resumes with the new plan id, and messages of the old plan are ignored.
+       central node resumes with the new plan id, and messages of older plans are ignored.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec
 from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.stage import Stage
+from edgeagent.planner.partition import stage_of_layer
 from edgeagent.planner.redistribute import DevicePlan, redistribution_plan
 from edgeagent.protocol.messages import FetchRequest, Repartition, Weights
+from edgeagent.roles.replicas import WeightStore, layer_of
 
 
 @dataclass(frozen=True)
@@ -45,23 +50,44 @@ class Switch:
     plan: DevicePlan
     weights: dict[str, torch.Tensor] = field(default_factory=dict)
     momentum: dict[str, torch.Tensor] = field(default_factory=dict)
-    pending: dict[str, set[int]] = field(default_factory=dict)
+    pending: dict[tuple[str, str], set[int]] = field(default_factory=dict)  # (holder, whose) -> layers
+
+    @property
+    def version(self) -> int:
+        """Where weights come from: -1 (live) for a re-partition, the rollback version for a recovery."""
+        return self.order.version if self.order.recovery else -1
 
     @classmethod
-    def start(cls, device_id: str, order: Repartition, current: Stage | None) -> Switch | None:
+    def start(
+        cls,
+        device_id: str,
+        order: Repartition,
+        store: WeightStore,
+        live: Stage | None,
+        spec: ModelSpec,
+        seed: int,
+    ) -> Switch | None:
         """``None`` when this device has no stage in the new split."""
+        owners = order.previous_workers
+        sources = order.sources or owners
         plans = redistribution_plan(
-            order.previous_points, order.points, order.previous_workers, order.worker_list
+            order.previous_points, order.points, sources, order.worker_list, alive=set(sources)
         )
         plan = plans.get(device_id)
         if plan is None:
             return None
         switch = cls(device_id, order, plan)
-        if plan.local:
-            if current is None:
-                raise TrainingError(f"{device_id} should hold layers {list(plan.local)} but has no stage")
-            switch.weights, switch.momentum = current.export(plan.local)
-        switch.pending = {owner: set(layers) for owner, layers in plan.fetch.items() if layers}
+        own: dict[str, list[int]] = {}
+        for layer in plan.local:
+            own.setdefault(owners[stage_of_layer(order.previous_points, layer)], []).append(layer)
+        for holder, layers in plan.fetch.items():
+            for layer in layers:
+                whose = owners[stage_of_layer(order.previous_points, layer)]
+                switch.pending.setdefault((holder, whose), set()).add(layer)
+        for whose, mine in own.items():
+            weights, momentum = store.get(whose, switch.version, mine, live=live, spec=spec, seed=seed)
+            switch.weights.update(weights)
+            switch.momentum.update(momentum)
         return switch
 
     @property
@@ -72,35 +98,38 @@ class Switch:
     def complete(self) -> bool:
         return not self.pending
 
+    @property
+    def holders(self) -> set[str]:
+        return {holder for holder, _ in self.pending}
+
     def requests(self) -> list[FetchRequest]:
         return [
             FetchRequest(
                 run_id=self.order.run_id,
                 plan_id=self.plan_id,
                 requester=self.device_id,
-                owner=owner,
+                owner=holder,
                 layers=sorted(layers),
+                version=self.version,
+                of_device=whose,
             )
-            for owner, layers in self.pending.items()
+            for (holder, whose), layers in self.pending.items()
         ]
 
     def accept(self, msg: Weights) -> bool:
-        """Take the layers an owner sent; return whether they belonged to this switch."""
-        if (
-            msg.plan_id != self.plan_id
-            or msg.recipient != self.device_id
-            or msg.device_id not in self.pending
-        ):
+        """Take the layers a holder sent; return whether they belonged to this switch."""
+        key = (msg.device_id, msg.of_device or msg.device_id)
+        if msg.plan_id != self.plan_id or msg.recipient != self.device_id or key not in self.pending:
             return False
-        wanted = self.pending[msg.device_id]
-        got = set(msg.layers) | {int(k.split(".")[1]) for k in msg.tensors}
+        wanted = self.pending[key]
+        got = set(msg.layers) | {layer_of(k) for k in msg.tensors}
         if not wanted <= got:
             raise TrainingError(
                 f"{msg.device_id} sent layers {sorted(got)}, {self.device_id} asked for {sorted(wanted)}"
             )
-        self.weights.update({k: v for k, v in msg.tensors.items() if int(k.split(".")[1]) in wanted})
-        self.momentum.update({k: v for k, v in msg.optimizer.items() if int(k.split(".")[1]) in wanted})
-        del self.pending[msg.device_id]
+        self.weights.update({k: v for k, v in msg.tensors.items() if layer_of(k) in wanted})
+        self.momentum.update({k: v for k, v in msg.optimizer.items() if layer_of(k) in wanted})
+        del self.pending[key]
         return True
 
     def build(self, spec: ModelSpec, seed: int, options: TrainOptions) -> Stage:
@@ -123,22 +152,24 @@ class Switch:
         )
 
 
-def serve_fetch(stage: Stage | None, request: FetchRequest, owner: str, run_id: str) -> Weights:
-    """The owner's answer to a fetch request, from its current (pre-commit) stage."""
-    if stage is None:
-        raise TrainingError(f"{owner} has no stage to send layers {request.layers} from")
-    weights, momentum = stage.export(request.layers)
+def serve_fetch(
+    store: WeightStore, live: Stage | None, request: FetchRequest, spec: ModelSpec, seed: int, run_id: str
+) -> Weights:
+    """A holder's answer to a fetch request: live weights, a snapshot, a replica or the seeded start."""
+    whose = request.of_device or store.device_id
+    weights, momentum = store.get(whose, request.version, request.layers, live=live, spec=spec, seed=seed)
     return Weights(
         run_id=run_id,
-        device_id=owner,
+        device_id=store.device_id,
         stage=-1,
         start=min(request.layers),
         end=max(request.layers) + 1,
-        version=stage.version,
+        version=request.version,
         tensors=weights,
         purpose="redistribute",
         optimizer=momentum,
         plan_id=request.plan_id,
         recipient=request.requester,
         layers=list(request.layers),
+        of_device=whose,
     )

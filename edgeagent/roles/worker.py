@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
+from edgeagent.roles.replicas import WeightStore, replica_message
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.transport.base import Transport
 from edgeagent.transport.mqtt import MqttTransport
@@ -69,6 +72,9 @@ class _Run:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=STAGE_TIME_WINDOW))
     step_seconds: float = 0.0  # of the batch in progress
     switch: Switch | None = None
+    chain_every: int = 50
+    global_every: int = 100
+    replicas: int = 1
 
     @property
     def num_stages(self) -> int:
@@ -95,6 +101,7 @@ class Worker(Role):
         self.run_state: _Run | None = None
         self.completed_runs = 0
         self.probes = LinkProbes(self)
+        self.store = WeightStore(config.device_id)
         self._stopping = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -200,10 +207,14 @@ class Worker(Role):
             self._repartition(msg)
         elif isinstance(msg, FetchRequest):
             if run is not None and msg.owner == self.device_id and msg.run_id == run.run_id:
-                reply = serve_fetch(run.stage, msg, self.device_id, run.run_id)
+                reply = serve_fetch(self.store, run.stage, msg, run.spec, run.seed, run.run_id)
                 self.send(self.topics.device(Family.REPLICA, self.device_id), reply)
         elif isinstance(msg, Weights):
-            if run is not None and run.switch is not None and run.switch.accept(msg):
+            if run is None or msg.run_id != run.run_id:
+                return
+            if msg.purpose == "chain":
+                self.store.add_replica(msg)
+            elif msg.purpose == "redistribute" and run.switch is not None and run.switch.accept(msg):
                 self._maybe_fetched(run)
         elif isinstance(msg, Commit):
             switch = run.switch if run is not None and msg.run_id == run.run_id else None
@@ -242,6 +253,7 @@ class Worker(Role):
         if self.run_state is not None:
             self._leave_run()
         start_id = msg.committed_backward_id + 1
+        self.store.clear()
         run = _Run(
             msg.run_id,
             spec,
@@ -254,6 +266,9 @@ class Worker(Role):
             stage,
             next_forward=start_id,
             next_backward=start_id,
+            chain_every=msg.chain_every,
+            global_every=msg.global_every,
+            replicas=msg.replicas,
         )
         self.run_state = run
         self._subscribe_stage(run)
@@ -308,6 +323,10 @@ class Worker(Role):
         run.subscriptions = [self.topics.activations(run.index - 1)]
         if not run.is_last:
             run.subscriptions.append(self.topics.gradients(run.index + 1))
+        # Chain replicas of the ``replicas`` stages before this one (never of the central node's stage 0).
+        for k in range(1, run.replicas + 1):
+            if run.index - k >= 1:
+                run.subscriptions.append(self.topics.device(Family.REPLICA, run.worker_list[run.index - k]))
         for pattern in run.subscriptions:
             self.listen(pattern)
         self.probes.unwatch_all()
@@ -343,14 +362,18 @@ class Worker(Role):
         run = self.run_state
         if run is None or msg.run_id != run.run_id or msg.plan_id <= run.plan_id:
             return
-        switch = Switch.start(self.device_id, msg, run.stage)
+        try:
+            switch = Switch.start(self.device_id, msg, self.store, run.stage, run.spec, run.seed)
+        except (TrainingError, ValueError) as exc:
+            self._report_error("repartition", f"plan {msg.plan_id}: {exc}", run.run_id)
+            return
         if switch is None:
             log.info("%s: no stage in plan %d; leaving the run", self.device_id, msg.plan_id)
             self._leave_run()
             return
         run.switch = switch
-        for owner in switch.pending:
-            self.listen(self.topics.device(Family.REPLICA, owner))
+        for holder in switch.holders:
+            self.listen(self.topics.device(Family.REPLICA, holder))
         for request in switch.requests():
             self.send(self.topics.device(Family.REQUEST, self.device_id), request)
         log.info(
@@ -370,9 +393,11 @@ class Worker(Role):
 
     def _commit(self, run: _Run, switch: Switch) -> None:
         stage = switch.build(run.spec, run.seed, run.options)
-        for owner in switch.plan.fetch:
-            self.stop_listening(self.topics.device(Family.REPLICA, owner))
+        for holder in switch.plan.fetch:
+            self.stop_listening(self.topics.device(Family.REPLICA, holder))
         order = switch.order
+        if order.recovery:
+            self.store.drop_after(order.version)  # snapshots of the abandoned timeline
         run.plan_id, run.points, run.worker_list = order.plan_id, list(order.points), list(order.worker_list)
         run.index, run.stage, run.switch = switch.plan.stage, stage, None
         run.forwards.clear()
@@ -406,6 +431,19 @@ class Worker(Role):
             return
         if msg.name == "collect":
             self._send_weights(run, purpose="collect")
+        elif msg.name == "ping":
+            self.send(
+                self.topics.device(Family.REPLY, self.device_id),
+                Ready(
+                    run_id=run.run_id,
+                    plan_id=run.plan_id,
+                    device_id=self.device_id,
+                    stage=run.index,
+                    parameters=0,
+                    phase="alive",
+                    holdings=self.store.holdings(),
+                ),
+            )
         elif msg.name == "probe" and msg.args.get("source") == self.device_id:
             target = msg.args.get("target")
             if isinstance(target, str):
@@ -472,10 +510,11 @@ class Worker(Role):
         stage = run.stage
         out, version = stage.forward(msg.batch_id, msg.x, msg.version)
         if run.is_last:
+            self._fault_injection(msg.batch_id)
             result = stage.backward(msg.batch_id, labels=msg.y)
             run.next_backward = msg.batch_id + 1
             run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
-            self._batch_done(run)
+            self._batch_done(run, msg.batch_id)
             self._send_gradient(run, msg.batch_id, result.grad_input, result.loss, result.correct, [])
             return
         run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
@@ -496,18 +535,42 @@ class Worker(Role):
     def _backward(self, run: _Run, msg: Gradient) -> None:
         run.next_backward = msg.batch_id + 1
         run.last = "B"
+        self._fault_injection(msg.batch_id)
         started = Clock()
         result = run.stage.backward(msg.batch_id, grad_output=msg.g)
         run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
-        self._batch_done(run)
+        self._batch_done(run, msg.batch_id)
         self._send_gradient(run, msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
 
-    @staticmethod
-    def _batch_done(run: _Run) -> None:
-        """A batch's forward and backward are both done here: record its compute time."""
+    def _fault_injection(self, batch_id: int) -> None:
+        if self.config.die_at_backward == batch_id:
+            log.warning(
+                "%s: fault injection: SIGKILL at the backward pass of batch %d", self.device_id, batch_id
+            )
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _batch_done(self, run: _Run, batch_id: int) -> None:
+        """A batch's forward and backward are both done here: record its time; replicate at the points."""
         run.batches += 1
         run.recent.append(run.step_seconds)
         run.step_seconds = 0.0
+        done = batch_id + 1
+        chain = run.chain_every > 0 and done % run.chain_every == 0
+        full = run.global_every > 0 and done % run.global_every == 0
+        if not (chain or full):
+            return
+        # Snapshot now, on the training thread (a consistent version); encode and send on the
+        # scheduler's thread so that training goes on meanwhile (Sec. III-E).
+        snap = self.store.snapshot(run.stage)
+        messages = []
+        if chain:
+            msg = replica_message(run.run_id, self.device_id, run.index, snap, "chain")
+            messages.append((self.topics.device(Family.REPLICA, self.device_id), msg))
+        if full:
+            msg = replica_message(run.run_id, self.device_id, run.index, snap, "global")
+            messages.append((self.topics.device(Family.REPLY, self.device_id), msg))
+        for topic, msg in messages:
+            self.run_soon(self.send, topic, msg)
 
     def _send_gradient(
         self,

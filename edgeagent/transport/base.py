@@ -51,7 +51,10 @@ class Transport(ABC):
     def subscribe(self, pattern: str, handler: Handler) -> None:
         with self._lock:
             first = pattern not in self._handlers
-            self._handlers.setdefault(pattern, []).append(handler)
+            handlers = self._handlers.setdefault(pattern, [])
+            if handler in handlers:
+                return  # already subscribed: a second copy would deliver every message twice
+            handlers.append(handler)
         if first:
             self._subscribe_remote(pattern)
 

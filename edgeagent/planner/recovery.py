@@ -1,0 +1,96 @@
+"""Recovery policy (papers/000 Sec. III-F; ResPipe, papers/002), as pure functions.
+
+Inputs are what the central node learned from its probe: which devices still run the job and which
+weight versions every device can serve (its own snapshots and the replicas it holds for others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RecoveryPoint:
+    """Roll every stage back to ``version``; old stage i's weights come from ``sources[i]``."""
+
+    version: int
+    sources: tuple[str, ...]
+
+
+def new_worker_list(old: Sequence[str], keep: Collection[str]) -> list[str]:
+    """The paper's rule: survivors keep their order; indices above a failed one drop by one.
+
+    (With several failures, substituting each failed worker by its next alive one gives the same list.)
+    """
+    return [d for d in old if d in keep]
+
+
+def holders_of(old: Sequence[str], index: int, replicas: int) -> list[str]:
+    """Devices that receive stage ``index``'s chain replicas: the next ``replicas`` stages, wrapping to the
+    central node (index 0) after the last stage."""
+    n = len(old)
+    return [old[(index + k) % n] for k in range(1, replicas + 1) if (index + k) % n != index]
+
+
+def choose_recovery_point(
+    old: Sequence[str],
+    alive: Collection[str],
+    holdings: Mapping[str, Mapping[str, Collection[int]]],
+    *,
+    replicas: int = 1,
+) -> RecoveryPoint:
+    """The newest version every old stage can be restored to, and who serves each stage.
+
+    ``old[0]`` is the central node (always alive). ``holdings[device][whose]`` lists the versions of
+    ``whose`` weights that ``device`` can serve. A stage whose device is alive serves itself; a dead
+    (or restarted, hence empty) stage is served by an alive chain holder, else by the central node's
+    global replica. Version 0 (the seeded initial model) is always possible.
+    """
+    central = old[0]
+
+    def source(i: int, version: int) -> str | None:
+        owner = old[i]
+        if version == 0:
+            return owner if owner in alive else central
+        if owner in alive and version in holdings.get(owner, {}).get(owner, ()):
+            return owner
+        for holder in holders_of(old, i, replicas):
+            if holder in alive and version in holdings.get(holder, {}).get(owner, ()):
+                return holder
+        if version in holdings.get(central, {}).get(owner, ()):
+            return central  # global replica
+        return None
+
+    candidates = sorted(
+        {v for per in holdings.values() for vs in per.values() for v in vs} | {0}, reverse=True
+    )
+    for version in candidates:
+        sources = [source(i, version) for i in range(len(old))]
+        if all(s is not None for s in sources):
+            return RecoveryPoint(version, tuple(s for s in sources if s is not None))
+    raise AssertionError("version 0 is always recoverable")  # pragma: no cover
+
+
+def respipe_points(
+    points: Sequence[int], old: Sequence[str], dead: Collection[str]
+) -> tuple[list[int], list[str]]:
+    """ResPipe's recovery: the next alive worker takes over a dead worker's layers (the previous one when
+    the dead stage is last); nothing else moves. Returns the new points and worker list."""
+    if old[0] in dead:
+        raise ValueError("the central node (stage 0) cannot fail")
+    keep = [i for i, d in enumerate(old) if d not in dead]
+    # A survivor's range now starts where the dead stages right before it started (it takes over their
+    # layers); the last survivor also runs to the end (it takes over dead stages after it).
+    starts = []
+    for i in keep:
+        start = points[i]
+        prev = i - 1
+        while prev > 0 and old[prev] in dead:
+            start = points[prev]
+            prev -= 1
+        starts.append(start)
+    starts[0] = 0
+    ends = [*starts[1:], points[-1]]
+    new_points = [*starts, ends[-1]]
+    return new_points, [old[i] for i in keep]
