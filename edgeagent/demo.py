@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -104,14 +105,21 @@ class LocalWorkers:
             old.wait()
         return self.start(device, inject=False)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10.0) -> None:
+        """Wait for the workers to leave after the run's stop command; terminate any that stay (e.g. a
+        restarted worker that was not taken back into the run)."""
+        deadline = time.monotonic() + grace
         for p in self.procs.values():
             try:
-                p.wait(timeout=20)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("worker pid %d did not stop; killing it", p.pid)
-                p.kill()
-                p.wait()
+                log.info("worker pid %d is still running; terminating it", p.pid)
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
 
 
 @contextlib.contextmanager

@@ -156,6 +156,7 @@ class Central(Role):
         self._announced: dict[str, Announce] = {}
         self.status = 0  # Table I: 1 while recovering from a fault
         self._grace_until = 0.0
+        self._plan_counter = 0
         self._train_started = 0.0
         self._eval_seconds = 0.0
         self._last_progress = 0.0
@@ -416,6 +417,9 @@ class Central(Role):
                     f"workers {sorted(pending)} did not report {phase!r} for plan {plan_id} within "
                     f"{self.config.startup_timeout:.0f} s"
                 )
+            dead = sorted(d for d in pending if d in self.workers and not self.workers[d].online)
+            if dead and self._train_started:
+                raise _Fault(dead, f"worker(s) {dead} stopped while the pipeline was switching")
             item = self.next_message(0.2)
             if item is not None:
                 if isinstance(item.message, ErrorReport) and item.message.run_id == self.run_id:
@@ -549,9 +553,11 @@ class Central(Role):
         """
         assert self._spec is not None
         new_list = workers or self.worker_list
+        # Plan ids are never reused: a switch that a fault interrupted must not lend its replies to the next.
+        self._plan_counter = max(self._plan_counter, self.plan_id) + 1
         order = Repartition(
             run_id=self.run_id,
-            plan_id=self.plan_id + 1,
+            plan_id=self._plan_counter,
             points=points,
             worker_list=new_list,
             previous_points=self.points,
@@ -574,6 +580,9 @@ class Central(Role):
         while not switch.complete:
             if time.monotonic() > deadline:
                 raise TrainingError(f"layers {switch.pending} never arrived for plan {order.plan_id}")
+            gone = sorted(h for h in switch.holders if h in self.workers and not self.workers[h].online)
+            if gone:
+                raise _Fault(gone, f"{gone} stopped while serving layers for plan {order.plan_id}")
             item = self.next_message(0.2)
             if item is not None:
                 self._handle_background(item)
@@ -751,7 +760,7 @@ class Central(Role):
                     self._wait_for_messages()
                 break
             except _Fault as fault:
-                committed_b = self._recover(fault, committed_b, report)
+                committed_b = self._recover_until_done(fault, committed_b, report)
                 next_f = committed_b + 1
                 pending_points = None
                 self._plan_job = None
@@ -837,6 +846,16 @@ class Central(Role):
 
     # -- fault tolerance (Sec. III-F) ----------------------------------------------------------
 
+    def _recover_until_done(self, fault: _Fault, committed_b: int, report: RunReport) -> int:
+        """Recover; a device that dies during the recovery starts another one (at most 5 in a row)."""
+        for _ in range(5):
+            try:
+                return self._recover(fault, committed_b, report)
+            except _Fault as again:
+                log.warning("another fault during the recovery: %s", again.reason)
+                fault = again
+        raise TrainingError(f"gave up after 5 faults in a row; the last: {fault.reason}")
+
     def _recover(self, fault: _Fault, committed_b: int, report: RunReport) -> int:
         """Probe, pick survivors and a recovery point, re-split, roll back; return the new committed id."""
         assert self._profile is not None
@@ -849,9 +868,11 @@ class Central(Role):
         self._announced.clear()
         self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="ping"))
         self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
-        expected = set(self.worker_list[1:]) - set(fault.dead)
+        # Wait for every device of the run: in-run devices answer the ping; one that restarted (case 2)
+        # announces itself idle. A device that is really gone costs the whole probe_timeout.
+        expected = set(self.worker_list[1:])
         deadline = time.monotonic() + self.config.probe_timeout
-        while time.monotonic() < deadline and not expected <= set(self._alive):
+        while time.monotonic() < deadline and not expected <= set(self._alive) | set(self._announced):
             item = self.next_message(0.05)
             if item is not None:
                 self._handle_background(item)

@@ -1,0 +1,151 @@
+"""Fault tolerance with real processes, real SIGKILLs and a real broker restart.
+
+Faults are deterministic by (device, batch): a worker kills itself with SIGKILL when that batch starts
+its backward pass (``--kill``), or the test acts when the central node commits a given batch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from edgeagent.broker import EmbeddedBroker
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.demo import LocalWorkers
+from edgeagent.roles.central import Central, RunReport
+
+pytestmark = pytest.mark.slow
+
+
+def run(
+    broker: str,
+    *,
+    workers: int = 2,
+    kills: dict[str, int] | None = None,
+    on_batch: Callable[[int, LocalWorkers], None] | None = None,
+    save: Path | None = None,
+    watch_restart: bool = False,
+    **central: Any,
+) -> RunReport:
+    """Central node in this process, workers as processes; ``on_batch`` runs as batches commit."""
+    train = central.pop("train", TrainConfig(epochs=3))
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    config = CentralConfig(
+        cluster=cluster,
+        broker=broker,
+        workers=workers,
+        train=train,
+        progress=False,
+        save_model=str(save) if save else None,
+        **central,
+    )
+    local = LocalWorkers(workers, broker, cluster, [1.0] * workers, kills=kills).start_all()
+    stop = threading.Event()
+
+    def restarter() -> None:
+        # Like systemd's Restart=on-failure: start a worker again, with its id, as soon as it dies.
+        restarted: set[str] = set()
+        while not stop.wait(0.05):
+            for device, proc in list(local.procs.items()):
+                if proc.poll() is not None and device not in restarted and proc.returncode != 0:
+                    restarted.add(device)
+                    local.restart(device)
+
+    watcher = threading.Thread(target=restarter, daemon=True)
+    if watch_restart:
+        watcher.start()
+
+    def progress(values: dict[str, Any]) -> None:
+        if on_batch is not None and "batch" in values:
+            on_batch(values["batch"], local)
+
+    try:
+        return Central(config, progress=progress).run()
+    finally:
+        stop.set()
+        local.stop()
+
+
+def test_sigkill_one_worker_recovers_and_matches_the_fault_free_accuracy(amqtt_url: str) -> None:
+    # Ten epochs: compare converged runs, not two points on a still-rising curve.
+    clean = run(amqtt_url, train=TrainConfig(epochs=10))
+    faulty = run(amqtt_url, train=TrainConfig(epochs=10), kills={"worker-1": 70})
+
+    (rec,) = faulty.recoveries
+    assert rec["case"] == 3 and rec["lost"] == ["worker-1"]
+    assert rec["batch"] >= 70 and rec["rolled_back_to"] == 50  # the chain replica of batch 50
+    assert rec["batches_replayed"] == rec["batch"] - 50
+    assert rec["detected_at"] <= rec["resumed_at"]
+    assert faulty.partitions[-1]["points"][0] == 0 and len(faulty.partitions[-1]["points"]) == 3
+    assert faulty.batches == clean.batches
+    assert abs(faulty.final_accuracy - clean.final_accuracy) <= 0.02, (
+        clean.final_accuracy,
+        faulty.final_accuracy,
+    )
+
+
+def test_no_update_is_lost_or_applied_twice(amqtt_url: str, tmp_path: Path) -> None:
+    """Without staleness (in_flight=1) the split does not change the arithmetic, so a run with a fault,
+    its rollback and its replay must end with the same weights as a run without one."""
+    train = TrainConfig(epochs=2, in_flight=1, aggregation=False)
+    run(amqtt_url, train=train, save=tmp_path / "clean.pt")
+    faulty = run(amqtt_url, train=train, kills={"worker-2": 60}, save=tmp_path / "faulty.pt")
+    assert faulty.recoveries and faulty.recoveries[0]["batches_replayed"] == 10
+    clean_w = torch.load(tmp_path / "clean.pt", weights_only=True)
+    faulty_w = torch.load(tmp_path / "faulty.pt", weights_only=True)
+    assert clean_w.keys() == faulty_w.keys()
+    for key in clean_w:
+        torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)
+
+
+def test_two_workers_at_once_recover_from_the_global_replica(amqtt_url: str) -> None:
+    def kill_two(batch: int, local: LocalWorkers) -> None:
+        if batch == 130:
+            for device in ("worker-1", "worker-2"):
+                os.kill(local.procs[device].pid, signal.SIGKILL)
+
+    train = TrainConfig(epochs=4, model_options={"hidden": [128, 128, 64]})  # 4 layers for 4 stages
+    report = run(amqtt_url, workers=3, train=train, on_batch=kill_two)
+    (rec,) = report.recoveries
+    assert rec["lost"] == ["worker-1", "worker-2"]
+    # worker-1's chain replica lived on worker-2, which died too: the global replica (batch 100) serves.
+    assert rec["rolled_back_to"] == 100
+    assert report.partitions[-1]["points"] and len(report.partitions[-1]["points"]) == 3
+    assert report.epochs == 4
+    assert report.final_accuracy > 0.3  # learning goes on (chance: 0.1); this deep MLP learns slowly at K=4
+
+
+def test_worker_restarted_with_the_same_id_rejoins(amqtt_url: str) -> None:
+    report = run(amqtt_url, kills={"worker-1": 70}, watch_restart=True, probe_timeout=15.0)
+    (rec,) = report.recoveries
+    assert rec["case"] == 2 and rec["restarted"] == ["worker-1"] and rec["lost"] == []
+    assert rec["workers"] == ["worker-1", "worker-2"]  # same pipeline as before
+    assert report.final_accuracy > 0.7
+
+
+def test_broker_restart_mid_run(tmp_path: Path) -> None:
+    broker = EmbeddedBroker().start()
+    restarted = threading.Event()
+
+    def bounce(batch: int, local: LocalWorkers) -> None:
+        if batch == 60 and not restarted.is_set():
+            restarted.set()
+            broker.stop()
+            broker.start()
+
+    try:
+        report = run(broker.url, on_batch=bounce, batch_timeout=3.0)
+    finally:
+        broker.stop()
+    assert restarted.is_set()
+    assert report.epochs == 3 and report.final_accuracy > 0.7
+    for rec in report.recoveries:
+        assert rec["case"] == 1 and rec["lost"] == []  # everybody came back: nobody was dropped
