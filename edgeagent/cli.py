@@ -211,13 +211,18 @@ def demo(**kw: Any) -> None:
 @click.option("--id", "device_id", help="This node's device id (default central).")
 @click.option("--slowdown", type=float, help="Emulate a device this many times slower (>= 1).")
 @click.option("--threads", type=int, help="Torch threads.")
+@click.option(
+    "--resume",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Continue the run of this checkpoint (written with --checkpoint) after a central failure.",
+)
 def central(**kw: Any) -> None:
     """The central node: holds the data, runs stage 0 and drives the run."""
     from edgeagent.roles.central import Central
 
     setup_logging(kw["log_level"], device=kw["device_id"] or "central")
     overrides = _central_overrides(kw)
-    for key in ("workers", "device_id", "slowdown", "threads"):
+    for key in ("workers", "device_id", "slowdown", "threads", "resume"):
         if kw.get(key) is not None:
             overrides[key] = kw[key]
     try:

@@ -75,6 +75,7 @@ class CentralConfig(_Frozen):
     global_every: int = Field(100, ge=0, description="batches between global replications (0: off)")
     replicas: int = Field(1, ge=1, description="chain successors that hold a replica (ResPipe's z)")
     checkpoint: str | None = None  # write the central node's checkpoint here at every global replication
+    resume: str | None = None  # continue the run of this checkpoint (after the central node failed)
     # Emulation changes during the run, "DEVICE@BATCH=SLOWDOWN", e.g. "worker-2@300=5".
     slowdown_changes: list[str] = Field(default_factory=list)
     train: TrainConfig = Field(default_factory=TrainConfig)

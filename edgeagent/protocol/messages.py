@@ -143,6 +143,7 @@ class Assign(Message):
     aggregation: bool = True
     aggregation_interval: int = 1
     weights: dict[str, torch.Tensor] | None = None  # pre-trained weights (continuous learning)
+    momentum_buffers: dict[str, torch.Tensor] | None = None  # optimizer state to resume with (checkpoint)
     # Replication (Sec. III-E): chain to the next ``replicas`` stages every ``chain_every`` batches,
     # global (to the central node) every ``global_every`` batches; 0 turns one off.
     chain_every: int = 50

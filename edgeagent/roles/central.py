@@ -120,6 +120,17 @@ class RepartitionPolicy:
         return done == self.first or (done > self.first and (done - self.first) % self.every == 0)
 
 
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """A checkpoint written by the central node; only tensors and plain data (``weights_only=True``)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise TrainingError(f"cannot read the checkpoint {path}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != 1:
+        raise TrainingError(f"{path} is not an edgeagent checkpoint (format 1)")
+    return state
+
+
 class _Fault(Exception):
     """Raised inside the training loop when a fault is detected; caught by the loop, which recovers."""
 
@@ -141,10 +152,18 @@ class Central(Role):
             will = Role.offline_will_for(topics, config.device_id)
             transport = MqttTransport(config.broker, f"ea-{config.cluster}-{config.device_id}", will=will)
         super().__init__(transport, topics, config.device_id)
+        self._resume = load_checkpoint(config.resume) if config.resume else None
+        if self._resume is not None:
+            # The run goes on where the checkpoint left it: same run, same training settings.
+            config = config.model_copy(
+                update={"train": CentralConfig.model_validate_json(self._resume["config"]).train}
+            )
         self.config = config
         self.train = config.train
-        self.run_id = uuid.uuid4().hex[:12]
-        self.plan_id = 0
+        self.run_id = self._resume["run_id"] if self._resume else uuid.uuid4().hex[:12]
+        self._start_version = int(self._resume["version"]) if self._resume else 0
+        # Plan ids above the dead central node's, so that no stale message of its plans is taken.
+        self.plan_id = int(self._resume["plan_id"]) + 1 if self._resume else 0
         self.progress = progress
         self.workers: dict[str, _Worker] = {}
         self.worker_list: list[str] = []
@@ -156,7 +175,8 @@ class Central(Role):
         self._announced: dict[str, Announce] = {}
         self.status = 0  # Table I: 1 while recovering from a fault
         self._grace_until = 0.0
-        self._plan_counter = 0
+        self._plan_counter = self.plan_id
+        self._report: RunReport | None = None
         self._train_started = 0.0
         self._eval_seconds = 0.0
         self._last_progress = 0.0
@@ -214,6 +234,8 @@ class Central(Role):
             self.worker_list = [self.device_id, *self._discover(self.config.workers)]
             self._profile = profile = self._profile_layers(spec, data)
             self.points = balanced_partition(profile.seconds, len(self.worker_list))
+            if self._resume is not None and len(self._resume["points"]) == len(self.worker_list) + 1:
+                self.points = list(self._resume["points"])
             report = RunReport(
                 run_id=self.run_id,
                 model=self.train.model,
@@ -224,10 +246,25 @@ class Central(Role):
                 layer_profile=profile.to_dict(),
                 partition_mode=self.config.partition,
             )
+            self._report = report
+            if self._resume is not None:
+                for key in ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch"):
+                    getattr(report, key).extend(self._resume["history"][key])
+                report.recoveries.append(
+                    {
+                        "case": "central",
+                        "resumed_from": self._resume["version"],
+                        "checkpoint": self.config.resume,
+                    }
+                )
             self._stage = self._setup(spec)
             self.links = self._measure_links()
             report.links = [{"bandwidth": lk.bandwidth, "latency": lk.latency} for lk in self.links]
-            self._record_partition(report, 0, "initial: equal devices (PipeDream)")
+            self._record_partition(
+                report,
+                self._start_version,
+                "resumed from a checkpoint" if self._resume else "initial: equal devices (PipeDream)",
+            )
             if self.config.partition == "oracle" and len(self.worker_list) > 1:
                 points = solve(self._problem(self._true_capacities()))
                 if points != self.points:
@@ -286,7 +323,12 @@ class Central(Role):
             if item is None:
                 continue
             msg = item.message
-            if isinstance(msg, Announce) and not msg.busy_with and msg.device_id != self.device_id:
+            # Idle devices, or (after the central node itself restarted) devices still in this run.
+            if (
+                isinstance(msg, Announce)
+                and msg.busy_with in ("", self.run_id)
+                and msg.device_id != self.device_id
+            ):
                 found.setdefault(msg.device_id, msg)
         # The worker list is ordered by device id so that a re-run gives the same pipeline.
         chosen = sorted(found)[:wanted]
@@ -313,6 +355,7 @@ class Central(Role):
         committed: int = -1,
         status: int = 0,
         weights: dict[str, torch.Tensor] | None = None,
+        momentum: dict[str, torch.Tensor] | None = None,
     ) -> None:
         """Send ``device`` the Table I state and everything it needs to build its stage."""
         assert self._spec is not None
@@ -338,6 +381,7 @@ class Central(Role):
                 aggregation=self.train.aggregation,
                 aggregation_interval=self.train.aggregation_interval,
                 weights=self._layer_slice(weights, self.points[index], self.points[index + 1]),
+                momentum_buffers=self._layer_slice(momentum, self.points[index], self.points[index + 1]),
                 chain_every=self.config.chain_every,
                 global_every=self.config.global_every,
                 replicas=self.config.replicas,
@@ -346,9 +390,15 @@ class Central(Role):
 
     def _setup(self, spec: ModelSpec) -> Stage:
         initial = self._initial_weights()
+        momentum = None
+        if self._resume is not None:
+            initial, momentum = self._resume["weights"], self._resume["momentum"]
+        version = self._start_version
         for device in self.worker_list[1:]:
-            self._assign(device, weights=initial)
-        stage = self._build_own_stage(spec, self._layer_slice(initial, 0, self.points[1]), version=0)
+            self._assign(device, weights=initial, momentum=momentum, committed=version - 1)
+        stage = self._build_own_stage(spec, self._layer_slice(initial, 0, self.points[1]), version=version)
+        if momentum:
+            stage.load_momentum(self._layer_slice(momentum, 0, self.points[1]) or {})
         self._subscribe_stage()
         self._wait_ready(self.plan_id, "built", set(self.worker_list[1:]))
         return stage
@@ -628,8 +678,8 @@ class Central(Role):
         train_started = time.perf_counter()
         self.times.reset()
         samples = 0
-        next_f = 0  # next global batch id to forward
-        committed_b = -1  # committed backward id (Table I)
+        next_f = self._start_version  # next global batch id to forward
+        committed_b = next_f - 1  # committed backward id (Table I)
         losses: list[float] = []
         epoch_orders: dict[int, list[torch.Tensor]] = {}
         pending_points: list[int] | None = None
@@ -995,6 +1045,11 @@ class Central(Role):
             "weights": weights,
             "momentum": momentum,
             "config": self.config.model_dump_json(),
+            "plan_id": self.plan_id,
+            "history": {
+                key: list(getattr(self._report, key)) if self._report else []
+                for key in ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch")
+            },
         }
         tmp = f"{path}.tmp"
         torch.save(state, tmp)

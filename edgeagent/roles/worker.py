@@ -246,7 +246,12 @@ class Worker(Role):
         )
         try:
             spec = ModelSpec.from_dict(msg.model)
-            stage = self._build(spec, msg.seed, options, msg.points, index, msg.weights, version=0)
+            # A resumed or recovering run starts at the version after the committed backward id.
+            stage = self._build(
+                spec, msg.seed, options, msg.points, index, msg.weights, version=msg.committed_backward_id + 1
+            )
+            if msg.momentum_buffers:
+                stage.load_momentum(msg.momentum_buffers)
         except (ValueError, EdgeAgentError) as exc:
             self._report_error("assign", f"cannot build stage {index}: {exc}", msg.run_id)
             return

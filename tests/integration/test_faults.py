@@ -149,3 +149,61 @@ def test_broker_restart_mid_run(tmp_path: Path) -> None:
     assert report.epochs == 3 and report.final_accuracy > 0.7
     for rec in report.recoveries:
         assert rec["case"] == 1 and rec["lost"] == []  # everybody came back: nobody was dropped
+
+
+def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from edgeagent.roles.central import load_checkpoint
+
+    ckpt = tmp_path / "central.ckpt"
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0]).start_all()
+    central = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgeagent",
+            "central",
+            "--broker",
+            amqtt_url,
+            "--cluster",
+            cluster,
+            "--workers",
+            "2",
+            "--epochs",
+            "4",
+            "--checkpoint",
+            str(ckpt),
+            "--global-every",
+            "40",
+            "--log-level",
+            "WARNING",
+        ],
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists():  # the first global replication point writes it
+            assert central.poll() is None, "the central node ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.05)
+        central.send_signal(signal.SIGKILL)
+        central.wait(10)
+        saved = load_checkpoint(str(ckpt))
+        assert saved["version"] % 40 == 0 and saved["version"] > 0
+
+        config = CentralConfig(broker=amqtt_url, cluster=cluster, workers=2, resume=str(ckpt), progress=False)
+        report = Central(config).run()
+    finally:
+        if central.poll() is None:
+            central.kill()
+        local.stop()
+    assert report.run_id == saved["run_id"]
+    assert (
+        report.recoveries[0]["case"] == "central" and report.recoveries[0]["resumed_from"] == saved["version"]
+    )
+    assert report.timeline[0]["batch"] == saved["version"]  # nothing before the checkpoint is redone
+    assert report.epochs == 4
+    assert report.final_accuracy > 0.7
