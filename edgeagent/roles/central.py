@@ -51,6 +51,7 @@ from edgeagent.protocol.messages import (
     Gradient,
     Heartbeat,
     LinkReport,
+    Message,
     Ready,
     Repartition,
     Status,
@@ -131,6 +132,16 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     return state
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What the planning job proposes: a split over a worker list (longer than now if devices joined)."""
+
+    points: list[int]
+    predicted: float
+    reason: str
+    workers: list[str]
+
+
 class _Fault(Exception):
     """Raised inside the training loop when a fault is detected; caught by the loop, which recovers."""
 
@@ -200,7 +211,8 @@ class Central(Role):
         self._stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
         self._own_recent: deque[float] = deque(maxlen=STAGE_TIME_WINDOW)  # stage 0's latest batch times
         self._own_step = 0.0
-        self._plan_job: Future[tuple[list[int], float, str]] | None = None
+        self._plan_job: Future[Plan] | None = None
+        self._joiners: list[str] = []
         self._switch: Switch | None = None
         self._stage: Stage | None = None
 
@@ -356,17 +368,21 @@ class Central(Role):
         status: int = 0,
         weights: dict[str, torch.Tensor] | None = None,
         momentum: dict[str, torch.Tensor] | None = None,
+        worker_list: list[str] | None = None,
+        points: list[int] | None = None,
     ) -> None:
         """Send ``device`` the Table I state and everything it needs to build its stage."""
         assert self._spec is not None
-        index = self.worker_list.index(device)
+        worker_list = worker_list or self.worker_list
+        points = points or self.points
+        index = worker_list.index(device)
         self.send(
             self.topics.device(Family.CONTROL, device),
             Assign(
                 run_id=self.run_id,
                 plan_id=self.plan_id,
-                worker_list=self.worker_list,
-                points=self.points,
+                worker_list=worker_list,
+                points=points,
                 model=self._spec.to_dict(),
                 seed=self.train.seed,
                 committed_forward_id=committed,
@@ -380,8 +396,8 @@ class Central(Role):
                 in_flight=self._bound(),
                 aggregation=self.train.aggregation,
                 aggregation_interval=self.train.aggregation_interval,
-                weights=self._layer_slice(weights, self.points[index], self.points[index + 1]),
-                momentum_buffers=self._layer_slice(momentum, self.points[index], self.points[index + 1]),
+                weights=self._layer_slice(weights, points[index], points[index + 1]),
+                momentum_buffers=self._layer_slice(momentum, points[index], points[index + 1]),
                 chain_every=self.config.chain_every,
                 global_every=self.config.global_every,
                 replicas=self.config.replicas,
@@ -550,43 +566,75 @@ class Central(Role):
         times = [sum(self._own_recent) / len(self._own_recent), *self._stage_times]
         return capacities(times, profile.seconds, self.points)
 
-    def _plan(self, caps: list[float], current: list[int]) -> tuple[list[int], float, str]:
+    def _plan(self, caps: list[float], current: list[int], workers: list[str]) -> Plan:
         """The planning job (runs on the scheduler's thread): DP, then is the move worth it?"""
-        problem = self._problem(caps)
+        joining = len(workers) > len(self.worker_list)
+        problem = self._problem(caps, workers=workers, links=self._links_for(workers))
         proposed = solve(problem)
+        predicted = predict(problem, proposed)
+        caps_text = ", ".join(f"{c:.2f}" for c in caps)
+        if joining:
+            # A device joined (or came back after it was dropped): it takes part from this split on.
+            return Plan(
+                proposed,
+                predicted,
+                f"{workers[len(self.worker_list) :]} joined; capacities {caps_text}",
+                workers,
+            )
         move_bw = min((lk.bandwidth for lk in self.links), default=1e9)
         worth, gain, cost = repartition_gain(
             problem, current, proposed, horizon_batches=self.policy.every, move_bandwidth=move_bw
         )
-        predicted = predict(problem, proposed)
-        caps_text = ", ".join(f"{c:.2f}" for c in caps)
         if not worth:
-            return (
+            return Plan(
                 current,
                 predict(problem, current),
                 f"kept (capacities {caps_text}; gain {gain:.2f} s <= cost {cost:.2f} s)",
+                workers,
             )
-        return (
+        return Plan(
             proposed,
             predicted,
             f"capacities {caps_text}; predicted gain {gain:.2f} s > move cost {cost:.2f} s",
+            workers,
         )
 
     def _start_planning(self) -> None:
         caps = self._measured_capacities()
         if caps is None or self._plan_job is not None or self._scheduler is None:
             return
-        job: Future[tuple[list[int], float, str]] = Future()
+        joiners = [d for d in self._joiners if d not in self.worker_list]
+        workers = [*self.worker_list, *joiners]
+        # A newcomer's speed is unknown until it has run: take the mean of the workers' capacities.
+        known = caps[1:] or caps
+        caps = [*caps, *[sum(known) / len(known)] * len(joiners)]
+        job: Future[Plan] = Future()
         current = list(self.points)
 
         def run() -> None:
             try:
-                job.set_result(self._plan(caps, current))
+                job.set_result(self._plan(caps, current, workers))
             except Exception as exc:  # a planning bug must not stop training: keep the split
                 job.set_exception(exc)
 
         self._scheduler.add_job(run, id=f"plan-{self.plan_id}", replace_existing=True)
         self._plan_job = job
+
+    def _admit_joiners(self, plan: Plan, version: int) -> None:
+        """Give joining devices the run's state for the new split; they fetch their layers in the switch."""
+        joiners = [d for d in plan.workers if d not in self.worker_list]
+        for device in joiners:
+            self._ready.get(self.plan_id, {}).pop(device, None)
+            self._assign(device, committed=version - 1, worker_list=plan.workers, points=plan.points)
+            announce = self._announced.get(device)
+            self.workers[device] = _Worker(
+                device, time.monotonic(), slowdown=announce.slowdown if announce else 1.0
+            )
+        self._wait_ready(self.plan_id, "built", set(joiners))
+        for device in joiners:
+            self._joiners.remove(device)
+            log.info("%s joined the run at batch %d", device, version)
+            self._event("join", device=device, batch=version)
 
     def _switch_to(
         self,
@@ -676,7 +724,6 @@ class Central(Role):
         total = per_epoch * self.train.epochs
         if self.train.max_batches:
             total = min(total, self.train.max_batches)
-        bound = self._bound()
         train_started = time.perf_counter()
         self.times.reset()
         samples = 0
@@ -684,7 +731,7 @@ class Central(Role):
         committed_b = next_f - 1  # committed backward id (Table I)
         losses: list[float] = []
         epoch_orders: dict[int, list[torch.Tensor]] = {}
-        pending_points: list[int] | None = None
+        pending: Plan | None = None
         window_start, window_batches = time.perf_counter(), 0
         changes = list(self.changes)
 
@@ -706,15 +753,21 @@ class Central(Role):
                     stage = self.stage
                     epoch_end = min(total, (committed_b + 1) // per_epoch * per_epoch + per_epoch)
                     in_flight = next_f - committed_b - 1
-                    if pending_points is not None and in_flight == 0:
-                        self._switch_to(pending_points, version=committed_b + 1)
-                        pending_points = None
+                    if pending is not None and in_flight == 0:
+                        self._admit_joiners(pending, committed_b + 1)
+                        self._switch_to(
+                            pending.points,
+                            version=committed_b + 1,
+                            workers=pending.workers,
+                            reason=pending.reason,
+                        )
+                        pending = None
                         window_start, window_batches = time.perf_counter(), 0
                         continue
                     if self._plan_job is not None and self._plan_job.done():
                         job, self._plan_job = self._plan_job, None
                         try:
-                            points, predicted, reason = job.result()
+                            plan = job.result()
                         except (EdgeAgentError, ValueError) as exc:
                             log.warning("re-partition skipped: %s", exc)
                         else:
@@ -723,19 +776,20 @@ class Central(Role):
                                 "plan check at batch %d: %.1f ms/batch measured, %.1f predicted for %s (%s)",
                                 committed_b + 1,
                                 1e3 * measured,
-                                1e3 * predicted,
-                                points,
-                                reason,
+                                1e3 * plan.predicted,
+                                plan.points,
+                                plan.reason,
                             )
-                            if points != self.points:
-                                pending_points = points
+                            if plan.points != self.points or plan.workers != self.worker_list:
+                                pending = plan
                                 report.partitions.append(
                                     {
                                         "batch": committed_b + 1,
-                                        "points": points,
+                                        "points": plan.points,
+                                        "workers": plan.workers[1:],
                                         "plan_id": self.plan_id + 1,
-                                        "reason": reason,
-                                        "predicted_step": predicted,
+                                        "reason": plan.reason,
+                                        "predicted_step": plan.predicted,
                                         "measured_step_before": measured,
                                     }
                                 )
@@ -785,7 +839,7 @@ class Central(Role):
                             self._end_epoch(committed_b, per_epoch, losses, data, report)
                             self._eval_seconds += time.perf_counter() - eval_started
                         continue
-                    if next_f < epoch_end and pending_points is None and admit(in_flight, bound):
+                    if next_f < epoch_end and pending is None and admit(in_flight, self._bound()):
                         started = Clock()
                         x, y = batch(next_f)
                         out, version = stage.forward(next_f, x)
@@ -814,7 +868,7 @@ class Central(Role):
             except _Fault as fault:
                 committed_b = self._recover_until_done(fault, committed_b, report)
                 next_f = committed_b + 1
-                pending_points = None
+                pending = None
                 self._plan_job = None
                 window_start, window_batches = time.perf_counter(), 0
 
@@ -1068,15 +1122,9 @@ class Central(Role):
         elif isinstance(msg, EvalResult):
             if msg.run_id == self.run_id and msg.plan_id == self.plan_id:
                 self._results[msg.batch_id] = msg
-        elif isinstance(msg, Heartbeat):
-            w = self.workers.get(msg.device_id)
-            if w is not None:
-                w.last_heartbeat = time.monotonic()
-                w.online = True
         elif isinstance(msg, Status):
             w = self.workers.get(msg.device_id)
-            if w is not None and msg.state == "offline":
-                w.online = False
+            if w is not None and msg.state == "offline" and not w.online:
                 log.warning("worker %s went offline (last will)", msg.device_id)
         elif isinstance(msg, Ready):
             if msg.run_id == self.run_id:
@@ -1114,8 +1162,25 @@ class Central(Role):
                 self._weights[msg.device_id] = msg
         elif isinstance(msg, Announce):
             self._announced[msg.device_id] = msg
+            joinable = self._train_started and not msg.busy_with
+            new = msg.device_id not in self.worker_list and msg.device_id not in self._joiners
+            if joinable and new and self.config.partition == "dynamic":
+                self._joiners.append(msg.device_id)
+                log.info("%s is available; it joins at the next re-partition", msg.device_id)
         elif isinstance(msg, ErrorReport):
             log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
+
+    def on_arrival(self, message: Message) -> None:
+        # Network thread: liveness is stamped on arrival (see Role.on_arrival).
+        if isinstance(message, Heartbeat):
+            w = self.workers.get(message.device_id)
+            if w is not None:
+                w.last_heartbeat = time.monotonic()
+                w.online = True
+        elif isinstance(message, Status) and message.state == "offline":
+            w = self.workers.get(message.device_id)
+            if w is not None:
+                w.online = False
 
     def _notify(self, **values: Any) -> None:
         if self.progress is not None:
