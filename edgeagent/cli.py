@@ -299,6 +299,15 @@ def _finish_report(report: Any, path: str | None) -> None:
         f"{data['samples_per_second']:.1f} samples/s; wall {data['wall_seconds']:.1f} s\n"
         f"  accuracy per epoch (%): {acc}\n  partition points: {data['partitions'][-1]['points']}"
     )
+    for rec in data["recoveries"]:
+        if rec.get("case") == "central":
+            console.print(f"  resumed from the checkpoint of batch {rec['resumed_from']}")
+            continue
+        console.print(
+            f"  recovery (case {rec['case']}) at batch {rec['batch']}: lost {rec['lost'] or 'none'}, "
+            f"restarted {rec['restarted'] or 'none'}; {rec['resumed_at'] - rec['detected_at']:.2f} s after "
+            f"detection; rolled back to batch {rec['rolled_back_to']} ({rec['batches_replayed']} replayed)"
+        )
     if path:
         Path(path).write_text(json.dumps(data, indent=2))
         console.print(f"report written to {path}")
