@@ -13,7 +13,7 @@ import torch
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from edgeagent.errors import ProtocolError, TrainingError
-from edgeagent.protocol.messages import Heartbeat, Message, Probe, Status, decode, encode
+from edgeagent.protocol.messages import Activation, Heartbeat, Message, Probe, Status, decode, encode
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.transport.base import Transport
 
@@ -112,6 +112,31 @@ class Role:
         started = time.perf_counter()
         self.transport.publish(topic, encode(message, sender=self.device_id), qos=qos, retain=retain)
         self.times.communication += time.perf_counter() - started
+
+    def send_activation(
+        self,
+        *,
+        run_id: str,
+        plan_id: int,
+        stage: int,
+        batch_id: int,
+        version: int,
+        mode: str,
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> None:
+        """Stage ``stage``'s output for one batch, on that stage's activation topic."""
+        msg = Activation(
+            run_id=run_id,
+            plan_id=plan_id,
+            stage=stage,
+            batch_id=batch_id,
+            version=version,
+            mode=mode,
+            x=x,
+            y=y,
+        )
+        self.send(self.topics.activations(stage), msg)
 
     def set_status(self, state: str, *, run_id: str = "", stage: int = -1, detail: str = "") -> None:
         self._status = Status(

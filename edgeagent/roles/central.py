@@ -38,7 +38,6 @@ from edgeagent.planner.partition import balanced_partition
 from edgeagent.planner.profiler import LayerProfile, profile_layers
 from edgeagent.planner.recovery import choose_recovery_point, new_worker_list, respipe_points
 from edgeagent.protocol.messages import (
-    Activation,
     Announce,
     Assign,
     Command,
@@ -847,18 +846,15 @@ class Central(Role):
                         # window pairs each backward with the latest forward, which averages the same.
                         self._own_step = emulate_slowdown(started, self.config.slowdown, self.times)
                         if not stage.is_last:
-                            self.send(
-                                self.topics.activations(0),
-                                Activation(
-                                    run_id=self.run_id,
-                                    plan_id=self.plan_id,
-                                    stage=0,
-                                    batch_id=next_f,
-                                    version=version,
-                                    mode="train",
-                                    x=out,
-                                    y=y,
-                                ),
+                            self.send_activation(
+                                run_id=self.run_id,
+                                plan_id=self.plan_id,
+                                stage=0,
+                                batch_id=next_f,
+                                version=version,
+                                mode="train",
+                                x=out,
+                                y=y,
                             )
                             self._sent_at[next_f] = time.monotonic()
                         next_f += 1
@@ -1208,18 +1204,15 @@ class Central(Role):
             started = Clock()
             out = stage.evaluate(x)
             emulate_slowdown(started, self.config.slowdown, self.times)
-            self.send(
-                self.topics.activations(0),
-                Activation(
-                    run_id=self.run_id,
-                    plan_id=self.plan_id,
-                    stage=0,
-                    batch_id=eid,
-                    version=0,
-                    mode="eval",
-                    x=out,
-                    y=y,
-                ),
+            self.send_activation(
+                run_id=self.run_id,
+                plan_id=self.plan_id,
+                stage=0,
+                batch_id=eid,
+                version=0,
+                mode="eval",
+                x=out,
+                y=y,
             )
         while len(self._results) < len(chunks):
             if time.monotonic() > deadline:

@@ -523,18 +523,15 @@ class Worker(Role):
             self._send_gradient(run, msg.batch_id, result.grad_input, result.loss, result.correct, [])
             return
         run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
-        self.send(
-            self.topics.activations(run.index),
-            Activation(
-                run_id=msg.run_id,
-                plan_id=msg.plan_id,
-                stage=run.index,
-                batch_id=msg.batch_id,
-                version=version,
-                mode="train",
-                x=out,
-                y=msg.y,
-            ),
+        self.send_activation(
+            run_id=msg.run_id,
+            plan_id=msg.plan_id,
+            stage=run.index,
+            batch_id=msg.batch_id,
+            version=version,
+            mode="train",
+            x=out,
+            y=msg.y,
         )
 
     def _backward(self, run: _Run, msg: Gradient) -> None:
@@ -623,18 +620,15 @@ class Worker(Role):
                 ),
             )
         else:
-            self.send(
-                self.topics.activations(run.index),
-                Activation(
-                    run_id=msg.run_id,
-                    plan_id=msg.plan_id,
-                    stage=run.index,
-                    batch_id=msg.batch_id,
-                    version=msg.version,
-                    mode="eval",
-                    x=out,
-                    y=msg.y,
-                ),
+            self.send_activation(
+                run_id=msg.run_id,
+                plan_id=msg.plan_id,
+                stage=run.index,
+                batch_id=msg.batch_id,
+                version=msg.version,
+                mode="eval",
+                x=out,
+                y=msg.y,
             )
 
 
