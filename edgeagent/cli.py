@@ -174,6 +174,11 @@ def main() -> None:
 @click.option("--slowdowns", help="Compute slowdown per device, central first, e.g. 1,1,6.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
+    "--link-mbps",
+    "link_mbps",
+    help="Emulated uplink in Mbit/s: one value, or one per device (central first), e.g. 0.5 or 4,1,1.",
+)
+@click.option(
     "--kill",
     "kills",
     multiple=True,
@@ -198,6 +203,7 @@ def demo(**kw: Any) -> None:
             broker=kw["broker"],
             show_progress=not kw["no_progress"],
             kills=_kills(kw["kills"]),
+            links=_floats(kw["link_mbps"]),
         )
     except (EdgeAgentError, ValueError) as exc:
         _fail(exc)
@@ -243,6 +249,7 @@ def central(**kw: Any) -> None:
 @click.option("--threads", type=int, help="Torch threads.")
 @click.option("--heartbeat-interval", type=float)
 @click.option("--memory-limit-mb", type=float, help="Memory the stage may use here; the DP respects it.")
+@click.option("--link-mbps", type=float, help="Emulated uplink in Mbit/s (what this device sends).")
 @click.option(
     "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
 )

@@ -54,6 +54,7 @@ class CentralConfig(_Frozen):
     workers: int = Field(2, ge=0)
     threads: int = Field(1, ge=1)
     slowdown: float = Field(1.0, ge=1.0)
+    link_mbps: float = Field(0.0, ge=0, description="emulated uplink of the central node; 0: real link")
     heartbeat_interval: float = Field(1.0, gt=0)
     startup_timeout: float = Field(60.0, gt=0)
     # A batch whose gradients have not come back after this long is a fault (Sec. III-F's timer).
@@ -105,6 +106,8 @@ class WorkerConfig(_Frozen):
     heartbeat_interval: float = Field(1.0, gt=0)
     # Memory this device may use for its stage (weights, stashed versions, activations); 0 = no limit.
     memory_limit_mb: float = Field(0.0, ge=0)
+    # Emulated uplink in Mbit/s (everything this device sends); 0 = the real link only.
+    link_mbps: float = Field(0.0, ge=0)
     # Fault injection (tests, `edgeagent demo --kill`): SIGKILL this process when this batch starts its
     # backward pass here.
     die_at_backward: int | None = None

@@ -73,10 +73,12 @@ class LocalWorkers:
         *,
         kills: dict[str, int] | None = None,
         log_level: str | None = None,
+        links: list[float] | None = None,
     ) -> None:
         self.broker, self.cluster = broker, cluster
         self.slowdowns = {f"worker-{i + 1}": slowdowns[i] for i in range(n)}
         self.kills = dict(kills or {})
+        self.links = {f"worker-{i + 1}": (links or [0.0] * n)[i] for i in range(n)}
         unknown = set(self.kills) - set(self.slowdowns)
         if unknown:
             raise ValueError(f"--kill names {sorted(unknown)}; the workers are {sorted(self.slowdowns)}")
@@ -88,6 +90,8 @@ class LocalWorkers:
         extra: tuple[str, ...] = ()
         if inject and device in self.kills:
             extra = ("--die-at-backward", str(self.kills[device]))
+        if self.links.get(device):
+            extra = (*extra, "--link-mbps", str(self.links[device]))
         cmd = worker_command(device, self.broker, self.cluster, self.slowdowns[device], extra=extra)
         self.procs[device] = proc = subprocess.Popen(cmd, env=self.env)
         return proc
@@ -124,9 +128,15 @@ class LocalWorkers:
 
 @contextlib.contextmanager
 def local_workers(
-    n: int, broker: str, cluster: str, slowdowns: list[float], *, kills: dict[str, int] | None = None
+    n: int,
+    broker: str,
+    cluster: str,
+    slowdowns: list[float],
+    *,
+    kills: dict[str, int] | None = None,
+    links: list[float] | None = None,
 ) -> Iterator[LocalWorkers]:
-    workers = LocalWorkers(n, broker, cluster, slowdowns, kills=kills)
+    workers = LocalWorkers(n, broker, cluster, slowdowns, kills=kills, links=links)
     try:
         yield workers.start_all()
     finally:
@@ -160,19 +170,29 @@ def run_demo(
     show_progress: bool = True,
     kills: dict[str, int] | None = None,
     on_progress: ProgressHook | None = None,
+    links: list[float] | None = None,
 ) -> RunReport:
     """Run a whole training job on this machine and return its report."""
     if slowdowns and len(slowdowns) != workers + 1:
         raise ValueError(f"--slowdowns needs {workers + 1} factors (central first), got {len(slowdowns)}")
     factors = slowdowns or [1.0] * (workers + 1)
+    if links and len(links) not in (1, workers + 1):
+        raise ValueError(f"--link-mbps needs 1 or {workers + 1} values (central first), got {len(links)}")
+    rates = (links * (workers + 1) if len(links) == 1 else links) if links else [0.0] * (workers + 1)
     cluster = config.cluster if config.cluster != "default" else f"demo-{uuid.uuid4().hex[:6]}"
     embedded = None if broker else EmbeddedBroker().start()
     url = broker or (embedded.url if embedded else "")
     config = config.model_copy(
-        update={"broker": url, "cluster": cluster, "workers": workers, "slowdown": factors[0]}
+        update={
+            "broker": url,
+            "cluster": cluster,
+            "workers": workers,
+            "slowdown": factors[0],
+            "link_mbps": rates[0],
+        }
     )
     try:
-        with local_workers(workers, url, cluster, factors[1:], kills=kills):
+        with local_workers(workers, url, cluster, factors[1:], kills=kills, links=rates[1:]):
             if show_progress and config.progress:
                 columns = (
                     TextColumn("{task.description}"),

@@ -268,18 +268,23 @@ class LinkProbes:
         return elapsed
 
     def measure(
-        self, target: str, *, rounds: int = 5, big: int = 1024 * 1024, small: int = 64, timeout: float = 10.0
+        self, target: str, *, rounds: int = 5, small: int = 64, timeout: float = 30.0
     ) -> tuple[float, float]:
         """Return ``(bandwidth bytes/s, latency s)`` of the path to ``target``.
 
         The fastest of ``rounds`` round trips of each size is used: queueing behind other traffic only
-        ever adds time. The big probe is large enough (1 MiB, two chunks) that its transfer time stands
-        well above loopback jitter.
+        ever adds time. The big probe is 64 KiB when that already takes 20 ms more than a tiny one (a
+        slow link: no need to send more), else 1 MiB, so that its transfer time stands well above
+        loopback jitter.
         """
         self.watch(target)
         self._round_trip(target, small, timeout)  # warm-up: connection and subscription paths
+        big = 64 * 1024
+        trial = self._round_trip(target, big, timeout) - self._round_trip(target, small, timeout)
+        if trial < 0.02:
+            big = 1024 * 1024
         smalls, bigs = [], []
-        for _ in range(rounds):
+        for _ in range(rounds if big > 64 * 1024 else min(rounds, 3)):
             smalls.append(self._round_trip(target, small, timeout))
             bigs.append(self._round_trip(target, big, timeout))
         rtt_small, rtt_big = min(smalls), min(bigs)

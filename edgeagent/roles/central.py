@@ -160,7 +160,12 @@ class Central(Role):
         self._owns_transport = transport is None
         if transport is None:
             will = Role.offline_will_for(topics, config.device_id)
-            transport = MqttTransport(config.broker, f"ea-{config.cluster}-{config.device_id}", will=will)
+            transport = MqttTransport(
+                config.broker,
+                f"ea-{config.cluster}-{config.device_id}",
+                will=will,
+                link_mbps=config.link_mbps,
+            )
         super().__init__(transport, topics, config.device_id)
         self._resume = load_checkpoint(config.resume) if config.resume else None
         if self._resume is not None:

@@ -96,7 +96,12 @@ class Worker(Role):
         self._owns_transport = transport is None
         if transport is None:
             will = Role.offline_will_for(topics, config.device_id)
-            transport = MqttTransport(config.broker, f"ea-{config.cluster}-{config.device_id}", will=will)
+            transport = MqttTransport(
+                config.broker,
+                f"ea-{config.cluster}-{config.device_id}",
+                will=will,
+                link_mbps=config.link_mbps,
+            )
         super().__init__(transport, topics, config.device_id)
         self.run_state: _Run | None = None
         self.completed_runs = 0

@@ -8,6 +8,7 @@ import random
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -62,6 +63,32 @@ class BrokerUrl:
         return f"{self.scheme}://{user}{self.host}:{self.port}"
 
 
+class LinkThrottle:
+    """Emulates a slow uplink: each frame occupies the link for ``bytes / rate`` seconds, one after another.
+
+    The sender blocks until its frame has "left", as it would on a saturated real link; frames from
+    several threads queue behind each other.
+    """
+
+    def __init__(self, megabits_per_second: float) -> None:
+        if megabits_per_second <= 0:
+            raise ConfigError(f"link rate must be > 0 Mbit/s, got {megabits_per_second}")
+        self.bytes_per_second = megabits_per_second * 1e6 / 8
+        self._next_free = 0.0
+        self._lock = threading.Lock()
+        self.sent_bytes = 0
+
+    def wait(self, nbytes: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_free)
+            self._next_free = start + nbytes / self.bytes_per_second
+            delay = self._next_free - now
+            self.sent_bytes += nbytes
+        if delay > 0:
+            time.sleep(delay)
+
+
 @dataclass(frozen=True)
 class TlsOptions:
     ca_file: str | None = None
@@ -83,6 +110,7 @@ class MqttTransport(Transport):
         max_message: int = 256 * 1024 * 1024,
         tls: TlsOptions | None = None,
         max_backoff: float = 5.0,
+        link_mbps: float = 0.0,
     ) -> None:
         super().__init__(client_id)
         self.url = url if isinstance(url, BrokerUrl) else BrokerUrl.parse(url)
@@ -94,6 +122,7 @@ class MqttTransport(Transport):
         self._is_connected = threading.Event()
         self._closed = False
         self.dropped = 0  # payloads dropped as malformed or oversized, for tests and metrics
+        self.throttle = LinkThrottle(link_mbps) if link_mbps > 0 else None
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=True
         )
@@ -137,6 +166,8 @@ class MqttTransport(Transport):
                 f"retained payload to {topic} is {len(payload)} bytes; limit {self.chunk_size}"
             )
         for frame in split_payload(payload, self.chunk_size):
+            if self.throttle is not None:
+                self.throttle.wait(len(frame))
             info = self._client.publish(topic, frame, qos=qos, retain=retain)
             if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
                 log.warning("publish to %s failed: %s", topic, mqtt.error_string(info.rc))
