@@ -78,6 +78,11 @@ def train_options(f: F) -> F:
             help="DEVICE@BATCH=F: from that batch on, DEVICE emulates an F-times slower device.",
         ),
         click.option(
+            "--compression",
+            type=click.Choice(["none", "2", "3", "4", "adaptive", "auto"]),
+            help="AccEPT compression: k-bit activations, 8-bit gradients; adaptive; auto (from the links).",
+        ),
+        click.option(
             "--recovery",
             type=click.Choice(["ftpipehd", "respipe"]),
             help="ftpipehd: re-split over the survivors (default); respipe: the next worker takes over.",
@@ -110,6 +115,7 @@ _TRAIN_KEYS = (
     "init_weights",
 )
 _CENTRAL_KEYS = (
+    "compression",
     "recovery",
     "chain_every",
     "global_every",

@@ -77,6 +77,9 @@ class CentralConfig(_Frozen):
     replicas: int = Field(1, ge=1, description="chain successors that hold a replica (ResPipe's z)")
     checkpoint: str | None = None  # write the central node's checkpoint here at every global replication
     resume: str | None = None  # continue the run of this checkpoint (after the central node failed)
+    # AccEPT compression of activations and gradients (papers/004 Sec. 3.3-3.4): none; 2, 3 or 4 bits
+    # forward with 8-bit gradients; adaptive (the paper's schedule); auto (bits from measured links).
+    compression: Literal["none", "2", "3", "4", "adaptive", "auto"] = "none"
     # Emulation changes during the run, "DEVICE@BATCH=SLOWDOWN", e.g. "worker-2@300=5".
     slowdown_changes: list[str] = Field(default_factory=list)
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -183,6 +183,9 @@ class Activation(Message):
     mode: str  # "train" | "eval"
     x: torch.Tensor
     y: torch.Tensor  # labels travel with the batch so the last stage can compute the loss
+    # When the link compresses activations: ``x`` is empty and this is the codec's payload
+    # (``edgeagent.compression.to_wire``: codec id, shape, dtype, parameters, packed bytes).
+    xc: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +202,7 @@ class Gradient(Message):
     correct: int = 0  # training predictions that were right (for training accuracy)
     # Average compute seconds per batch of each stage from this one to the last (capacity estimation).
     stage_times: list[float] = dataclasses.field(default_factory=list)
+    gc: dict[str, Any] | None = None  # compressed ``g`` (see Activation.xc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +230,16 @@ class Command(Message):
     name: str
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    COMMANDS: ClassVar[tuple[str, ...]] = ("start", "stop", "collect", "reset", "probe", "emulate", "ping")
+    COMMANDS: ClassVar[tuple[str, ...]] = (
+        "start",
+        "stop",
+        "collect",
+        "reset",
+        "probe",
+        "emulate",
+        "ping",
+        "compression",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

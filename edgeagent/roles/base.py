@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -124,6 +125,7 @@ class Role:
         mode: str,
         x: torch.Tensor,
         y: torch.Tensor,
+        xc: dict[str, Any] | None = None,
     ) -> None:
         """Stage ``stage``'s output for one batch, on that stage's activation topic."""
         msg = Activation(
@@ -135,6 +137,7 @@ class Role:
             mode=mode,
             x=x,
             y=y,
+            xc=xc,
         )
         self.send(self.topics.activations(stage), msg)
 

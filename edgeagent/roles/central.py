@@ -12,6 +12,7 @@ pipeline drains and every device fetches the layers it lacks before a commit bar
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from edgeagent.compression import BitSchedule, CompressionError, auto_bits
 from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batch_indices, batches_per_epoch, load_dataset
 from edgeagent.errors import EdgeAgentError, TrainingError
@@ -58,6 +60,7 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
+from edgeagent.roles.codecs import NONE, StageCodecs, restore
 from edgeagent.roles.replicas import WeightStore
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.roles.worker import STAGE_TIME_WINDOW
@@ -92,6 +95,8 @@ class RunReport:
     in_flight: int = 0
     aggregation: bool = True
     links: list[dict[str, float]] = field(default_factory=list)
+    compression: str = "none"
+    compression_ratio: float = 1.0  # raw / sent bytes of stage 0's activations
     layer_profile: dict[str, Any] = field(default_factory=dict)
     timeline: list[dict[str, float]] = field(default_factory=list)
 
@@ -216,6 +221,9 @@ class Central(Role):
         self._own_recent: deque[float] = deque(maxlen=STAGE_TIME_WINDOW)  # stage 0's latest batch times
         self._own_step = 0.0
         self._plan_job: Future[Plan] | None = None
+        self.codecs = StageCodecs()
+        self._per_epoch = 0
+        self._bits: tuple[list[int], list[int]] | None = None
         self._joiners: list[str] = []
         self._switch: Switch | None = None
         self._stage: Stage | None = None
@@ -247,6 +255,7 @@ class Central(Role):
                 tuple(sorted(self.train.model_options.items())),
             )
             self._spec = spec
+            self._per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
             self.worker_list = [self.device_id, *self._discover(self.config.workers)]
             self._profile = profile = self._profile_layers(spec, data)
             self.points = balanced_partition(profile.seconds, len(self.worker_list))
@@ -276,6 +285,7 @@ class Central(Role):
             self._stage = self._setup(spec)
             self.links = self._measure_links()
             report.links = [{"bandwidth": lk.bandwidth, "latency": lk.latency} for lk in self.links]
+            self._apply_compression(epoch=self._start_version // max(1, self._per_epoch))
             self._record_partition(
                 report,
                 self._start_version,
@@ -394,7 +404,7 @@ class Central(Role):
                 status=status,
                 learning_rate=self.train.learning_rate,
                 epochs=self.train.epochs,
-                batches_per_epoch=0,
+                batches_per_epoch=self._per_epoch,
                 momentum=self.train.momentum,
                 weight_decay=self.train.weight_decay,
                 in_flight=self._bound(),
@@ -553,7 +563,19 @@ class Central(Role):
             links=tuple(self.links if links is None else links),
             param_bytes=params,
             in_flight=self.train.in_flight or len(devices),
+            activation_factor=self._comm_factor(len(devices)),
         )
+
+    def _comm_factor(self, n: int) -> float:
+        """Compressed / raw bytes on the links (AccEPT eq. 9-10: the DP sees compressed sizes).
+
+        Each link carries activations one way and gradients the other: the mean of the two ratios.
+        """
+        if self._bits is None or n < 2 or len(self._bits[0]) != n:
+            return 1.0
+        forward, backward = self._bits
+        shares = [(min(forward[k], NONE) + min(backward[k + 1], NONE)) / (2 * NONE) for k in range(n - 1)]
+        return sum(shares) / len(shares)
 
     def _param_bytes(self) -> tuple[int, ...]:
         assert self._spec is not None
@@ -704,6 +726,8 @@ class Central(Role):
         self._wait_ready(order.plan_id, "built", set(new_list[1:]))
         self._stage_times = []
         self._own_recent.clear()
+        self._bits = None  # a new split: tell every stage its codecs again
+        self._apply_compression(epoch=version // max(1, self._per_epoch))
         self._event("partition", points=points, batch=version, plan_id=self.plan_id, workers=new_list)
 
     def _record_partition(
@@ -851,6 +875,7 @@ class Central(Role):
                         # window pairs each backward with the latest forward, which averages the same.
                         self._own_step = emulate_slowdown(started, self.config.slowdown, self.times)
                         if not stage.is_last:
+                            sent, packed = self.codecs.activation(out, epoch=next_f // per_epoch)
                             self.send_activation(
                                 run_id=self.run_id,
                                 plan_id=self.plan_id,
@@ -858,8 +883,9 @@ class Central(Role):
                                 batch_id=next_f,
                                 version=version,
                                 mode="train",
-                                x=out,
+                                x=sent,
                                 y=y,
+                                xc=packed,
                             )
                             self._sent_at[next_f] = time.monotonic()
                         next_f += 1
@@ -883,6 +909,8 @@ class Central(Role):
             t["idle"],
         )
         report.batches = committed_b + 1
+        report.compression = self.config.compression
+        report.compression_ratio = self.codecs.ratio
         report.epochs = len(report.test_accuracy_per_epoch)
         report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
         if report.test_accuracy_per_epoch:
@@ -907,8 +935,64 @@ class Central(Role):
         report.test_loss_per_epoch.append(test_loss)
         report.train_loss_per_epoch.append(sum(tail) / max(1, len(tail)))
         log.info("epoch %d: test accuracy %.2f%%, test loss %.4f", epoch, 100 * acc, test_loss)
+        if self.codecs.sent_bytes:
+            log.info(
+                "stage 0 sent %.1f MB for %.1f MB of tensors (ratio %.1f)",
+                self.codecs.sent_bytes / 1e6,
+                self.codecs.raw_bytes / 1e6,
+                self.codecs.ratio,
+            )
+        self._apply_compression(epoch=epoch + 1)
         self._event("epoch", epoch=epoch, accuracy=acc, loss=test_loss, batch=committed_b)
         self._notify(epoch=epoch, accuracy=acc)
+
+    def _compression_bits(self, epoch: int) -> tuple[list[int], list[int]]:
+        """Bit widths per stage (forward: its activations; backward: its gradients); 32 = none."""
+        n = len(self.worker_list)
+        mode = self.config.compression
+        if mode == "none" or n < 2:
+            return [NONE] * n, [NONE] * n
+        if mode in ("2", "3", "4"):
+            return [int(mode)] * n, [8] * n
+        if mode == "adaptive":
+            # The paper raises the forward bits at every learning-rate change and lowers the gradient
+            # bits at the first; with our constant learning rate the steps fall at thirds of the run.
+            e = self.train.epochs
+            schedule = BitSchedule(
+                forward=(2, 3, 4), forward_epochs=(max(1, e // 3), max(2, 2 * e // 3)), backward=(8,)
+            )
+            return [schedule.forward_bits(epoch)] * n, [schedule.backward_bits(epoch)] * n
+        # auto: per link, the widest bits whose transfer hides behind the pipeline's step time.
+        assert self._profile is not None
+        caps = self._measured_capacities() or [1.0] * n
+        step = predict(self._problem(caps), self.points)
+        forward, backward = [NONE] * n, [NONE] * n
+        for k, link in enumerate(self.links):
+            size = self._profile.output_bytes[self.points[k + 1] - 1]
+            bits = auto_bits(link.bandwidth, size, step)
+            forward[k] = bits
+            backward[k + 1] = NONE if bits >= NONE else 8
+        return forward, backward
+
+    def _apply_compression(self, epoch: int) -> None:
+        """Tell every stage its codecs when they change (start, epoch, new split, new links)."""
+        bits = self._compression_bits(epoch)
+        if bits == self._bits:
+            return
+        self._bits = bits
+        forward, backward = bits
+        self.codecs.set_bits(forward[0], backward[0])
+        if len(self.worker_list) > 1:
+            self.send(
+                self.topics.fixed(Family.COMMAND),
+                Command(
+                    run_id=self.run_id, name="compression", args={"forward": forward, "backward": backward}
+                ),
+            )
+        log.info(
+            "compression %s: forward bits %s, backward bits %s", self.config.compression, forward, backward
+        )
+        self._event("compression", forward=forward, backward=backward, epoch=epoch)
 
     def _emulate(self, device: str, factor: float, batch: int) -> None:
         log.info("batch %d: %s now emulates a %.1fx slower device", batch, device, factor)
@@ -1119,6 +1203,12 @@ class Central(Role):
         msg = item.message
         if isinstance(msg, Gradient):
             if msg.run_id == self.run_id and msg.plan_id == self.plan_id:
+                if msg.gc is not None:
+                    try:
+                        msg = dataclasses.replace(msg, g=restore(msg.g, msg.gc), gc=None)
+                    except CompressionError as exc:
+                        log.error("gradient of batch %d from stage 1 dropped: %s", msg.batch_id, exc)
+                        return
                 self._gradients[msg.batch_id] = msg
         elif isinstance(msg, EvalResult):
             if msg.run_id == self.run_id and msg.plan_id == self.plan_id:
@@ -1209,6 +1299,7 @@ class Central(Role):
             started = Clock()
             out = stage.evaluate(x)
             emulate_slowdown(started, self.config.slowdown, self.times)
+            sent, packed = self.codecs.activation(out, epoch=0, train=False)
             self.send_activation(
                 run_id=self.run_id,
                 plan_id=self.plan_id,
@@ -1216,8 +1307,9 @@ class Central(Role):
                 batch_id=eid,
                 version=0,
                 mode="eval",
-                x=out,
+                x=sent,
                 y=y,
+                xc=packed,
             )
         while len(self._results) < len(chunks):
             if time.monotonic() > deadline:

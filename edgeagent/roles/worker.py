@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from edgeagent import __version__
+from edgeagent.compression import CompressionError
 from edgeagent.config import WorkerConfig
 from edgeagent.errors import EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec
@@ -36,6 +38,7 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
+from edgeagent.roles.codecs import StageCodecs, restore
 from edgeagent.roles.replicas import WeightStore, replica_message
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.transport.base import Transport
@@ -75,6 +78,8 @@ class _Run:
     chain_every: int = 50
     global_every: int = 100
     replicas: int = 1
+    batches_per_epoch: int = 0
+    codecs: StageCodecs = field(default_factory=StageCodecs)
 
     @property
     def num_stages(self) -> int:
@@ -192,6 +197,12 @@ class Worker(Role):
         if isinstance(msg, Activation):
             if run is None or not run.matches(msg.run_id, msg.plan_id):
                 return  # a stale batch from an earlier run or plan
+            if msg.xc is not None:
+                try:
+                    msg = dataclasses.replace(msg, x=restore(msg.x, msg.xc), xc=None)
+                except CompressionError as exc:
+                    self._report_error("compression", f"activation of batch {msg.batch_id} dropped: {exc}")
+                    return
             if msg.stage != run.index - 1:
                 log.warning(
                     "%s: activation from stage %d, expected %d; dropped",
@@ -204,8 +215,16 @@ class Worker(Role):
             elif msg.batch_id >= run.next_forward:  # below: a duplicate delivery (QoS 1)
                 run.forwards[msg.batch_id] = msg
         elif isinstance(msg, Gradient):
-            if run is not None and run.matches(msg.run_id, msg.plan_id) and msg.batch_id >= run.next_backward:
-                run.backwards[msg.batch_id] = msg
+            if run is None or not run.matches(msg.run_id, msg.plan_id) or msg.batch_id < run.next_backward:
+                return
+            if msg.gc is not None:
+                try:
+                    msg = dataclasses.replace(msg, g=restore(msg.g, msg.gc), gc=None)
+                except CompressionError as exc:
+                    self._report_error("compression", f"gradient of batch {msg.batch_id} dropped: {exc}")
+                    return
+            run.backwards[msg.batch_id] = msg
+
         elif isinstance(msg, Assign):
             self._assign(msg)
         elif isinstance(msg, Repartition):
@@ -279,6 +298,7 @@ class Worker(Role):
             chain_every=msg.chain_every,
             global_every=msg.global_every,
             replicas=msg.replicas,
+            batches_per_epoch=msg.batches_per_epoch,
         )
         self.run_state = run
         self._subscribe_stage(run)
@@ -441,6 +461,18 @@ class Worker(Role):
             return
         if msg.name == "collect":
             self._send_weights(run, purpose="collect")
+        elif msg.name == "compression":
+            forward, backward = msg.args.get("forward"), msg.args.get("backward")
+            if not (
+                isinstance(forward, list)
+                and isinstance(backward, list)
+                and len(forward) == len(backward) == run.num_stages
+            ):
+                self._report_error(
+                    "command", f"compression needs forward and backward bits per stage: {msg.args}"
+                )
+                return
+            run.codecs.set_bits(int(forward[run.index]), int(backward[run.index]))
         elif msg.name == "ping":
             self.send(
                 self.topics.device(Family.REPLY, self.device_id),
@@ -528,6 +560,7 @@ class Worker(Role):
             self._send_gradient(run, msg.batch_id, result.grad_input, result.loss, result.correct, [])
             return
         run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
+        x, xc = run.codecs.activation(out, epoch=msg.batch_id // max(1, run.batches_per_epoch))
         self.send_activation(
             run_id=msg.run_id,
             plan_id=msg.plan_id,
@@ -535,8 +568,9 @@ class Worker(Role):
             batch_id=msg.batch_id,
             version=version,
             mode="train",
-            x=out,
+            x=x,
             y=msg.y,
+            xc=xc,
         )
 
     def _backward(self, run: _Run, msg: Gradient) -> None:
@@ -591,6 +625,7 @@ class Worker(Role):
         if grad is None:
             raise TrainingError(f"stage {run.index} produced no input gradient for batch {batch_id}")
         # The average time per batch rides with the gradients to the central node (Sec. III-D).
+        g_sent, gc = run.codecs.gradient(grad)
         per_batch = sum(run.recent) / max(1, len(run.recent))
         self.send(
             self.topics.gradients(run.index),
@@ -599,7 +634,8 @@ class Worker(Role):
                 plan_id=run.plan_id,
                 stage=run.index,
                 batch_id=batch_id,
-                g=grad,
+                g=g_sent,
+                gc=gc,
                 loss=loss,
                 correct=correct,
                 stage_times=[per_batch, *downstream],
@@ -625,6 +661,7 @@ class Worker(Role):
                 ),
             )
         else:
+            x, xc = run.codecs.activation(out, epoch=0, train=False)
             self.send_activation(
                 run_id=msg.run_id,
                 plan_id=msg.plan_id,
@@ -632,8 +669,9 @@ class Worker(Role):
                 batch_id=msg.batch_id,
                 version=msg.version,
                 mode="eval",
-                x=out,
+                x=x,
                 y=msg.y,
+                xc=xc,
             )
 
 

@@ -158,3 +158,12 @@ def test_garbage_on_live_topics_is_dropped_and_the_run_completes(amqtt_url: str,
     assert sent[0] > 100
     assert report.epochs == 2
     assert report.final_accuracy > 0.5
+
+
+def test_compressed_run_learns_and_sends_a_sixteenth(amqtt_url: str, cluster: str) -> None:
+    """2-bit activations and 8-bit gradients over a real broker: the run learns and stage 0 sends ~1/16."""
+    config = CentralConfig(cluster=cluster, train=TrainConfig(epochs=3), progress=False, compression="2")
+    report = run_demo(config, workers=2, slowdowns=[], broker=amqtt_url, show_progress=False)
+    assert report.compression == "2"
+    assert report.compression_ratio == pytest.approx(16, rel=0.05)
+    assert report.final_accuracy > 0.6
