@@ -35,7 +35,7 @@ from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import admit
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.capacity import capacities
-from edgeagent.planner.dp import Link, Problem, predict, repartition_gain, solve
+from edgeagent.planner.dp import Link, Problem, compute_time, predict, repartition_gain, solve
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.planner.profiler import LayerProfile, profile_layers
 from edgeagent.planner.recovery import choose_recovery_point, new_worker_list, respipe_points
@@ -965,7 +965,10 @@ class Central(Role):
         # auto: per link, the widest bits whose transfer hides behind the pipeline's step time.
         assert self._profile is not None
         caps = self._measured_capacities() or [1.0] * n
-        step = predict(self._problem(caps), self.points)
+        problem = self._problem(caps)
+        # The compute a transfer can hide behind: the slowest stage's (not the predicted step, which
+        # already contains the slow link itself).
+        step = max(compute_time(problem, k, self.points[k], self.points[k + 1]) for k in range(n))
         forward, backward = [NONE] * n, [NONE] * n
         for k, link in enumerate(self.links):
             size = self._profile.output_bytes[self.points[k + 1] - 1]
