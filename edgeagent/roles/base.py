@@ -83,10 +83,10 @@ class Role:
             self.dropped += 1
             log.warning("%s dropped a %d-byte message on %s: %s", self.device_id, len(payload), topic, exc)
             return
-        self.on_arrival(message)
+        self.on_arrival(sender, message)
         self.inbox.put(Inbound(info, sender, message))
 
-    def on_arrival(self, message: Message) -> None:
+    def on_arrival(self, sender: str, message: Message) -> None:
         """Called on the network thread for every well-formed message, before it is queued.
 
         Liveness must not depend on how busy the role's own thread is: a heartbeat that waits in the

@@ -1025,7 +1025,7 @@ class Central(Role):
         if now < self._grace_until:
             for w in self.workers.values():
                 w.last_heartbeat = max(w.last_heartbeat, now - self.config.heartbeat_interval)
-        limit = 3 * self.config.heartbeat_interval
+        limit = 3 * self.config.heartbeat_interval + self._transfer_slack()
         for w in self.workers.values():
             if w.online and now - w.last_heartbeat > limit:
                 w.online = False
@@ -1037,6 +1037,14 @@ class Central(Role):
         if dead or late:
             reason = f"worker(s) {dead} stopped" if dead else f"gradients of batch {late[0]} are late"
             raise _Fault(dead, reason)
+
+    def _transfer_slack(self) -> float:
+        """How long the largest activation can hold a heartbeat up on the slowest measured link."""
+        if not self.links or self._profile is None:
+            return 0.0
+        slowest = min(lk.bandwidth for lk in self.links)
+        # output_bytes were profiled on one training batch: the size of a real activation message.
+        return 2 * max(self._profile.output_bytes) / slowest
 
     # -- fault tolerance (Sec. III-F) ----------------------------------------------------------
 
@@ -1264,17 +1272,20 @@ class Central(Role):
         elif isinstance(msg, ErrorReport):
             log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
 
-    def on_arrival(self, message: Message) -> None:
-        # Network thread: liveness is stamped on arrival (see Role.on_arrival).
-        if isinstance(message, Heartbeat):
-            w = self.workers.get(message.device_id)
-            if w is not None:
-                w.last_heartbeat = time.monotonic()
-                w.online = True
-        elif isinstance(message, Status) and message.state == "offline":
-            w = self.workers.get(message.device_id)
+    def on_arrival(self, sender: str, message: Message) -> None:
+        # Network thread: liveness is stamped on arrival (see Role.on_arrival). Any message from a
+        # worker is a sign of life, not only heartbeats: on a saturated slow uplink its heartbeats
+        # wait behind the activations in the same TCP stream.
+        w = self.workers.get(sender)
+        if isinstance(message, Status) and message.state == "offline":
             if w is not None:
                 w.online = False
+            return
+        if w is not None and (
+            isinstance(message, Heartbeat) or getattr(message, "run_id", None) == self.run_id
+        ):
+            w.last_heartbeat = time.monotonic()
+            w.online = True
 
     def _notify(self, **values: Any) -> None:
         if self.progress is not None:
