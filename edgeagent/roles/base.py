@@ -151,6 +151,18 @@ class Role:
         self.send(self.topics.device(Family.STATUS, self.device_id), self._status, retain=True)
 
     @staticmethod
+    def mqtt_transport(topics: Topics, device_id: str, broker: str, *, link_mbps: float = 0.0) -> Transport:
+        """The transport a role uses by default: MQTT, with its ``offline`` last will registered."""
+        from edgeagent.transport.mqtt import MqttTransport
+
+        return MqttTransport(
+            broker,
+            f"ea-{topics.cluster}-{device_id}",
+            will=Role.offline_will_for(topics, device_id),
+            link_mbps=link_mbps,
+        )
+
+    @staticmethod
     def offline_will_for(topics: Topics, device_id: str) -> tuple[str, bytes]:
         """The last will: a retained ``offline`` status."""
         status = Status(device_id=device_id, state="offline")

@@ -65,7 +65,6 @@ from edgeagent.roles.replicas import WeightStore
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.roles.worker import STAGE_TIME_WINDOW
 from edgeagent.transport.base import Transport
-from edgeagent.transport.mqtt import MqttTransport
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +163,8 @@ class Central(Role):
         topics = Topics(config.cluster)
         self._owns_transport = transport is None
         if transport is None:
-            will = Role.offline_will_for(topics, config.device_id)
-            transport = MqttTransport(
-                config.broker,
-                f"ea-{config.cluster}-{config.device_id}",
-                will=will,
-                link_mbps=config.link_mbps,
+            transport = Role.mqtt_transport(
+                topics, config.device_id, config.broker, link_mbps=config.link_mbps
             )
         super().__init__(transport, topics, config.device_id)
         self._resume = load_checkpoint(config.resume) if config.resume else None

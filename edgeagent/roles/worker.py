@@ -42,7 +42,6 @@ from edgeagent.roles.codecs import StageCodecs, restore
 from edgeagent.roles.replicas import WeightStore, replica_message
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.transport.base import Transport
-from edgeagent.transport.mqtt import MqttTransport
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +99,8 @@ class Worker(Role):
         self.slowdown = config.slowdown
         self._owns_transport = transport is None
         if transport is None:
-            will = Role.offline_will_for(topics, config.device_id)
-            transport = MqttTransport(
-                config.broker,
-                f"ea-{config.cluster}-{config.device_id}",
-                will=will,
-                link_mbps=config.link_mbps,
+            transport = Role.mqtt_transport(
+                topics, config.device_id, config.broker, link_mbps=config.link_mbps
             )
         super().__init__(transport, topics, config.device_id)
         self.run_state: _Run | None = None
