@@ -25,3 +25,7 @@ def setup_logging(level: str = "INFO", *, device: str = "") -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     # amqtt logs every client disconnect as an error with a traceback; a dropped device is normal here.
     logging.getLogger("amqtt.broker").setLevel(logging.CRITICAL)
+    # A heartbeat that waits behind a large message on a slow link makes APScheduler skip the next
+    # one and warn; the central node allows for that (see Central._transfer_slack).
+    logging.getLogger("apscheduler.executors.default").setLevel(logging.ERROR)
+    logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
