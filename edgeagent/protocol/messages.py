@@ -231,10 +231,8 @@ class Command(Message):
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     COMMANDS: ClassVar[tuple[str, ...]] = (
-        "start",
         "stop",
         "collect",
-        "reset",
         "probe",
         "emulate",
         "ping",
