@@ -56,6 +56,7 @@ class CentralConfig(_Frozen):
     slowdown: float = Field(1.0, ge=1.0)
     link_mbps: float = Field(0.0, ge=0, description="emulated uplink of the central node; 0: real link")
     heartbeat_interval: float = Field(1.0, gt=0)
+    metrics_interval: float = Field(1.0, ge=0, description="seconds between metrics messages; 0: none")
     startup_timeout: float = Field(60.0, gt=0)
     # A batch whose gradients have not come back after this long is a fault (Sec. III-F's timer).
     batch_timeout: float = Field(10.0, gt=0)
@@ -107,6 +108,7 @@ class WorkerConfig(_Frozen):
     threads: int = Field(1, ge=1)
     slowdown: float = Field(1.0, ge=1.0)
     heartbeat_interval: float = Field(1.0, gt=0)
+    metrics_interval: float = Field(1.0, ge=0, description="seconds between metrics messages; 0: none")
     # Memory this device may use for its stage (weights, stashed versions, activations); 0 = no limit.
     memory_limit_mb: float = Field(0.0, ge=0)
     # Emulated uplink in Mbit/s (everything this device sends); 0 = the real link only.

@@ -149,6 +149,7 @@ class Assign(Message):
     chain_every: int = 50
     global_every: int = 100
     replicas: int = 1
+    metrics_interval: float = 1.0  # seconds between metrics messages of every device of the run
 
 
 @dataclasses.dataclass(frozen=True)

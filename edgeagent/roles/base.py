@@ -14,7 +14,7 @@ import torch
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from edgeagent.errors import ProtocolError, TrainingError
-from edgeagent.protocol.messages import Activation, Heartbeat, Message, Probe, Status, decode, encode
+from edgeagent.protocol.messages import Activation, Heartbeat, Message, Metrics, Probe, Status, decode, encode
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.transport.base import Transport
 
@@ -66,6 +66,7 @@ class Role:
         self.heartbeat_interval = 1.0
         self._status = Status(device_id=device_id, state="online")
         self.times = TimeAccount()
+        self._metrics_snapshot: Callable[[], dict[str, Any] | None] | None = None
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -178,6 +179,39 @@ class Role:
         )
         self._scheduler.start()
         self.transport.on_connect(self._republish_status)
+
+    def start_metrics(self, interval: float, snapshot: Callable[[], dict[str, Any] | None]) -> None:
+        """Publish ``snapshot()`` on this device's metrics topic every ``interval`` seconds (JSON)."""
+        if self._scheduler is None or interval <= 0:
+            return
+
+        self._metrics_snapshot = snapshot
+        self._scheduler.add_job(
+            self.publish_metrics,
+            "interval",
+            seconds=interval,
+            id="metrics",
+            max_instances=1,
+            coalesce=True,
+            replace_existing=True,
+        )
+
+    def publish_metrics(self) -> None:
+        """Publish the metrics snapshot now (also called at the end of a run: the final figures)."""
+        if self._metrics_snapshot is None:
+            return
+        values = self._metrics_snapshot()
+        if values is None or not self.transport.connected:
+            return
+        msg = Metrics(device_id=self.device_id, values=values, run_id=self._status.run_id)
+        try:
+            self.send(self.topics.device(Family.METRICS, self.device_id), msg, qos=0)
+        except ProtocolError as exc:  # e.g. a NaN loss: say so, keep publishing
+            log.warning("%s: metrics not sent: %s", self.device_id, exc)
+
+    def set_metrics_interval(self, interval: float) -> None:
+        if self._scheduler is not None and interval > 0 and self._scheduler.get_job("metrics") is not None:
+            self._scheduler.reschedule_job("metrics", trigger="interval", seconds=interval)
 
     def set_heartbeat_interval(self, interval: float) -> None:
         self.heartbeat_interval = interval

@@ -239,6 +239,7 @@ class Central(Role):
             )
         self.set_status("training", run_id=self.run_id, stage=0)
         self.start_heartbeats(self.config.heartbeat_interval)
+        self.start_metrics(self.config.metrics_interval, self._metrics)
         try:
             data = load_dataset(
                 self.train.dataset, seed=self.train.seed, test_fraction=self.train.test_fraction
@@ -305,6 +306,7 @@ class Central(Role):
         return self._stage
 
     def _finish(self) -> None:
+        self.publish_metrics()  # the final figures of this run
         if self.worker_list[1:]:
             self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="stop"))
         self.set_status("idle")
@@ -410,6 +412,7 @@ class Central(Role):
                 chain_every=self.config.chain_every,
                 global_every=self.config.global_every,
                 replicas=self.config.replicas,
+                metrics_interval=self.config.metrics_interval,
             ),
         )
 
@@ -912,6 +915,32 @@ class Central(Role):
             report.final_accuracy = report.test_accuracy_per_epoch[-1]
         elif total:
             report.final_accuracy, _ = self._evaluate(data)
+
+    def _metrics(self) -> dict[str, Any] | None:
+        """What the central node publishes on its metrics topic (docs/protocol.md)."""
+        report = self._report
+        if report is None or not self._train_started:
+            return None
+        t = self.times.summary()
+        last = report.timeline[-1] if report.timeline else None
+        done = len(report.timeline)
+        return {
+            "stage": 0,
+            "batches": done,
+            "samples_per_second": done * self.train.batch_size / max(1e-9, self._clock()),
+            "compute_s": round(t["compute"], 3),
+            "communication_s": round(t["communication"], 3),
+            "idle_s": round(t["idle"], 3),
+            "wall_s": round(t["wall"], 3),
+            "loss": last["loss"] if last else None,
+            "accuracy": report.test_accuracy_per_epoch[-1] if report.test_accuracy_per_epoch else None,
+            "points": list(self.points),
+            "workers": list(self.worker_list[1:]),
+            "status": self.status,
+            "compression_ratio": round(self.codecs.ratio, 3),
+            "slowdown": self.config.slowdown,
+            "link_mbps": self.config.link_mbps,
+        }
 
     def _clock(self) -> float:
         """Training seconds so far (evaluation excluded): the time axis of the report."""

@@ -9,6 +9,7 @@ import signal
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -69,6 +70,7 @@ class _Run:
     next_backward: int = 0
     last: Kind | None = None
     batches: int = 0  # backward passes done under this plan
+    samples: int = 0  # training samples through this stage in the run (all plans)
     # Emulated compute (forward + backward) of the latest batches: a moving window, so that the
     # capacity estimate follows a device that slows down (the paper reports "the average").
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=STAGE_TIME_WINDOW))
@@ -78,6 +80,7 @@ class _Run:
     global_every: int = 100
     replicas: int = 1
     batches_per_epoch: int = 0
+    batch_size: int = 0  # of the latest training batch here
     codecs: StageCodecs = field(default_factory=StageCodecs)
 
     @property
@@ -123,6 +126,7 @@ class Worker(Role):
             log.warning("%s: broker not reachable yet; still trying", self.device_id)
         self.set_status("idle")
         self.start_heartbeats(self.config.heartbeat_interval)
+        self.start_metrics(self.config.metrics_interval, self._metrics)
         self.announce()
         try:
             while not self._stopping:
@@ -296,6 +300,7 @@ class Worker(Role):
             batches_per_epoch=msg.batches_per_epoch,
         )
         self.run_state = run
+        self.set_metrics_interval(msg.metrics_interval)
         self._subscribe_stage(run)
         self.times.reset()
         self.set_status("training", run_id=msg.run_id, stage=index)
@@ -498,6 +503,7 @@ class Worker(Role):
                 t["communication"],
                 t["idle"],
             )
+            self.publish_metrics()  # the final figures of this run
             self._leave_run()
             if self.config.once:
                 self._stopping = True
@@ -542,6 +548,7 @@ class Worker(Role):
 
     def _forward(self, run: _Run, msg: Activation) -> None:
         run.next_forward = msg.batch_id + 1
+        run.batch_size = int(msg.y.shape[0])
         run.last = "F"
         started = Clock()
         stage = run.stage
@@ -578,6 +585,26 @@ class Worker(Role):
         self._batch_done(run, msg.batch_id)
         self._send_gradient(run, msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
 
+    def _metrics(self) -> dict[str, Any] | None:
+        """What this device publishes on its metrics topic (docs/protocol.md)."""
+        run = self.run_state
+        if run is None:
+            return None
+        t = self.times.summary()
+        return {
+            "stage": run.index,
+            "batches": run.batches,
+            "samples_per_second": run.samples / t["wall"] if t["wall"] > 0 else 0.0,
+            "compute_s": round(t["compute"], 3),
+            "communication_s": round(t["communication"], 3),
+            "idle_s": round(t["idle"], 3),
+            "wall_s": round(t["wall"], 3),
+            "compression_ratio": round(run.codecs.ratio, 3),
+            "slowdown": self.slowdown,
+            "link_mbps": self.config.link_mbps,
+            "layers": [run.points[run.index], run.points[run.index + 1]],
+        }
+
     def _fault_injection(self, batch_id: int) -> None:
         if self.config.die_at_backward == batch_id:
             log.warning(
@@ -588,6 +615,7 @@ class Worker(Role):
     def _batch_done(self, run: _Run, batch_id: int) -> None:
         """A batch's forward and backward are both done here: record its time; replicate at the points."""
         run.batches += 1
+        run.samples += run.batch_size
         run.recent.append(run.step_seconds)
         run.step_seconds = 0.0
         done = batch_id + 1
