@@ -303,6 +303,102 @@ def broker(host: str, port: int, password_file: str | None, log_level: str) -> N
         _fail(exc)
 
 
+@main.group()
+def profile() -> None:
+    """Device profiles (configs/devices/<id>.yaml), pushed from the central node as retained messages."""
+
+
+def _profile_transport(broker: str, cluster: str) -> tuple[Any, Any]:
+    from edgeagent.protocol.topics import Topics
+    from edgeagent.transport.mqtt import MqttTransport
+
+    transport = MqttTransport(broker, f"ea-profile-{os.getpid()}")
+    if not transport.wait_connected(10):
+        transport.close()
+        _fail(EdgeAgentError(f"no broker at {broker} within 10 s"))
+    return transport, Topics(cluster)
+
+
+_profile_options = [
+    click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True),
+    click.option("--cluster", default="default", show_default=True),
+    click.option(
+        "--dir", "directory", default="configs/devices", show_default=True, type=click.Path(file_okay=False)
+    ),
+]
+
+
+def profile_options(f: F) -> F:
+    for option in reversed(_profile_options):
+        f = option(f)
+    return f
+
+
+@profile.command("push")
+@profile_options
+@click.argument("ids", nargs=-1)
+def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...]) -> None:
+    """Validate the profiles (all of DIR, or the IDS) and push them to their devices."""
+    from edgeagent import profiles as profiles_module
+
+    try:
+        found = profiles_module.load_profiles(directory, list(ids) or None)
+    except EdgeAgentError as exc:
+        _fail(exc)
+        return
+    transport, topics = _profile_transport(broker, cluster)
+    try:
+        profiles_module.push(transport, topics, found)
+    finally:
+        transport.close()
+    for p in found:
+        console.print(f"pushed {p.id} (profile {p.digest()})")
+
+
+@profile.command("show")
+@profile_options
+@click.argument("device_id")
+def profile_show(broker: str, cluster: str, directory: str, device_id: str) -> None:
+    """Print the profile the broker holds for DEVICE_ID."""
+    from edgeagent import profiles as profiles_module
+
+    transport, topics = _profile_transport(broker, cluster)
+    try:
+        current = profiles_module.fetch(transport, topics, device_id)
+    finally:
+        transport.close()
+    if current is None:
+        console.print(f"no profile pushed for {device_id} on cluster {cluster}")
+        sys.exit(1)
+    console.print(f"# profile {current.digest()}\n{profiles_module.dump(current)}", highlight=False)
+
+
+@profile.command("diff")
+@profile_options
+@click.argument("device_id")
+def profile_diff(broker: str, cluster: str, directory: str, device_id: str) -> None:
+    """Compare DIR/DEVICE_ID.yaml with the profile the broker holds."""
+    import difflib
+
+    from edgeagent import profiles as profiles_module
+
+    try:
+        local = profiles_module.load_profile(Path(directory) / f"{device_id}.yaml")
+    except EdgeAgentError as exc:
+        _fail(exc)
+        return
+    transport, topics = _profile_transport(broker, cluster)
+    try:
+        current = profiles_module.fetch(transport, topics, device_id)
+    finally:
+        transport.close()
+    pushed = profiles_module.dump(current).splitlines() if current else []
+    lines = list(
+        difflib.unified_diff(pushed, profiles_module.dump(local).splitlines(), "pushed", "local", lineterm="")
+    )
+    console.print("\n".join(lines) if lines else "no difference", highlight=False)
+
+
 def _finish_report(report: Any, path: str | None) -> None:
     data = report.to_dict()
     acc = ", ".join(f"{100 * a:.1f}" for a in data["test_accuracy_per_epoch"])

@@ -46,6 +46,7 @@ class MessageKind(str, Enum):
     EVENT = "event"
     ERROR = "error"
     PROBE = "probe"
+    PROFILE = "profile"
     LINK_REPORT = "link_report"
     REPARTITION = "repartition"
     FETCH = "fetch"
@@ -301,6 +302,17 @@ class ErrorReport(Message):
     run_id: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Profile(Message):
+    """Central -> device, retained: the device's settings (``configs/devices/<id>.yaml``)."""
+
+    KIND = MessageKind.PROFILE
+    ENCODING = "json"
+    device_id: str
+    settings: dict[str, Any]
+    digest: str
+
+
 # ---------------------------------------------------------------------------------------------
 # Links and re-partitioning (papers/000 Sec. III-B, III-D)
 
@@ -381,6 +393,7 @@ MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
         Event,
         ErrorReport,
         Probe,
+        Profile,
         LinkReport,
         Repartition,
         FetchRequest,

@@ -16,11 +16,12 @@ import torch
 from edgeagent import __version__
 from edgeagent.compression import CompressionError
 from edgeagent.config import WorkerConfig
-from edgeagent.errors import EdgeAgentError, TrainingError
+from edgeagent.errors import ConfigError, EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec
 from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import Kind, next_kind
 from edgeagent.pipeline.stage import Stage
+from edgeagent.profiles import DeviceProfile, parse_profile
 from edgeagent.protocol.messages import (
     Activation,
     Announce,
@@ -33,6 +34,7 @@ from edgeagent.protocol.messages import (
     FetchRequest,
     Gradient,
     LinkReport,
+    Profile,
     Ready,
     Repartition,
     Weights,
@@ -110,6 +112,9 @@ class Worker(Role):
         self.completed_runs = 0
         self.probes = LinkProbes(self)
         self.store = WeightStore(config.device_id)
+        self.memory_limit_mb = config.memory_limit_mb
+        self.link_mbps = config.link_mbps
+        self.profile: DeviceProfile | None = None  # the last good one
         self._stopping = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -122,6 +127,7 @@ class Worker(Role):
         self.listen(self.topics.fixed(Family.COMMIT))
         self.listen(self.topics.device(Family.CONTROL, self.device_id))
         self.listen(self.topics.devices(Family.REQUEST))
+        self.listen(self.topics.device(Family.PROFILE, self.device_id))  # retained: arrives on connect
         if not self.transport.wait_connected(30):
             log.warning("%s: broker not reachable yet; still trying", self.device_id)
         self.set_status("idle")
@@ -150,7 +156,8 @@ class Worker(Role):
                 threads=self.config.threads,
                 slowdown=self.slowdown,
                 software=__version__,
-                memory_limit=self.config.memory_limit_mb * 1e6,
+                memory_limit=self.memory_limit_mb * 1e6,
+                profile_hash=self.profile.digest() if self.profile else "",
             ),
         )
 
@@ -245,6 +252,8 @@ class Worker(Role):
                 self._commit(run, switch)
         elif isinstance(msg, Command):
             self._command(msg)
+        elif isinstance(msg, Profile):
+            self._apply_profile(msg)
         elif isinstance(msg, Discover):
             self.announce()
         else:
@@ -440,6 +449,47 @@ class Worker(Role):
         self.set_status("training", run_id=run.run_id, stage=run.index)
         self._say_ready(run, "built")
 
+    # -- device profiles (operations) ---------------------------------------------------------
+
+    def _apply_profile(self, msg: Profile) -> None:
+        """Apply what can change live; keep the last good profile if this one is invalid."""
+        try:
+            profile = parse_profile(msg.settings, source=f"profile {msg.digest or '?'} for {self.device_id}")
+            if profile.id != self.device_id:
+                raise ConfigError(f"profile for {profile.id!r} sent to {self.device_id!r}")
+        except ConfigError as exc:
+            log.error(
+                "%s rejected a profile, keeping %s: %s",
+                self.device_id,
+                self.profile.digest() if self.profile else "its start-up settings",
+                exc,
+            )
+            self._report_error("profile", str(exc))
+            state = "training" if self.run_state else "idle"
+            self.set_status(
+                state, run_id=self._status.run_id, stage=self._status.stage, detail=f"profile rejected: {exc}"
+            )
+            return
+        restart = profile.needs_restart(self.profile)
+        configure_threads(profile.threads)
+        self.slowdown = profile.slowdown
+        self.link_mbps = profile.link_mbps
+        set_link = getattr(self.transport, "set_link_mbps", None)
+        if set_link is not None:
+            set_link(profile.link_mbps)
+        self.set_heartbeat_interval(profile.heartbeat_interval)
+        self.set_metrics_interval(profile.metrics_interval)
+        self.memory_limit_mb = profile.memory_limit_mb
+        self.profile = profile
+        detail = f"profile {profile.digest()} applied"
+        if restart:
+            detail += f"; restart to apply {restart}"
+        log.info("%s: %s", self.device_id, detail)
+        state = "training" if self.run_state else "idle"
+        self.set_status(state, run_id=self._status.run_id, stage=self._status.stage, detail=detail)
+        if self.run_state is None:
+            self.announce()  # the birth message carries the profile's hash
+
     # -- commands ------------------------------------------------------------------------------
 
     def _command(self, msg: Command) -> None:
@@ -601,7 +651,8 @@ class Worker(Role):
             "wall_s": round(t["wall"], 3),
             "compression_ratio": round(run.codecs.ratio, 3),
             "slowdown": self.slowdown,
-            "link_mbps": self.config.link_mbps,
+            "link_mbps": self.link_mbps,
+            "profile": self.profile.digest() if self.profile else "",
             "layers": [run.points[run.index], run.points[run.index + 1]],
         }
 

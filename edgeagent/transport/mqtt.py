@@ -148,6 +148,10 @@ class MqttTransport(Transport):
         client.connect_async(self.url.host, self.url.port, keepalive=keepalive)
         client.loop_start()
 
+    def set_link_mbps(self, mbps: float) -> None:
+        """Change the emulated uplink (0: none) while running (device profiles)."""
+        self.throttle = LinkThrottle(mbps) if mbps > 0 else None
+
     # -- Transport -----------------------------------------------------------------------------
 
     @property
