@@ -95,6 +95,8 @@ def train_options(f: F) -> F:
             type=click.Path(dir_okay=False),
             help="Write a checkpoint here at every global replication.",
         ),
+        click.option("--home-assistant/--no-home-assistant", default=None,
+                     help="Publish Home Assistant MQTT discovery for every device (off by default)."),
         click.option("--log-level", default="INFO", show_default=True),
     ]
     for option in reversed(options):
@@ -115,6 +117,7 @@ _TRAIN_KEYS = (
     "init_weights",
 )
 _CENTRAL_KEYS = (
+    "home_assistant",
     "compression",
     "recovery",
     "chain_every",
@@ -300,6 +303,22 @@ def broker(host: str, port: int, password_file: str | None, log_level: str) -> N
     try:
         serve_forever(host, port, password_file=password_file)
     except EdgeAgentError as exc:
+        _fail(exc)
+
+
+@main.command()
+@click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True)
+@click.option("--cluster", default=None, help="Show one cluster (default: all).")
+@click.option("--refresh", default=0.5, show_default=True, type=float, help="Seconds between redraws.")
+@click.option("--duration", default=None, type=float, help="Stop after this many seconds (default: Ctrl-C).")
+def monitor(broker: str, cluster: str | None, refresh: float, duration: float | None) -> None:
+    """A live dashboard of the cluster: devices, stages, throughput, heartbeats and events."""
+    from edgeagent.monitor import run_monitor
+
+    setup_logging("WARNING")
+    try:
+        run_monitor(broker=broker, cluster=cluster, refresh=refresh, duration=duration)
+    except (EdgeAgentError, ValueError) as exc:
         _fail(exc)
 
 

@@ -57,6 +57,9 @@ class CentralConfig(_Frozen):
     link_mbps: float = Field(0.0, ge=0, description="emulated uplink of the central node; 0: real link")
     heartbeat_interval: float = Field(1.0, gt=0)
     metrics_interval: float = Field(1.0, ge=0, description="seconds between metrics messages; 0: none")
+    # Home Assistant MQTT discovery of every device's training status (off by default).
+    home_assistant: bool = False
+    home_assistant_prefix: str = "homeassistant"
     startup_timeout: float = Field(60.0, gt=0)
     # A batch whose gradients have not come back after this long is a fault (Sec. III-F's timer).
     batch_timeout: float = Field(10.0, gt=0)

@@ -279,6 +279,8 @@ class Central(Role):
                     }
                 )
             self._stage = self._setup(spec)
+            if self.config.home_assistant:
+                self._announce_to_home_assistant()
             self.links = self._measure_links()
             report.links = [{"bandwidth": lk.bandwidth, "latency": lk.latency} for lk in self.links]
             self._apply_compression(epoch=self._start_version // max(1, self._per_epoch))
@@ -941,6 +943,15 @@ class Central(Role):
             "slowdown": self.config.slowdown,
             "link_mbps": self.config.link_mbps,
         }
+
+    def _announce_to_home_assistant(self) -> None:
+        from edgeagent.homeassistant import discovery_configs
+
+        for device in self.worker_list:
+            for topic, payload in discovery_configs(self.topics, device,
+                                                    prefix=self.config.home_assistant_prefix).items():
+                self.transport.publish(topic, payload, retain=True)
+        log.info("Home Assistant discovery published for %s", ", ".join(self.worker_list))
 
     def _clock(self) -> float:
         """Training seconds so far (evaluation excluded): the time axis of the report."""

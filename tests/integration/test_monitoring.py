@@ -77,3 +77,27 @@ def test_heartbeats_metrics_and_status_of_every_device_are_readable(broker_url: 
     assert worker2.values["slowdown"] == 2.0
     central = [m for m in seen["central"][Family.METRICS] if isinstance(m, Metrics)][-1]
     assert central.values["points"] == report.partitions[-1]["points"]
+
+
+def test_home_assistant_discovery_when_asked(amqtt_url: str, cluster: str) -> None:
+    found: dict[str, dict[str, object]] = {}
+    lock = threading.Lock()
+
+    def on_message(topic: str, payload: bytes) -> None:
+        with lock:
+            found[topic] = json.loads(payload)
+
+    ha = MqttTransport(amqtt_url, f"ha-{cluster}")
+    ha.subscribe("homeassistant/sensor/+/config", on_message)
+    try:
+        assert ha.wait_connected(10)
+        config = CentralConfig(
+            cluster=cluster, train=TrainConfig(epochs=1), progress=False, home_assistant=True
+        )
+        run_demo(config, workers=2, slowdowns=[], broker=amqtt_url, show_progress=False)
+    finally:
+        ha.close()
+    for device in ("central", "worker_1", "worker_2"):
+        state = found.get(f"homeassistant/sensor/edgeagent_{cluster}_{device}_state/config")
+        assert state is not None, sorted(found)
+        assert str(state["state_topic"]).startswith(f"edgeagent/v1/{cluster}/device/")
