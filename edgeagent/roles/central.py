@@ -948,8 +948,9 @@ class Central(Role):
         from edgeagent.homeassistant import discovery_configs
 
         for device in self.worker_list:
-            for topic, payload in discovery_configs(self.topics, device,
-                                                    prefix=self.config.home_assistant_prefix).items():
+            for topic, payload in discovery_configs(
+                self.topics, device, prefix=self.config.home_assistant_prefix
+            ).items():
                 self.transport.publish(topic, payload, retain=True)
         log.info("Home Assistant discovery published for %s", ", ".join(self.worker_list))
 
@@ -1206,6 +1207,14 @@ class Central(Role):
         slowest = min(self.links, key=lambda lk: lk.bandwidth) if self.links else Link(1e9)
         return [old_links.get(pair, slowest) for pair in itertools.pairwise(new_list)]
 
+    def _replicated(self, msg: Weights) -> None:
+        """Tell monitors when a replication round is complete (all global replicas, or the last chain one)."""
+        held = self.store.holdings()
+        if msg.purpose == "global" and all(msg.version in held.get(d, []) for d in self.worker_list[1:]):
+            self._event("replication", kind="global", version=msg.version, devices=self.worker_list[1:])
+        elif msg.purpose == "chain" and msg.device_id == self.worker_list[-1]:
+            self._event("replication", kind="chain", version=msg.version, device=msg.device_id)
+
     def _maybe_checkpoint(self, version: int) -> None:
         """At a global replication point, once every stage's replica of it is in, write a checkpoint."""
         path = self.config.checkpoint
@@ -1294,6 +1303,7 @@ class Central(Role):
                 except TrainingError as exc:
                     log.warning("%s", exc)
                     return
+                self._replicated(msg)
                 self._maybe_checkpoint(msg.version)
             else:
                 self._weights[msg.device_id] = msg
