@@ -721,8 +721,10 @@ class Central(Role):
         self._unsubscribe_stage()
         self.plan_id, self.points, self.worker_list = order.plan_id, list(points), list(new_list)
         self._subscribe_stage()
-        if recovery:
-            self.store.drop_after(version)
+        # Snapshots of the old layout cannot restore the new one: start afresh at this version. The
+        # workers' global replicas of it arrive before their "built" (same topic).
+        self.store.clear()
+        self.store.snapshot(self.stage)
         self._wait_ready(order.plan_id, "built", set(new_list[1:]))
         self._stage_times = []
         self._own_recent.clear()
@@ -1297,7 +1299,7 @@ class Central(Role):
             if msg.purpose == "redistribute":
                 if self._switch is not None:
                     self._switch.accept(msg)
-            elif msg.purpose in ("chain", "global"):
+            elif msg.purpose in ("chain", "global") and msg.plan_id == self.plan_id:
                 try:
                     self.store.add_replica(msg)
                 except TrainingError as exc:

@@ -139,7 +139,9 @@ def seeded(spec: ModelSpec, seed: int, layers: Iterable[int]) -> Tensors:
     return out
 
 
-def replica_message(run_id: str, device_id: str, stage_index: int, snap: Snapshot, purpose: str) -> Weights:
+def replica_message(
+    run_id: str, device_id: str, stage_index: int, snap: Snapshot, purpose: str, plan_id: int
+) -> Weights:
     return Weights(
         run_id=run_id,
         device_id=device_id,
@@ -153,4 +155,5 @@ def replica_message(run_id: str, device_id: str, stage_index: int, snap: Snapsho
         layers=list(range(snap.start, snap.end)),
         of_device=device_id,
         checksum=checksum(snap.weights),
+        plan_id=plan_id,
     )

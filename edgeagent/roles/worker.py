@@ -242,7 +242,7 @@ class Worker(Role):
         elif isinstance(msg, Weights):
             if run is None or msg.run_id != run.run_id:
                 return
-            if msg.purpose == "chain":
+            if msg.purpose == "chain" and msg.plan_id == run.plan_id:
                 self.store.add_replica(msg)
             elif msg.purpose == "redistribute" and run.switch is not None and run.switch.accept(msg):
                 self._maybe_fetched(run)
@@ -435,8 +435,6 @@ class Worker(Role):
         for holder in switch.plan.fetch:
             self.stop_listening(self.topics.device(Family.REPLICA, holder))
         order = switch.order
-        if order.recovery:
-            self.store.drop_after(order.version)  # snapshots of the abandoned timeline
         run.plan_id, run.points, run.worker_list = order.plan_id, list(order.points), list(order.worker_list)
         run.index, run.stage, run.switch = switch.plan.stage, stage, None
         run.forwards.clear()
@@ -446,6 +444,7 @@ class Worker(Role):
         run.last, run.batches, run.step_seconds = None, 0, 0.0
         run.recent.clear()
         self._subscribe_stage(run)
+        self._replicate_now(run)
         self.set_status("training", run_id=run.run_id, stage=run.index)
         self._say_ready(run, "built")
 
@@ -679,13 +678,26 @@ class Worker(Role):
         snap = self.store.snapshot(run.stage)
         messages = []
         if chain:
-            msg = replica_message(run.run_id, self.device_id, run.index, snap, "chain")
+            msg = replica_message(run.run_id, self.device_id, run.index, snap, "chain", run.plan_id)
             messages.append((self.topics.device(Family.REPLICA, self.device_id), msg))
         if full:
-            msg = replica_message(run.run_id, self.device_id, run.index, snap, "global")
+            msg = replica_message(run.run_id, self.device_id, run.index, snap, "global", run.plan_id)
             messages.append((self.topics.device(Family.REPLY, self.device_id), msg))
         for topic, msg in messages:
             self.run_soon(self.send, topic, msg)
+
+    def _replicate_now(self, run: _Run) -> None:
+        """After a new split: snapshots of the old layout cannot restore this one, so start afresh with
+        a snapshot of the new stage and send its chain and global replicas before saying "built"
+        (the global one shares the reply topic with "built", so the central node has it first)."""
+        self.store.clear()
+        snap = self.store.snapshot(run.stage)
+        if run.chain_every > 0:
+            msg = replica_message(run.run_id, self.device_id, run.index, snap, "chain", run.plan_id)
+            self.send(self.topics.device(Family.REPLICA, self.device_id), msg)
+        if run.global_every > 0:
+            msg = replica_message(run.run_id, self.device_id, run.index, snap, "global", run.plan_id)
+            self.send(self.topics.device(Family.REPLY, self.device_id), msg)
 
     def _send_gradient(
         self,

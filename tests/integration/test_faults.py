@@ -257,3 +257,24 @@ def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path
     assert report.timeline[0]["batch"] == saved["version"]  # nothing before the checkpoint is redone
     assert report.epochs == 4
     assert report.final_accuracy > 0.7
+
+
+def test_recovery_after_a_re_split_restores_the_new_layout(amqtt_url: str) -> None:
+    """Snapshots taken before a re-split have the old layer ranges; a fault after the re-split must
+    roll back to a snapshot of the new layout (every device snapshots and replicates at the commit)."""
+    train = TrainConfig(epochs=3, model_options={"hidden": [128, 128, 128, 64, 64]})  # 6 layers, 4 stages
+    report = run(
+        amqtt_url,
+        workers=3,
+        train=train,
+        kills={"worker-2": 90},
+        repartition_every=20,
+        slowdown_changes=["worker-1@40=8"],
+    )
+    (rec,) = report.recoveries
+    splits_before = [
+        p["batch"] for p in report.partitions if 0 < p["batch"] < rec["batch"] and "workers" in p
+    ]
+    assert splits_before, report.partitions  # the slowdown at 40 did move layers before the fault
+    assert rec["rolled_back_to"] >= splits_before[-1]
+    assert report.epochs == 3

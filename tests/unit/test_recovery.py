@@ -102,7 +102,7 @@ def stage_of(start: int, end: int, index: int, n: int, version: int = 0) -> Stag
 
 def test_replica_with_a_bad_checksum_is_refused() -> None:
     stage = stage_of(2, 4, 1, 3, version=50)
-    msg = replica_message("r", "a", 1, WeightStore("a").snapshot(stage), "chain")
+    msg = replica_message("r", "a", 1, WeightStore("a").snapshot(stage), "chain", 0)
     store = WeightStore("b")
     store.add_replica(msg)
     assert store.holdings() == {"a": [50]}
@@ -134,7 +134,7 @@ def test_recovery_switch_takes_the_dead_stage_from_its_chain_replica() -> None:
     dead = stage_of(2, 4, 1, 3, version=50)  # "a", about to die; its replica of version 50 is on "b"
     b_stage = stage_of(4, total, 2, 3, version=57)  # "b" went on training after the snapshot
     b_store = WeightStore("b")
-    b_store.add_replica(replica_message("r", "a", 1, WeightStore("a").snapshot(dead), "chain"))
+    b_store.add_replica(replica_message("r", "a", 1, WeightStore("a").snapshot(dead), "chain", 0))
     b_store.snapshot(stage_of(4, total, 2, 3, version=50))  # its own snapshot at the replication point
     order = Repartition(
         run_id="r",
@@ -160,7 +160,7 @@ def test_recovery_switch_takes_the_dead_stage_from_its_chain_replica() -> None:
 def test_a_holder_serves_a_replica_it_holds() -> None:
     dead = stage_of(2, 4, 1, 3, version=50)
     holder = WeightStore("b")
-    holder.add_replica(replica_message("r", "a", 1, WeightStore("a").snapshot(dead), "chain"))
+    holder.add_replica(replica_message("r", "a", 1, WeightStore("a").snapshot(dead), "chain", 0))
     order = Repartition(
         run_id="r",
         plan_id=3,
