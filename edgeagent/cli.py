@@ -95,8 +95,11 @@ def train_options(f: F) -> F:
             type=click.Path(dir_okay=False),
             help="Write a checkpoint here at every global replication.",
         ),
-        click.option("--home-assistant/--no-home-assistant", default=None,
-                     help="Publish Home Assistant MQTT discovery for every device (off by default)."),
+        click.option(
+            "--home-assistant/--no-home-assistant",
+            default=None,
+            help="Publish Home Assistant MQTT discovery for every device (off by default).",
+        ),
         click.option("--log-level", default="INFO", show_default=True),
     ]
     for option in reversed(options):
@@ -439,3 +442,11 @@ def _finish_report(report: Any, path: str | None) -> None:
     if path:
         Path(path).write_text(json.dumps(data, indent=2))
         console.print(f"report written to {path}")
+        try:
+            from edgeagent.report import write_plots
+
+            plots = write_plots(data, path)
+        except Exception as exc:  # a plotting problem must never cost the user the JSON report
+            log.warning("report plots not written: %s", exc)
+        else:
+            console.print("plots: " + ", ".join(str(p) for p in plots))
