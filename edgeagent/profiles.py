@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,7 +18,15 @@ from edgeagent.config import build, load_yaml
 from edgeagent.errors import ConfigError
 
 # Settings a worker applies while it runs; changing any other one needs a restart.
-LIVE = ("threads", "slowdown", "link_mbps", "heartbeat_interval", "metrics_interval", "memory_limit_mb")
+LIVE = (
+    "threads",
+    "slowdown",
+    "link_mbps",
+    "heartbeat_interval",
+    "metrics_interval",
+    "memory_limit_mb",
+    "compression",
+)
 
 
 class DeviceProfile(BaseModel):
@@ -34,6 +42,10 @@ class DeviceProfile(BaseModel):
     heartbeat_interval: float = Field(1.0, gt=0, le=60)
     metrics_interval: float = Field(1.0, ge=0, le=600)
     memory_limit_mb: float = Field(0.0, ge=0)
+    # How this device compresses the activations it sends: "run" follows the central node's choice;
+    # "none", "2", "3", "4" override it (every payload names its codec, so receivers need nothing).
+    # Replication intervals are not here: every stage must snapshot after the same batches.
+    compression: Literal["run", "none", "2", "3", "4"] = "run"
 
     def digest(self) -> str:
         """A short hash of the settings (it appears in the worker's announcement)."""

@@ -41,7 +41,7 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
-from edgeagent.roles.codecs import StageCodecs, restore
+from edgeagent.roles.codecs import NONE, StageCodecs, restore
 from edgeagent.roles.replicas import WeightStore, replica_message
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.transport.base import Transport
@@ -83,6 +83,7 @@ class _Run:
     replicas: int = 1
     batches_per_epoch: int = 0
     batch_size: int = 0  # of the latest training batch here
+    run_bits: int = 32  # the central node's choice of activation bits for this stage (a profile may override)
     codecs: StageCodecs = field(default_factory=StageCodecs)
 
     @property
@@ -450,6 +451,13 @@ class Worker(Role):
 
     # -- device profiles (operations) ---------------------------------------------------------
 
+    def _forward_bits(self, run_choice: int) -> int:
+        """The bits of this device's outgoing activations: its profile's override, or the run's."""
+        override = self.profile.compression if self.profile else "run"
+        if override == "run":
+            return run_choice
+        return NONE if override == "none" else int(override)
+
     def _apply_profile(self, msg: Profile) -> None:
         """Apply what can change live; keep the last good profile if this one is invalid."""
         try:
@@ -480,6 +488,9 @@ class Worker(Role):
         self.set_metrics_interval(profile.metrics_interval)
         self.memory_limit_mb = profile.memory_limit_mb
         self.profile = profile
+        if self.run_state is not None:
+            codecs = self.run_state.codecs
+            codecs.set_bits(self._forward_bits(self.run_state.run_bits), codecs.backward_bits)
         detail = f"profile {profile.digest()} applied"
         if restart:
             detail += f"; restart to apply {restart}"
@@ -521,7 +532,8 @@ class Worker(Role):
                     "command", f"compression needs forward and backward bits per stage: {msg.args}"
                 )
                 return
-            run.codecs.set_bits(int(forward[run.index]), int(backward[run.index]))
+            run.run_bits = int(forward[run.index])
+            run.codecs.set_bits(self._forward_bits(run.run_bits), int(backward[run.index]))
         elif msg.name == "ping":
             self.send(
                 self.topics.device(Family.REPLY, self.device_id),

@@ -261,20 +261,46 @@ def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path
 
 def test_recovery_after_a_re_split_restores_the_new_layout(amqtt_url: str) -> None:
     """Snapshots taken before a re-split have the old layer ranges; a fault after the re-split must
-    roll back to a snapshot of the new layout (every device snapshots and replicates at the commit)."""
-    train = TrainConfig(epochs=3, model_options={"hidden": [128, 128, 128, 64, 64]})  # 6 layers, 4 stages
-    report = run(
-        amqtt_url,
-        workers=3,
-        train=train,
-        kills={"worker-2": 90},
-        repartition_every=20,
-        slowdown_changes=["worker-1@40=8"],
+    roll back to a snapshot of the new layout (every device snapshots and replicates at the commit).
+
+    Deterministic: the chain replica of batch 50 has the old layout; a new device joins at the plan
+    check of batch 70 (a join always re-splits); worker-2 dies when batch 90 starts its backward pass.
+    """
+    from edgeagent.protocol.messages import Status, decode
+    from edgeagent.protocol.topics import Family, Topics
+    from edgeagent.transport.mqtt import MqttTransport
+
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    local = LocalWorkers(3, amqtt_url, cluster, [1.0, 1.0, 1.0], kills={"worker-2": 90})
+    local.start("worker-1")
+    local.start("worker-2")
+    train = TrainConfig(epochs=3, model_options={"hidden": [128, 128, 64]})
+    config = CentralConfig(
+        cluster=cluster, broker=amqtt_url, workers=2, train=train, progress=False, repartition_every=20
     )
+    up = threading.Event()
+    watcher = MqttTransport(amqtt_url, f"watch-{cluster}")
+
+    def on_status(topic: str, payload: bytes) -> None:
+        _, msg = decode(payload)
+        if isinstance(msg, Status) and msg.state == "idle":
+            up.set()
+
+    watcher.subscribe(Topics(cluster).device(Family.STATUS, "worker-3"), on_status)
+
+    def progress(values: dict[str, Any]) -> None:
+        if values.get("batch") == 55 and "worker-3" not in local.procs:
+            local.start("worker-3")
+            assert up.wait(60), "worker-3 did not come up"
+
+    try:
+        report = Central(config, progress=progress).run()
+    finally:
+        watcher.close()
+        local.stop()
     (rec,) = report.recoveries
-    splits_before = [
-        p["batch"] for p in report.partitions if 0 < p["batch"] < rec["batch"] and "workers" in p
-    ]
-    assert splits_before, report.partitions  # the slowdown at 40 did move layers before the fault
-    assert rec["rolled_back_to"] >= splits_before[-1]
+    joined = [p for p in report.partitions if "worker-3" in p.get("workers", [])]
+    assert joined and 50 < joined[0]["batch"] < rec["batch"], report.partitions
+    assert rec["lost"] == ["worker-2"]
+    assert rec["rolled_back_to"] >= joined[0]["batch"]  # not the chain replica of 50: its layout is gone
     assert report.epochs == 3

@@ -54,9 +54,9 @@ def test_pushed_profile_changes_a_running_worker_and_a_broken_one_is_rejected(
 
     def progress(values: dict[str, Any]) -> None:
         if values.get("batch") == 20 and "live" not in outcome:
-            profiles.push(
-                pusher, topics, [profiles.DeviceProfile(id="worker-1", slowdown=3.0, metrics_interval=0.2)]
-            )
+            # Slowdown and compression of its outgoing activations change in the running worker.
+            live = profiles.DeviceProfile(id="worker-1", slowdown=3.0, metrics_interval=0.2, compression="2")
+            profiles.push(pusher, topics, [live])
             outcome["live"] = watch.wait_for(
                 lambda: any(m.values.get("slowdown") == 3.0 for m in watch.metrics)
             )
@@ -83,6 +83,9 @@ def test_pushed_profile_changes_a_running_worker_and_a_broken_one_is_rejected(
     # Applied without a restart (the same run), and the broken profile kept the last good one:
     assert report.epochs == 3 and report.final_accuracy > 0.6
     assert watch.metrics[-1].values["slowdown"] == 3.0
+    # From batch 20 on worker-1 sent 2-bit activations (its gradients stay raw: the run compresses
+    # nothing), so over everything it sent the ratio approaches (1 + 1) / (1/16 + 1) ~ 1.9.
+    assert watch.metrics[-1].values["compression_ratio"] > 1.3
 
 
 def test_a_worker_that_starts_after_the_push_gets_the_retained_profile(amqtt_url: str, cluster: str) -> None:
