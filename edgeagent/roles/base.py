@@ -238,6 +238,12 @@ class Role:
         else:
             self._scheduler.add_job(func, args=args)
 
+    def healthy(self) -> bool:
+        """For systemd's watchdog: the MQTT loop is connected and the scheduler runs."""
+        scheduler_ok = self._scheduler is not None and self._scheduler.running
+        loop_ok = getattr(self.transport, "loop_alive", lambda: True)()
+        return bool(self.transport.connected and scheduler_ok and loop_ok)
+
     def stop_heartbeats(self) -> None:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)

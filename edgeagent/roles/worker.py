@@ -44,6 +44,7 @@ from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_thr
 from edgeagent.roles.codecs import NONE, StageCodecs, restore
 from edgeagent.roles.replicas import WeightStore, replica_message
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
+from edgeagent.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -135,10 +136,17 @@ class Worker(Role):
         self.start_heartbeats(self.config.heartbeat_interval)
         self.start_metrics(self.config.metrics_interval, self._metrics)
         self.announce()
+        notifier = Notifier()
+        notifier.ready(f"{self.device_id} idle on {self.topics.base}")
+        interval = watchdog_interval()
+        watchdog = Watchdog(notifier, self.healthy, interval).start() if interval else None
         try:
             while not self._stopping:
                 self._step()
         finally:
+            if watchdog is not None:
+                watchdog.stop()
+            notifier.send("STOPPING=1")
             self.stop_heartbeats()
             if self._owns_transport:
                 self.transport.close()

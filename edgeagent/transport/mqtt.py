@@ -148,6 +148,11 @@ class MqttTransport(Transport):
         client.connect_async(self.url.host, self.url.port, keepalive=keepalive)
         client.loop_start()
 
+    def loop_alive(self) -> bool:
+        """Whether paho's network thread is still running (it is what the watchdog guards)."""
+        thread = getattr(self._client, "_thread", None)
+        return thread is not None and thread.is_alive()
+
     def set_link_mbps(self, mbps: float) -> None:
         """Change the emulated uplink (0: none) while running (device profiles)."""
         self.throttle = LinkThrottle(mbps) if mbps > 0 else None
