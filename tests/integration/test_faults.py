@@ -73,6 +73,38 @@ def run(
         local.stop()
 
 
+def run_with_newcomer(
+    broker: str, config: CentralConfig, local: LocalWorkers, newcomer: str, at: int
+) -> RunReport:
+    """Run the central node; when batch ``at`` commits, start ``newcomer`` and pause training until it is on
+    the broker (its idle status is there, its announce on its way), so no test depends on how fast a
+    process starts."""
+    from edgeagent.protocol.messages import Status, decode
+    from edgeagent.protocol.topics import Family, Topics
+    from edgeagent.transport.mqtt import MqttTransport
+
+    up = threading.Event()
+    watcher = MqttTransport(broker, f"watch-{config.cluster}")
+
+    def on_status(topic: str, payload: bytes) -> None:
+        _, msg = decode(payload)
+        if isinstance(msg, Status) and msg.state == "idle":
+            up.set()
+
+    watcher.subscribe(Topics(config.cluster).device(Family.STATUS, newcomer), on_status)
+
+    def progress(values: dict[str, Any]) -> None:
+        if values.get("batch") == at and newcomer not in local.procs:
+            local.start(newcomer)
+            assert up.wait(60), f"{newcomer} did not come up"
+
+    try:
+        return Central(config, progress=progress).run()
+    finally:
+        watcher.close()
+        local.stop()
+
+
 def test_sigkill_one_worker_recovers_and_matches_the_fault_free_accuracy(amqtt_url: str) -> None:
     # Ten epochs: compare converged runs, not two points on a still-rising curve.
     clean = run(amqtt_url, train=TrainConfig(epochs=10))
@@ -160,10 +192,6 @@ def test_broker_killed_and_restarted_mid_run(tmp_path: Path) -> None:
 
 
 def test_a_new_device_joins_a_run_in_progress(amqtt_url: str) -> None:
-    from edgeagent.protocol.messages import Status, decode
-    from edgeagent.protocol.topics import Family, Topics
-    from edgeagent.transport.mqtt import MqttTransport
-
     cluster = f"t{uuid.uuid4().hex[:8]}"
     local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0])
     local.start("worker-1")
@@ -171,29 +199,7 @@ def test_a_new_device_joins_a_run_in_progress(amqtt_url: str) -> None:
     config = CentralConfig(
         cluster=cluster, broker=amqtt_url, workers=1, train=train, progress=False, repartition_every=20
     )
-
-    up = threading.Event()
-    watcher = MqttTransport(amqtt_url, f"watch-{cluster}")
-
-    def on_status(topic: str, payload: bytes) -> None:
-        _, msg = decode(payload)
-        if isinstance(msg, Status) and msg.state == "idle":
-            up.set()
-
-    watcher.subscribe(Topics(cluster).device(Family.STATUS, "worker-2"), on_status)
-
-    def progress(values: dict[str, Any]) -> None:
-        # At batch 15 a new device appears; training pauses until it is on the broker (its announce is
-        # then on its way to the central node), so the test does not depend on how fast a process starts.
-        if values.get("batch") == 15 and "worker-2" not in local.procs:
-            local.start("worker-2")
-            assert up.wait(60), "worker-2 did not come up"
-
-    try:
-        report = Central(config, progress=progress).run()
-    finally:
-        watcher.close()
-        local.stop()
+    report = run_with_newcomer(amqtt_url, config, local, "worker-2", at=15)
     joined = [p for p in report.partitions if "worker-2" in p.get("workers", [])]
     assert joined, report.partitions
     assert len(joined[0]["points"]) == 4  # three stages from the join on
@@ -266,10 +272,6 @@ def test_recovery_after_a_re_split_restores_the_new_layout(amqtt_url: str) -> No
     Deterministic: the chain replica of batch 50 has the old layout; a new device joins at the plan
     check of batch 70 (a join always re-splits); worker-2 dies when batch 90 starts its backward pass.
     """
-    from edgeagent.protocol.messages import Status, decode
-    from edgeagent.protocol.topics import Family, Topics
-    from edgeagent.transport.mqtt import MqttTransport
-
     cluster = f"t{uuid.uuid4().hex[:8]}"
     local = LocalWorkers(3, amqtt_url, cluster, [1.0, 1.0, 1.0], kills={"worker-2": 90})
     local.start("worker-1")
@@ -278,26 +280,7 @@ def test_recovery_after_a_re_split_restores_the_new_layout(amqtt_url: str) -> No
     config = CentralConfig(
         cluster=cluster, broker=amqtt_url, workers=2, train=train, progress=False, repartition_every=20
     )
-    up = threading.Event()
-    watcher = MqttTransport(amqtt_url, f"watch-{cluster}")
-
-    def on_status(topic: str, payload: bytes) -> None:
-        _, msg = decode(payload)
-        if isinstance(msg, Status) and msg.state == "idle":
-            up.set()
-
-    watcher.subscribe(Topics(cluster).device(Family.STATUS, "worker-3"), on_status)
-
-    def progress(values: dict[str, Any]) -> None:
-        if values.get("batch") == 55 and "worker-3" not in local.procs:
-            local.start("worker-3")
-            assert up.wait(60), "worker-3 did not come up"
-
-    try:
-        report = Central(config, progress=progress).run()
-    finally:
-        watcher.close()
-        local.stop()
+    report = run_with_newcomer(amqtt_url, config, local, "worker-3", at=55)
     (rec,) = report.recoveries
     joined = [p for p in report.partitions if "worker-3" in p.get("workers", [])]
     assert joined and 50 < joined[0]["batch"] < rec["batch"], report.partitions
