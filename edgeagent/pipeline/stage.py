@@ -14,7 +14,6 @@ Note: weight stashing and vertical sync.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -100,7 +99,6 @@ class Stage:
         self._in_flight: dict[int, _InFlight] = {}
         self._floor = version  # no future batch asks for a version below this
         self._recent: list[dict[str, torch.Tensor]] = []  # last versions, for aggregation
-        self.compute_seconds = 0.0  # real compute time, summed; the worker reports averages
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
@@ -134,7 +132,6 @@ class Stage:
 
         Returns the output (detached, to send on) and the version used.
         """
-        started = time.perf_counter()
         version = self.version if version is None else version
         if version not in self._stash:
             raise TrainingError(
@@ -149,7 +146,6 @@ class Stage:
         output = functional_call(self.module, params, (inputs,))  # (B, ...)
         self._in_flight[batch_id] = _InFlight(version, inputs, output, params)
         self._prune()
-        self.compute_seconds += time.perf_counter() - started
         return output.detach(), version
 
     def backward(
@@ -159,7 +155,6 @@ class Stage:
 
         Uses the weights the batch was forwarded with, then applies the update to the live weights.
         """
-        started = time.perf_counter()
         entry = self._in_flight.pop(batch_id, None)
         if entry is None:
             raise TrainingError(
@@ -182,7 +177,6 @@ class Stage:
             entry.output.backward(grad_output)
         grad_input = None if self.is_first else entry.inputs.grad
         self._apply_update(entry.params)
-        self.compute_seconds += time.perf_counter() - started
         return BackwardResult(grad_input=grad_input, loss=loss_value, correct=correct)
 
     def _apply_update(self, used: dict[str, torch.Tensor]) -> None:

@@ -11,6 +11,7 @@ sees a half-valid message.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -484,12 +485,9 @@ def _build(cls: type[Message], body: dict[str, Any]) -> Message:
 def _check(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        errors = []
         for arg in typing.get_args(tp):
-            try:
+            with contextlib.suppress(ProtocolError):
                 return _check(arg, value, where)
-            except ProtocolError as exc:
-                errors.append(str(exc))
         raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp}")
     if tp is type(None):
         if value is not None:
