@@ -12,8 +12,11 @@ import ipaddress
 import logging
 import signal
 import socket
+import ssl
 import threading
 from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from edgeagent.errors import ConfigError
@@ -37,22 +40,79 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def broker_config(host: str, port: int, *, password_file: str | None = None) -> dict[str, Any]:
-    """The amqtt configuration. Anonymous clients are allowed only on a loopback listener."""
-    if not is_loopback(host) and password_file is None:
+@dataclass(frozen=True)
+class BrokerTls:
+    """A TLS listener: the broker's certificate and key; with ``ca_file``, client certificates are
+    verified against that CA, and ``require_client_cert`` refuses clients that present none."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+    require_client_cert: bool = False
+
+
+def broker_config(
+    host: str, port: int, *, credentials: str | None = None, tls: BrokerTls | None = None
+) -> dict[str, Any]:
+    """The amqtt configuration.
+
+    Anonymous clients are allowed only on a loopback listener without ``credentials``. With
+    ``credentials`` (a directory made by ``edgeagent credentials``), every client must log in with a
+    password and gets the topic rights of its role (:mod:`edgeagent.broker_security`).
+    """
+    if not is_loopback(host) and credentials is None:
         raise ConfigError(
             f"the broker would listen on {host}:{port}, beyond loopback, without credentials; "
-            "give --password-file (see `edgeagent credentials`) or bind to 127.0.0.1"
+            "give --credentials DIR (made by `edgeagent credentials add`) or bind to 127.0.0.1"
         )
     plugins: dict[str, Any] = {}
-    if password_file is None:
+    if credentials is None:
         plugins["amqtt.plugins.authentication.AnonymousAuthPlugin"] = {"allow_anonymous": True}
     else:
-        plugins["amqtt.plugins.authentication.FileAuthPlugin"] = {"password_file": password_file}
-    return {
-        "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}", "max_connections": 256}},
-        "plugins": plugins,
-    }
+        # Our own plugin, not amqtt's FileAuthPlugin + AnonymousAuthPlugin: it refuses a client without
+        # a username (amqtt's anonymous plugin with allow_anonymous false admits any username) and
+        # enforces the topic rights of each user.
+        plugins["edgeagent.broker_security.SecurityPlugin"] = {"credentials": str(credentials)}
+    listener: dict[str, Any] = {"type": "tcp", "bind": f"{host}:{port}", "max_connections": 256}
+    if tls is not None:
+        _check_tls_files(tls)
+        listener.update(ssl=True, certfile=tls.cert_file, keyfile=tls.key_file)
+        if tls.ca_file:
+            listener["cafile"] = tls.ca_file
+    return {"listeners": {"default": listener}, "plugins": plugins}
+
+
+def _check_tls_files(tls: BrokerTls) -> None:
+    if tls.require_client_cert and not tls.ca_file:
+        raise ConfigError("require_client_cert needs ca_file: the CA that signed the client certificates")
+    for what, path in (("certificate", tls.cert_file), ("key", tls.key_file), ("CA", tls.ca_file)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"the broker's TLS {what} file {path} does not exist (see `edgeagent certs`)")
+
+
+def _make_broker(config: dict[str, Any], tls: BrokerTls | None) -> Any:
+    """An amqtt ``Broker`` whose TLS listener needs TLS 1.2 or later and, with ``require_client_cert``,
+    refuses clients that present no certificate.
+
+    amqtt 0.12 builds the listener's context itself with ``verify_mode = CERT_OPTIONAL`` (a client
+    without a certificate gets in; one with a certificate the CA did not sign is refused), and its
+    listener config is a strict dataclass with no key for this; so the flag lives on the subclass.
+    """
+    from amqtt.broker import Broker
+
+    class _Broker(Broker):
+        def _create_ssl_context(self, listener: Any) -> ssl.SSLContext:
+            context: ssl.SSLContext = Broker._create_ssl_context(listener)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            if tls is not None and tls.require_client_cert:
+                context.verify_mode = ssl.CERT_REQUIRED
+            elif tls is not None and not tls.ca_file:
+                # No CA of ours to check a client certificate against: do not ask for one (amqtt would
+                # otherwise verify it against the system's public CAs).
+                context.verify_mode = ssl.CERT_NONE
+            return context
+
+    return _Broker(config)
 
 
 class _SnapshotDict(dict):
@@ -79,20 +139,28 @@ class EmbeddedBroker:
     broker can be started again on the same port (used by the broker-restart tests).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, password_file: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        credentials: str | None = None,
+        tls: BrokerTls | None = None,
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.password_file = password_file
+        self.credentials = credentials
+        self.tls = tls
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
 
     @property
     def url(self) -> str:
-        return f"mqtt://{self.host}:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> EmbeddedBroker:
-        config = broker_config(self.host, self.port, password_file=self.password_file)
+        config = broker_config(self.host, self.port, credentials=self.credentials, tls=self.tls)
         started: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, args=(config, started), name="amqtt", daemon=True)
         self._thread.start()
@@ -102,11 +170,9 @@ class EmbeddedBroker:
 
     def _run(self, config: dict[str, Any], started: Future[None]) -> None:
         async def main() -> None:
-            from amqtt.broker import Broker
-
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            broker = Broker(config)
+            broker = _make_broker(config, self.tls)
             broker._subscriptions = _SnapshotDict()
             await broker.start()
             started.set_result(None)
@@ -146,9 +212,11 @@ class EmbeddedBroker:
         self.stop()
 
 
-def serve_forever(host: str, port: int, *, password_file: str | None = None) -> None:
+def serve_forever(
+    host: str, port: int, *, credentials: str | None = None, tls: BrokerTls | None = None
+) -> None:
     """Run the broker in the foreground until interrupted (``edgeagent broker``)."""
-    broker = EmbeddedBroker(host, port, password_file=password_file).start()
+    broker = EmbeddedBroker(host, port, credentials=credentials, tls=tls).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:

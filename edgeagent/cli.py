@@ -9,13 +9,13 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import yaml
 
 from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
-from edgeagent.errors import EdgeAgentError
+from edgeagent.errors import ConfigError, EdgeAgentError
 from edgeagent.logs import console, setup_logging
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,6 +30,37 @@ def _floats(text: str | None) -> list[float]:
         return [float(v) for v in text.split(",")]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated numbers like 1,1,6; got {text!r}") from None
+
+
+_ACCESS_KEYS = ("username", "password_file", "ca_file", "cert_file", "key_file")
+
+
+def access_options(f: F) -> F:
+    """How to log in to the broker (see `edgeagent credentials` and `edgeagent certs`)."""
+    options = [
+        click.option("--username", help="Broker login (default: the device id, with --password-file)."),
+        click.option(
+            "--password-file",
+            help="File holding the broker password (relative names are also looked up in "
+            "$CREDENTIALS_DIRECTORY for systemd's LoadCredential=).",
+        ),
+        click.option("--ca-file", help="CA of the broker's certificate (mqtts://)."),
+        click.option("--cert-file", help="Client certificate (mutual TLS)."),
+        click.option("--key-file", help="Key of --cert-file."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _access(broker: str, kw: dict[str, Any], default_user: str) -> tuple[Any, Any]:
+    """(BrokerUrl, TlsOptions) for the tools (monitor, profile), from their flags."""
+    from edgeagent.config import BrokerAccess
+    from edgeagent.transport.access import resolve
+
+    given = {k: kw[k] for k in _ACCESS_KEYS if kw.get(k)}
+    access = build(BrokerAccess, {"broker": broker, **given}, source="<arguments>")
+    return resolve(access, default_user)
 
 
 def train_options(f: F) -> F:
@@ -134,6 +165,7 @@ _CENTRAL_KEYS = (
     "partition",
     "repartition_first",
     "repartition_every",
+    *_ACCESS_KEYS,
 )
 
 
@@ -169,7 +201,7 @@ def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
     return {**central, "train": train} if train else central
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception) -> NoReturn:
     console.print(f"[bold red]error:[/] {exc}")
     sys.exit(2)
 
@@ -185,6 +217,11 @@ def main() -> None:
 @click.option("--workers", type=int, help="Local worker processes to start (default 2).")
 @click.option("--slowdowns", help="Compute slowdown per device, central first, e.g. 1,1,6.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="Throw-away logins, topic rights and mutual TLS: the embedded broker as deployed on a LAN.",
+)
 @click.option(
     "--link-mbps",
     "link_mbps",
@@ -216,6 +253,7 @@ def demo(**kw: Any) -> None:
             show_progress=not kw["no_progress"],
             kills=_kills(kw["kills"]),
             links=_floats(kw["link_mbps"]),
+            secure=kw["secure"],
         )
     except (EdgeAgentError, ValueError) as exc:
         _fail(exc)
@@ -225,6 +263,7 @@ def demo(**kw: Any) -> None:
 
 @main.command()
 @train_options
+@access_options
 @click.option("--workers", type=int, help="Workers to wait for.")
 @click.option("--id", "device_id", help="This node's device id (default central).")
 @click.option("--slowdown", type=float, help="Emulate a device this many times slower (>= 1).")
@@ -256,6 +295,7 @@ def central(**kw: Any) -> None:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file (see configs/).")
 @click.option("--id", "device_id", help="Device id (default: the host name).")
 @click.option("--broker", help="mqtt://[user:pass@]host:port or mqtts://...")
+@access_options
 @click.option("--cluster")
 @click.option("--slowdown", type=float, help="Emulate a device this many times slower (>= 1).")
 @click.option("--threads", type=int, help="Torch threads.")
@@ -289,22 +329,49 @@ def worker(**kw: Any) -> None:
         w.stop()
 
 
+_FILE = click.Path(exists=True, dir_okay=False)
+
+
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=1883, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, help="Port [default: 1883, or 8883 with --tls-cert].")
 @click.option(
-    "--password-file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="amqtt password file; required when listening beyond loopback.",
+    "--credentials",
+    type=click.Path(exists=True, file_okay=False),
+    help="Directory made by `edgeagent credentials add`: logins and topic rights. Required beyond loopback.",
 )
+@click.option("--tls-cert", type=_FILE, help="Serve mqtts:// with this certificate.")
+@click.option("--tls-key", type=_FILE, help="The key of --tls-cert.")
+@click.option("--tls-ca", type=_FILE, help="Verify client certificates against this CA.")
+@click.option("--require-client-cert", is_flag=True, help="Refuse TLS clients without a certificate.")
 @click.option("--log-level", default="INFO")
-def broker(host: str, port: int, password_file: str | None, log_level: str) -> None:
+def broker(
+    host: str,
+    port: int | None,
+    credentials: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+    require_client_cert: bool,
+    log_level: str,
+) -> None:
     """The embedded MQTT 3.1.1 broker (amqtt)."""
-    from edgeagent.broker import serve_forever
+    from edgeagent.broker import BrokerTls, serve_forever
 
     setup_logging(log_level, device="broker")
     try:
-        serve_forever(host, port, password_file=password_file)
+        if (tls_cert is None) != (tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if tls_cert is None and (tls_ca or require_client_cert):
+            raise ConfigError("--tls-ca and --require-client-cert need --tls-cert and --tls-key")
+        if require_client_cert and not tls_ca:
+            raise ConfigError("--require-client-cert needs --tls-ca to verify the client certificates")
+        tls = (
+            BrokerTls(tls_cert, tls_key, tls_ca, require_client_cert)
+            if tls_cert is not None and tls_key is not None
+            else None
+        )
+        serve_forever(host, port or (8883 if tls else 1883), credentials=credentials, tls=tls)
     except EdgeAgentError as exc:
         _fail(exc)
 
@@ -314,13 +381,15 @@ def broker(host: str, port: int, password_file: str | None, log_level: str) -> N
 @click.option("--cluster", default=None, help="Show one cluster (default: all).")
 @click.option("--refresh", default=0.5, show_default=True, type=float, help="Seconds between redraws.")
 @click.option("--duration", default=None, type=float, help="Stop after this many seconds (default: Ctrl-C).")
-def monitor(broker: str, cluster: str | None, refresh: float, duration: float | None) -> None:
+@access_options
+def monitor(broker: str, cluster: str | None, refresh: float, duration: float | None, **kw: Any) -> None:
     """A live dashboard of the cluster: devices, stages, throughput, heartbeats and events."""
     from edgeagent.monitor import run_monitor
 
     setup_logging("WARNING")
     try:
-        run_monitor(broker=broker, cluster=cluster, refresh=refresh, duration=duration)
+        url, tls = _access(broker, kw, "monitor")
+        run_monitor(broker=url, cluster=cluster, refresh=refresh, duration=duration, tls=tls)
     except (EdgeAgentError, ValueError) as exc:
         _fail(exc)
 
@@ -330,11 +399,15 @@ def profile() -> None:
     """Device profiles (configs/devices/<id>.yaml), pushed from the central node as retained messages."""
 
 
-def _profile_transport(broker: str, cluster: str) -> tuple[Any, Any]:
+def _profile_transport(broker: str, cluster: str, kw: dict[str, Any]) -> tuple[Any, Any]:
     from edgeagent.protocol.topics import Topics
     from edgeagent.transport.mqtt import MqttTransport
 
-    transport = MqttTransport(broker, f"ea-profile-{os.getpid()}")
+    try:
+        url, tls = _access(broker, kw, "central")
+    except EdgeAgentError as exc:
+        _fail(exc)
+    transport = MqttTransport(url, f"ea-profile-{os.getpid()}", tls=tls)
     if not transport.wait_connected(10):
         transport.close()
         _fail(EdgeAgentError(f"no broker at {broker} within 10 s"))
@@ -353,13 +426,13 @@ _profile_options = [
 def profile_options(f: F) -> F:
     for option in reversed(_profile_options):
         f = option(f)
-    return f
+    return access_options(f)
 
 
 @profile.command("push")
 @profile_options
 @click.argument("ids", nargs=-1)
-def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...]) -> None:
+def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...], **kw: Any) -> None:
     """Validate the profiles (all of DIR, or the IDS) and push them to their devices."""
     from edgeagent import profiles as profiles_module
 
@@ -368,7 +441,7 @@ def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...]
     except EdgeAgentError as exc:
         _fail(exc)
         return
-    transport, topics = _profile_transport(broker, cluster)
+    transport, topics = _profile_transport(broker, cluster, kw)
     try:
         profiles_module.push(transport, topics, found)
     finally:
@@ -380,11 +453,11 @@ def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...]
 @profile.command("show")
 @profile_options
 @click.argument("device_id")
-def profile_show(broker: str, cluster: str, directory: str, device_id: str) -> None:
+def profile_show(broker: str, cluster: str, directory: str, device_id: str, **kw: Any) -> None:
     """Print the profile the broker holds for DEVICE_ID."""
     from edgeagent import profiles as profiles_module
 
-    transport, topics = _profile_transport(broker, cluster)
+    transport, topics = _profile_transport(broker, cluster, kw)
     try:
         current = profiles_module.fetch(transport, topics, device_id)
     finally:
@@ -398,7 +471,7 @@ def profile_show(broker: str, cluster: str, directory: str, device_id: str) -> N
 @profile.command("diff")
 @profile_options
 @click.argument("device_id")
-def profile_diff(broker: str, cluster: str, directory: str, device_id: str) -> None:
+def profile_diff(broker: str, cluster: str, directory: str, device_id: str, **kw: Any) -> None:
     """Compare DIR/DEVICE_ID.yaml with the profile the broker holds."""
     import difflib
 
@@ -409,7 +482,7 @@ def profile_diff(broker: str, cluster: str, directory: str, device_id: str) -> N
     except EdgeAgentError as exc:
         _fail(exc)
         return
-    transport, topics = _profile_transport(broker, cluster)
+    transport, topics = _profile_transport(broker, cluster, kw)
     try:
         current = profiles_module.fetch(transport, topics, device_id)
     finally:
@@ -419,6 +492,125 @@ def profile_diff(broker: str, cluster: str, directory: str, device_id: str) -> N
         difflib.unified_diff(pushed, profiles_module.dump(local).splitlines(), "pushed", "local", lineterm="")
     )
     console.print("\n".join(lines) if lines else "no difference", highlight=False)
+
+
+def _register_certs() -> None:
+    from edgeagent.certs import certs_command
+
+    main.add_command(certs_command)
+
+
+_register_certs()
+
+
+@main.group()
+def credentials() -> None:
+    """Broker logins and topic rights (per-device passwords; ACLs for amqtt and Mosquitto)."""
+
+
+_credentials_dir = click.option(
+    "--dir",
+    "directory",
+    default="/etc/edgeagent/broker",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="The credentials directory (give it to `edgeagent broker --credentials`).",
+)
+
+
+@credentials.command("add")
+@_credentials_dir
+@click.argument("names", nargs=-1)
+@click.option(
+    "--role",
+    type=click.Choice(["device", "central", "observer"]),
+    default="device",
+    show_default=True,
+    help="device: own topics and stage outputs; central: the whole cluster; observer: read only.",
+)
+@click.option("--cluster", default="default", show_default=True, help="The cluster (* for all).")
+@click.option(
+    "--profiles",
+    type=click.Path(exists=True, file_okay=False),
+    help="Also add a device login for every profile in this directory (e.g. configs/devices).",
+)
+@click.option(
+    "--password-out",
+    type=click.Path(file_okay=False),
+    help="Write each new password to DIR/<name>.password (mode 0600) instead of printing it.",
+)
+def credentials_add(
+    directory: str,
+    names: tuple[str, ...],
+    role: str,
+    cluster: str,
+    profiles: str | None,
+    password_out: str | None,
+) -> None:
+    """Add logins NAMES (or re-key existing ones) with random passwords."""
+    from edgeagent.credentials import CredentialStore
+    from edgeagent.profiles import load_profiles
+
+    store = CredentialStore(directory)
+    try:
+        wanted = [(n, role) for n in names]
+        if profiles:
+            known = store.users()
+            wanted += [(p.id, "device") for p in load_profiles(profiles, None) if p.id not in known]
+        if not wanted:
+            raise ConfigError("nothing to add: give NAMES or --profiles DIR")
+        for name, name_role in wanted:
+            password = store.add(name, role=name_role, cluster=cluster)
+            if password_out:
+                out = Path(password_out)
+                out.mkdir(parents=True, exist_ok=True)
+                target = out / f"{name}.password"
+                target.touch(mode=0o600, exist_ok=True)
+                target.chmod(0o600)
+                target.write_text(password + "\n", encoding="utf-8")
+                console.print(f"added {name} ({name_role}, cluster {cluster}); password in {target}")
+            else:
+                console.print(f"added {name} ({name_role}, cluster {cluster}); password: {password}")
+    except EdgeAgentError as exc:
+        _fail(exc)
+    console.print(
+        f"the embedded broker ({directory}) picks this up at the next login; Mosquitto needs "
+        "`kill -HUP` (password_file mosquitto.passwd, acl_file mosquitto.acl)",
+        highlight=False,
+    )
+
+
+@credentials.command("remove")
+@_credentials_dir
+@click.argument("names", nargs=-1, required=True)
+def credentials_remove(directory: str, names: tuple[str, ...]) -> None:
+    """Remove logins NAMES (connected clients keep their session until they reconnect)."""
+    from edgeagent.credentials import CredentialStore
+
+    store = CredentialStore(directory)
+    try:
+        for name in names:
+            store.remove(name)
+            console.print(f"removed {name}")
+    except EdgeAgentError as exc:
+        _fail(exc)
+
+
+@credentials.command("list")
+@_credentials_dir
+def credentials_list(directory: str) -> None:
+    """List the logins, their roles and clusters (never passwords)."""
+    from edgeagent.credentials import CredentialStore
+
+    try:
+        users = CredentialStore(directory).users()
+    except EdgeAgentError as exc:
+        _fail(exc)
+    if not users:
+        console.print(f"no logins in {directory}; add some with `edgeagent credentials add`")
+        return
+    for name, user in sorted(users.items()):
+        console.print(f"{name:24} {user.grant.role:9} cluster {user.grant.cluster}", highlight=False)
 
 
 def _finish_report(report: Any, path: str | None) -> None:

@@ -47,8 +47,21 @@ class TrainConfig(_Frozen):
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
 
 
-class CentralConfig(_Frozen):
+class BrokerAccess(_Frozen):
+    """How a role reaches the broker: its URL, its login and TLS files."""
+
     broker: str = "mqtt://127.0.0.1:1883"
+    # The login; default: the device id (what `edgeagent credentials add <id>` creates).
+    username: str | None = None
+    # A file holding the password (mode 0600; a relative name is also looked up in systemd's
+    # $CREDENTIALS_DIRECTORY, for LoadCredential=).
+    password_file: str | None = None
+    ca_file: str | None = Field(None, description="CA that signed the broker's certificate (mqtts://)")
+    cert_file: str | None = Field(None, description="this device's client certificate (mutual TLS)")
+    key_file: str | None = Field(None, description="the key of cert_file")
+
+
+class CentralConfig(BrokerAccess):
     cluster: str = "default"
     device_id: str = "central"
     workers: int = Field(2, ge=0)
@@ -104,8 +117,7 @@ def parse_slowdown_change(text: str) -> tuple[str, int, float]:
     return parsed
 
 
-class WorkerConfig(_Frozen):
-    broker: str = "mqtt://127.0.0.1:1883"
+class WorkerConfig(BrokerAccess):
     cluster: str = "default"
     device_id: str = "worker"
     threads: int = Field(1, ge=1)

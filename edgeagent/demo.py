@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,8 +22,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from edgeagent.broker import EmbeddedBroker
+from edgeagent.broker import BrokerTls, EmbeddedBroker
+from edgeagent.certs import init_site
 from edgeagent.config import CentralConfig
+from edgeagent.credentials import CredentialStore
 from edgeagent.logs import console
 from edgeagent.roles.central import Central, ProgressHook, RunReport
 
@@ -74,8 +77,12 @@ class LocalWorkers:
         kills: dict[str, int] | None = None,
         log_level: str | None = None,
         links: list[float] | None = None,
+        logins: dict[str, str] | None = None,
+        tls_dir: str | None = None,
     ) -> None:
         self.broker, self.cluster = broker, cluster
+        self.logins = dict(logins or {})  # device id -> password file
+        self.tls_dir = tls_dir  # CA and client certificates (mutual TLS)
         self.slowdowns = {f"worker-{i + 1}": slowdowns[i] for i in range(n)}
         self.kills = dict(kills or {})
         self.links = {f"worker-{i + 1}": (links or [0.0] * n)[i] for i in range(n)}
@@ -92,6 +99,11 @@ class LocalWorkers:
             extra = ("--die-at-backward", str(self.kills[device]))
         if self.links.get(device):
             extra = (*extra, "--link-mbps", str(self.links[device]))
+        if device in self.logins:
+            extra = (*extra, "--password-file", self.logins[device])
+        if self.tls_dir:
+            for key, path in tls_files(self.tls_dir, device).items():
+                extra = (*extra, f"--{key.replace('_', '-')}", path)
         cmd = worker_command(device, self.broker, self.cluster, self.slowdowns[device], extra=extra)
         self.procs[device] = proc = subprocess.Popen(cmd, env=self.env)
         return proc
@@ -135,8 +147,12 @@ def local_workers(
     *,
     kills: dict[str, int] | None = None,
     links: list[float] | None = None,
+    logins: dict[str, str] | None = None,
+    tls_dir: str | None = None,
 ) -> Iterator[LocalWorkers]:
-    workers = LocalWorkers(n, broker, cluster, slowdowns, kills=kills, links=links)
+    workers = LocalWorkers(
+        n, broker, cluster, slowdowns, kills=kills, links=links, logins=logins, tls_dir=tls_dir
+    )
     try:
         yield workers.start_all()
     finally:
@@ -171,8 +187,16 @@ def run_demo(
     kills: dict[str, int] | None = None,
     on_progress: ProgressHook | None = None,
     links: list[float] | None = None,
+    secure: bool = False,
+    logins: dict[str, str] | None = None,
 ) -> RunReport:
-    """Run a whole training job on this machine and return its report."""
+    """Run a whole training job on this machine and return its report.
+
+    ``secure``: the embedded broker requires a login per device, enforces the topic rights
+    (`edgeagent credentials`) and serves mqtts:// with client certificates (`edgeagent certs`), all
+    throw-away. ``logins`` (device id, and ``central``, to a
+    password file) are for an external broker that already has those logins.
+    """
     if slowdowns and len(slowdowns) != workers + 1:
         raise ValueError(f"--slowdowns needs {workers + 1} factors (central first), got {len(slowdowns)}")
     factors = slowdowns or [1.0] * (workers + 1)
@@ -180,31 +204,79 @@ def run_demo(
         raise ValueError(f"--link-mbps needs 1 or {workers + 1} values (central first), got {len(links)}")
     rates = (links * (workers + 1) if len(links) == 1 else links) if links else [0.0] * (workers + 1)
     cluster = config.cluster if config.cluster != "default" else f"demo-{uuid.uuid4().hex[:6]}"
-    embedded = None if broker else EmbeddedBroker().start()
-    url = broker or (embedded.url if embedded else "")
-    config = config.model_copy(
-        update={
-            "broker": url,
-            "cluster": cluster,
-            "workers": workers,
-            "slowdown": factors[0],
-            "link_mbps": rates[0],
-        }
-    )
-    try:
-        with local_workers(workers, url, cluster, factors[1:], kills=kills, links=rates[1:]):
-            if show_progress and config.progress:
-                columns = (
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    TimeRemainingColumn(),
-                )
-                with Progress(*columns, console=console, transient=False) as progress:
-                    task = progress.add_task("starting", total=None)
-                    return Central(config, progress=_progress_hook(progress, task)).run()
-            return Central(config, progress=on_progress).run()
-    finally:
+    with contextlib.ExitStack() as stack:
+        if secure and broker:
+            raise ValueError("--secure makes throw-away logins for the embedded broker; drop --broker")
+        credentials = tls = tls_dir = None
+        if secure:
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgeagent-demo-"))
+            credentials = os.path.join(scratch, "credentials")
+            devices = ["central", *(f"worker-{i + 1}" for i in range(workers))]
+            logins = throwaway_logins(credentials, cluster, devices, scratch)
+            tls_dir = os.path.join(scratch, "tls")
+            site = init_site(tls_dir, ["127.0.0.1"], devices)
+            tls = BrokerTls(
+                str(site.broker.cert), str(site.broker.key), str(site.ca.cert), require_client_cert=True
+            )
+        embedded = None if broker else EmbeddedBroker(credentials=credentials, tls=tls).start()
         if embedded is not None:
-            embedded.stop()
+            stack.callback(embedded.stop)
+        url = broker or (embedded.url if embedded else "")
+        config = config.model_copy(
+            update={
+                "broker": url,
+                "cluster": cluster,
+                "workers": workers,
+                "slowdown": factors[0],
+                "link_mbps": rates[0],
+                **({"password_file": logins["central"]} if logins and "central" in logins else {}),
+                **(tls_files(tls_dir, "central") if tls_dir else {}),
+            }
+        )
+        stack.enter_context(
+            local_workers(
+                workers,
+                url,
+                cluster,
+                factors[1:],
+                kills=kills,
+                links=rates[1:],
+                logins=logins,
+                tls_dir=tls_dir,
+            )
+        )
+        if show_progress and config.progress:
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+            )
+            with Progress(*columns, console=console, transient=False) as progress:
+                task = progress.add_task("starting", total=None)
+                return Central(config, progress=_progress_hook(progress, task)).run()
+        return Central(config, progress=on_progress).run()
+    raise AssertionError("unreachable")  # for mypy: the with block returns
+
+
+def tls_files(directory: str, device: str) -> dict[str, str]:
+    """The CA and a device's client certificate in a site directory made by ``edgeagent certs``."""
+    return {
+        "ca_file": os.path.join(directory, "ca.pem"),
+        "cert_file": os.path.join(directory, f"{device}.pem"),
+        "key_file": os.path.join(directory, f"{device}.key"),
+    }
+
+
+def throwaway_logins(credentials: str, cluster: str, devices: list[str], secrets_dir: str) -> dict[str, str]:
+    """Logins for ``devices`` (``central`` gets the central role) and their password files."""
+    store = CredentialStore(credentials)
+    logins = {}
+    for device in devices:
+        password = store.add(device, role="central" if device == "central" else "device", cluster=cluster)
+        path = os.path.join(secrets_dir, f"{device}.password")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+            f.write(password + "\n")
+        logins[device] = path
+    return logins

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
@@ -40,6 +40,9 @@ from edgeagent.protocol.messages import (
     decode,
 )
 from edgeagent.protocol.topics import PROTOCOL_VERSION, ROOT, Family, TopicInfo, Topics, check_name
+
+if TYPE_CHECKING:
+    from edgeagent.transport.mqtt import BrokerUrl, TlsOptions
 
 log = logging.getLogger(__name__)
 
@@ -600,12 +603,13 @@ def _s(n: int) -> str:
 
 def run_monitor(
     *,
-    broker: str,
+    broker: str | BrokerUrl,
     cluster: str | None = None,
     refresh: float = 0.5,
     duration: float | None = None,
     console: Console | None = None,
     connect_timeout: float = CONNECT_TIMEOUT,
+    tls: TlsOptions | None = None,
 ) -> None:
     """Show the cluster(s) on ``broker`` until Ctrl-C (or for ``duration`` seconds).
 
@@ -619,7 +623,7 @@ def run_monitor(
     if not refresh > 0:
         raise ValueError(f"refresh must be > 0 seconds, got {refresh}")
     patterns = subscriptions(cluster)  # checks the cluster name
-    url = BrokerUrl.parse(broker)
+    url = broker if isinstance(broker, BrokerUrl) else BrokerUrl.parse(broker)
     out = console or default_console
     state = ClusterState(
         cluster=cluster,
@@ -635,7 +639,7 @@ def run_monitor(
         with lock:
             return state.render()
 
-    transport = MqttTransport(url, f"ea-monitor-{secrets.token_hex(4)}")
+    transport = MqttTransport(url, f"ea-monitor-{secrets.token_hex(4)}", tls=tls)
     try:
         for pattern in patterns:
             transport.subscribe(pattern, on_payload)

@@ -28,12 +28,14 @@ def _wait_port(port: int, timeout: float = 10.0) -> bool:
 class MosquittoProcess:
     """A private Mosquitto on an ephemeral port, so tests never share the machine's broker."""
 
-    def __init__(self, tmp: Path, port: int | None = None) -> None:
+    def __init__(
+        self, tmp: Path, port: int | None = None, *, extra: str = "", anonymous: bool = True
+    ) -> None:
         self.port = port or free_port()
         self.conf = tmp / f"mosquitto-{self.port}.conf"
         self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            "max_queued_messages 10000\nset_tcp_nodelay true\nlog_dest stderr\nlog_type error\n"
+            f"listener {self.port} 127.0.0.1\nallow_anonymous {str(anonymous).lower()}\npersistence false\n"
+            "max_queued_messages 10000\nset_tcp_nodelay true\nlog_dest stderr\nlog_type error\n" + extra
         )
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -82,6 +82,20 @@ _DEVICE_FAMILIES = {
         Family.REQUEST,
     )
 }
+# Per-device families only the device itself publishes (its ``control`` and ``profile`` topics are the
+# central node's): a message there must name that device as its sender, and a broker ACL lets only
+# that device write them.
+DEVICE_PUBLISHED: frozenset[Family] = frozenset(
+    {
+        Family.STATUS,
+        Family.HEARTBEAT,
+        Family.METRICS,
+        Family.REPLY,
+        Family.REPLICA,
+        Family.PROBE,
+        Family.REQUEST,
+    }
+)
 _STAGE_FAMILIES = {f.value: f for f in (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS)}
 _FIXED_FAMILIES = {
     f.value: f for f in (Family.DISCOVER, Family.ANNOUNCE, Family.COMMIT, Family.COMMAND, Family.EVENTS)

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -16,9 +16,26 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from edgeagent.errors import ProtocolError, TrainingError
 from edgeagent.protocol.messages import Activation, Heartbeat, Message, Metrics, Probe, Status, decode, encode
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
+from edgeagent.roles.limits import (
+    INVALID,
+    MALFORMED,
+    SENDER,
+    TOPIC,
+    InboxGate,
+    InboxLimits,
+    Verdict,
+    sender_problem,
+)
 from edgeagent.transport.base import Transport
 
+if TYPE_CHECKING:
+    from edgeagent.transport.access import Access
+
 log = logging.getLogger(__name__)
+
+
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
 
 
 @dataclass
@@ -41,25 +58,34 @@ class TimeAccount:
 
 @dataclass(frozen=True)
 class Inbound:
-    """A decoded message with where it came from."""
+    """A decoded message with where it came from (``wire_topic``: the topic string; ``size``: bytes)."""
 
     topic: TopicInfo
     sender: str
     message: Message
+    wire_topic: str = field(default="", compare=False)
+    size: int = field(default=0, compare=False)
 
 
 class Role:
     """Decodes everything it subscribes to on the network thread and queues it for the role's own thread.
 
-    Malformed payloads and unknown topics are logged and dropped here, so the training loop only
-    ever sees well-typed messages.
+    Malformed payloads, unknown topics, payloads over the size limit of their topic, floods (a rate
+    limit per topic), messages on another device's topic that do not come from that device and
+    messages for which the inbox has no room are logged (rate limited) and dropped here, so the
+    training loop only ever sees well-typed messages and nothing is buffered without bound; see
+    :mod:`edgeagent.roles.limits` and ``limits``.
     """
 
-    def __init__(self, transport: Transport, topics: Topics, device_id: str) -> None:
+    def __init__(
+        self, transport: Transport, topics: Topics, device_id: str, *, limits: InboxLimits | None = None
+    ) -> None:
         self.transport = transport
         self.topics = topics
         self.device_id = device_id
-        self.inbox: queue.Queue[Inbound] = queue.Queue()
+        self.inbox: queue.Queue[Inbound] = queue.Queue()  # bounded by the gate, not by the queue
+        self.gate = InboxGate(limits, name=device_id)
+        self.clock: Callable[[], float] = time.monotonic  # the gate's clock (tests set their own)
         self.dropped = 0
         self._heartbeat_seq = 0
         self._scheduler: BackgroundScheduler | None = None
@@ -77,36 +103,89 @@ class Role:
         self.transport.unsubscribe(pattern)
 
     def _on_payload(self, topic: str, payload: bytes) -> None:
+        accepted = self._accept(topic, payload, queued=True)
+        if accepted is None:
+            return
+        info, sender, message = accepted
+        self.on_arrival(sender, message)
+        verdict = self.gate.enqueue(topic, len(payload), self.clock())
+        if not verdict.accepted:
+            self._dropped(verdict)
+            return
+        self.inbox.put(Inbound(info, sender, message, wire_topic=topic, size=len(payload)))
+
+    def _accept(self, topic: str, payload: bytes, *, queued: bool) -> tuple[TopicInfo, str, Message] | None:
+        """Parse, limit (before decoding: cheap), decode and check the sender of a payload; None: dropped."""
+        now = self.clock()
         try:
             info = self.topics.parse(topic)
+        except ProtocolError as exc:
+            detail = f"dropped a {len(payload)}-byte message on {topic}: {exc}"
+            self._dropped(self.gate.reject(topic, TOPIC, detail, now))
+            return None
+        verdict = self.gate.admit(topic, info.family, len(payload), now, queued=queued)
+        if not verdict.accepted:
+            self._dropped(verdict)
+            return None
+        try:
             sender, message = decode(payload)
         except (ProtocolError, ValueError, TypeError, OverflowError) as exc:  # the latter: decoder bugs
-            self.dropped += 1
-            log.warning("%s dropped a %d-byte message on %s: %s", self.device_id, len(payload), topic, exc)
-            return
-        self.on_arrival(sender, message)
-        self.inbox.put(Inbound(info, sender, message))
+            detail = f"dropped a {len(payload)}-byte message on {topic}: {exc}"
+            self._dropped(self.gate.reject(topic, MALFORMED, detail, now))
+            return None
+        problem = sender_problem(info, sender)
+        if problem is not None:
+            detail = f"dropped {_a(message.KIND.value)} message on {topic}: {problem}"
+            self._dropped(self.gate.reject(topic, SENDER, detail, now))
+            return None
+        return info, sender, message
+
+    def discard(self, item: Inbound, reason: str) -> None:
+        """Drop a well-formed message that does not fit the run: counted in ``dropped`` and logged as the
+        limits allow (a flood of them must not flood the log either)."""
+        topic = item.wire_topic or item.topic.family.value
+        detail = f"dropped {_a(item.message.KIND.value)} message from {item.sender!r} on {topic}: {reason}"
+        self._dropped(self.gate.reject(topic, INVALID, detail, self.clock()))
+
+    def report_drops(self) -> None:
+        """Log, once, how many messages were dropped so far and why (the lines about single drops are
+        rate limited: this total is the one complete account), if any were."""
+        drops = self.gate.drops
+        if self.dropped:
+            reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(drops.items()))
+            log.warning("%s: %d messages dropped so far (%s)", self.device_id, self.dropped, reasons)
+
+    def _dropped(self, verdict: Verdict) -> None:
+        self.dropped += 1
+        if verdict.log is not None:
+            log.warning("%s", verdict.log)
 
     def on_arrival(self, sender: str, message: Message) -> None:
-        """Called on the network thread for every well-formed message, before it is queued.
+        """Called on the network thread for every well-formed message the limits accept (size, rate,
+        sender, room in the inbox when it arrived), before it is queued.
 
         Liveness must not depend on how busy the role's own thread is: a heartbeat that waits in the
         queue behind a long computation would make a healthy device look dead.
         """
 
     def next_message(self, timeout: float | None) -> Inbound | None:
+        for line in self.gate.flush(self.clock()):  # summaries of drops no line has reported yet
+            log.warning("%s", line)
         if timeout == 0:
             try:
-                return self.inbox.get_nowait()
+                item = self.inbox.get_nowait()
             except queue.Empty:
                 return None
-        started = time.perf_counter()
-        try:
-            return self.inbox.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        finally:
-            self.times.idle += time.perf_counter() - started
+        else:
+            started = time.perf_counter()
+            try:
+                item = self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            finally:
+                self.times.idle += time.perf_counter() - started
+        self.gate.release(item.wire_topic, item.size)
+        return item
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -152,15 +231,24 @@ class Role:
         self.send(self.topics.device(Family.STATUS, self.device_id), self._status, retain=True)
 
     @staticmethod
-    def mqtt_transport(topics: Topics, device_id: str, broker: str, *, link_mbps: float = 0.0) -> Transport:
-        """The transport a role uses by default: MQTT, with its ``offline`` last will registered."""
+    def mqtt_transport(
+        topics: Topics, device_id: str, access: Access, *, link_mbps: float = 0.0
+    ) -> Transport:
+        """The transport a role uses by default: MQTT, with its ``offline`` last will registered.
+
+        The client id is ``ea-<cluster>-<device id>``: a broker with ``edgeagent credentials`` insists
+        on it, so that no other login can take a device's session.
+        """
+        from edgeagent.transport.access import resolve
         from edgeagent.transport.mqtt import MqttTransport
 
+        url, tls = resolve(access, device_id)
         return MqttTransport(
-            broker,
+            url,
             f"ea-{topics.cluster}-{device_id}",
             will=Role.offline_will_for(topics, device_id),
             link_mbps=link_mbps,
+            tls=tls,
         )
 
     @staticmethod
@@ -290,11 +378,11 @@ class LinkProbes:
         self._topics.clear()
 
     def _on_probe(self, topic: str, payload: bytes) -> None:
-        try:
-            _, msg = decode(payload)
-        except ProtocolError as exc:
-            log.warning("%s dropped a probe on %s: %s", self.role.device_id, topic, exc)
+        # The role's limits apply here too (size, rate, sender), except the inbox: probes are not queued.
+        accepted = self.role._accept(topic, payload, queued=False)
+        if accepted is None:
             return
+        msg = accepted[2]
         if not isinstance(msg, Probe) or msg.target != self.role.device_id:
             return
         if msg.reply:

@@ -61,12 +61,15 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
 from edgeagent.roles.codecs import NONE, StageCodecs, restore
+from edgeagent.roles.limits import InboxLimits, TensorMeta, gradient_problem
 from edgeagent.roles.replicas import WeightStore
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.roles.worker import STAGE_TIME_WINDOW
+from edgeagent.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)
+_MAX_ANNOUNCED = 1024  # devices remembered from their announcements (the run's own are never dropped)
 
 ProgressHook = Callable[[dict[str, Any]], None]
 
@@ -158,15 +161,22 @@ class Central(Role):
     """Runs one training run to its end: ``Central(config).run()`` returns the :class:`RunReport`."""
 
     def __init__(
-        self, config: CentralConfig, transport: Transport | None = None, progress: ProgressHook | None = None
+        self,
+        config: CentralConfig,
+        transport: Transport | None = None,
+        progress: ProgressHook | None = None,
+        *,
+        limits: InboxLimits | None = None,
     ) -> None:
         topics = Topics(config.cluster)
         self._owns_transport = transport is None
         if transport is None:
             transport = Role.mqtt_transport(
-                topics, config.device_id, config.broker, link_mbps=config.link_mbps
+                topics, config.device_id, config, link_mbps=config.link_mbps
             )
-        super().__init__(transport, topics, config.device_id)
+        super().__init__(transport, topics, config.device_id, limits=limits)
+        self._notifier = Notifier()
+        self._watchdog: Watchdog | None = None
         self._resume = load_checkpoint(config.resume) if config.resume else None
         if self._resume is not None:
             # The run goes on where the checkpoint left it: same run, same training settings.
@@ -212,6 +222,8 @@ class Central(Role):
         self._links: dict[str, LinkReport] = {}
         self._ready: dict[int, dict[str, str]] = {}  # plan id -> device -> phase
         self._sent_at: dict[int, float] = {}
+        self._outputs: dict[int, TensorMeta] = {}  # stage 0's output of each batch whose gradient is due
+        self._eval_ids: set[int] = set()  # evaluation batches whose results are due
         self._stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
         self._own_recent: deque[float] = deque(maxlen=STAGE_TIME_WINDOW)  # stage 0's latest batch times
         self._own_step = 0.0
@@ -240,6 +252,11 @@ class Central(Role):
         self.set_status("training", run_id=self.run_id, stage=0)
         self.start_heartbeats(self.config.heartbeat_interval)
         self.start_metrics(self.config.metrics_interval, self._metrics)
+        # Under systemd (Type=notify): ready once connected; the watchdog is petted only while the MQTT
+        # loop and the scheduler are healthy, as on the workers.
+        self._notifier.ready(f"{self.device_id} running {self.run_id} on {self.topics.base}")
+        interval = watchdog_interval()
+        self._watchdog = Watchdog(self._notifier, self.healthy, interval).start() if interval else None
         try:
             data = load_dataset(
                 self.train.dataset, seed=self.train.seed, test_fraction=self.train.test_fraction
@@ -308,7 +325,11 @@ class Central(Role):
         return self._stage
 
     def _finish(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        self._notifier.send("STOPPING=1")
         self.publish_metrics()  # the final figures of this run
+        self.report_drops()
         if self.worker_list[1:]:
             self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="stop"))
         self.set_status("idle")
@@ -843,6 +864,7 @@ class Central(Role):
                         self._own_step = 0.0
                         committed_b = bid
                         self._sent_at.pop(bid, None)
+                        self._outputs.pop(bid, None)
                         losses.append(loss)
                         samples += self.train.batch_size
                         window_batches += 1
@@ -890,6 +912,7 @@ class Central(Role):
                                 xc=packed,
                             )
                             self._sent_at[next_f] = time.monotonic()
+                            self._outputs[next_f] = (tuple(out.shape), out.dtype)
                         next_f += 1
                         continue
                     self._wait_for_messages()
@@ -973,6 +996,7 @@ class Central(Role):
         report.test_loss_per_epoch.append(test_loss)
         report.train_loss_per_epoch.append(sum(tail) / max(1, len(tail)))
         log.info("epoch %d: test accuracy %.2f%%, test loss %.4f", epoch, 100 * acc, test_loss)
+        self._notifier.status(f"run {self.run_id}: epoch {epoch} test accuracy {100 * acc:.1f}%")
         if self.codecs.sent_bytes:
             log.info(
                 "stage 0 sent %.1f MB for %.1f MB of tensors (ratio %.1f)",
@@ -1160,6 +1184,7 @@ class Central(Role):
             self.workers.pop(device, None)
         self._gradients.clear()
         self._sent_at.clear()
+        self._outputs.clear()
         self._results.clear()
         self.status = 0
         resumed = self._clock()
@@ -1264,11 +1289,21 @@ class Central(Role):
                     try:
                         msg = dataclasses.replace(msg, g=restore(msg.g, msg.gc), gc=None)
                     except CompressionError as exc:
-                        log.error("gradient of batch %d from stage 1 dropped: %s", msg.batch_id, exc)
+                        self.discard(item, f"gradient of batch {msg.batch_id}: {exc}")
                         return
+                # Only for a batch in flight, with stage 0's output shape: stage.backward would raise
+                # (and stop the run) on anything else.
+                problem = gradient_problem(msg.g, self._outputs.get(msg.batch_id))
+                if problem is not None:
+                    self.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
+                    return
                 self._gradients[msg.batch_id] = msg
         elif isinstance(msg, EvalResult):
             if msg.run_id == self.run_id and msg.plan_id == self.plan_id:
+                if msg.batch_id not in self._eval_ids:
+                    if self._eval_ids:  # else a late duplicate of an evaluation that is over
+                        self.discard(item, f"no evaluation batch {msg.batch_id} is out")
+                    return
                 self._results[msg.batch_id] = msg
         elif isinstance(msg, Status):
             w = self.workers.get(msg.device_id)
@@ -1310,7 +1345,11 @@ class Central(Role):
             else:
                 self._weights[msg.device_id] = msg
         elif isinstance(msg, Announce):
+            self._announced.pop(msg.device_id, None)
             self._announced[msg.device_id] = msg
+            while len(self._announced) > _MAX_ANNOUNCED:  # bounded: forged ids must not grow it forever
+                oldest = next(d for d in self._announced if d not in self.worker_list)
+                del self._announced[oldest]
             joinable = self._train_started and not msg.busy_with
             new = msg.device_id not in self.worker_list and msg.device_id not in self._joiners
             if joinable and new and self.config.partition == "dynamic":
@@ -1355,6 +1394,7 @@ class Central(Role):
                 loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
             return correct / max(1, n), loss_sum / max(1, n)
         self._results.clear()
+        self._eval_ids = {eid for eid, _, _ in chunks}
         deadline = time.monotonic() + self.config.batch_timeout
         for eid, x, y in chunks:
             started = Clock()
@@ -1379,6 +1419,7 @@ class Central(Role):
                     f"{self.config.batch_timeout:.0f} s"
                 )
             self._wait_for_messages()
+        self._eval_ids = set()
         for r in self._results.values():
             correct += r.correct
             loss_sum += r.loss_sum

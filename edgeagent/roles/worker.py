@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from edgeagent import __version__
 from edgeagent.compression import CompressionError
 from edgeagent.config import WorkerConfig
 from edgeagent.errors import ConfigError, EdgeAgentError, TrainingError
-from edgeagent.models import ModelSpec
+from edgeagent.models import ModelSpec, build_layers
 from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import Kind, next_kind
 from edgeagent.pipeline.stage import Stage
@@ -42,6 +44,7 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
 from edgeagent.roles.codecs import NONE, StageCodecs, restore
+from edgeagent.roles.limits import InboxLimits, TensorMeta, activation_problem, gradient_problem
 from edgeagent.roles.replicas import WeightStore, replica_message
 from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.systemd import Notifier, Watchdog, watchdog_interval
@@ -50,6 +53,27 @@ from edgeagent.transport.base import Transport
 log = logging.getLogger(__name__)
 
 STAGE_TIME_WINDOW = 10
+EVAL_QUEUE_LIMIT = 4096  # evaluation batches waiting here (a test set of 1M samples in batches of 256)
+
+
+@functools.lru_cache(maxsize=8)
+def expected_input(spec: ModelSpec, start: int) -> TensorMeta | None:
+    """One sample of what layer ``start`` takes: shape and dtype of layers ``[0, start)``'s output.
+
+    Worked out with a dummy sample through those layers, built for the purpose (the layers a stage
+    owns never depend on them); None when that fails (an exotic user model): only the batch and the
+    labels of incoming activations are then checked.
+    """
+    try:
+        x = torch.zeros((1, *spec.in_shape))  # the data sets are float32, (N, *in_shape)
+        if start > 0:
+            with torch.no_grad():
+                for layer in build_layers(spec, 0, start, seed=0):
+                    x = layer.eval()(x)
+        return tuple(x.shape[1:]), x.dtype
+    except Exception as exc:  # a user model may fail in any way; the check is an extra
+        log.info("input shape of layer %d of %s unknown (%s); activations are checked less", start, spec, exc)
+        return None
 
 
 @dataclass
@@ -86,6 +110,16 @@ class _Run:
     batch_size: int = 0  # of the latest training batch here
     run_bits: int = 32  # the central node's choice of activation bits for this stage (a profile may override)
     codecs: StageCodecs = field(default_factory=StageCodecs)
+    in_flight: int = 4  # the central node's bound on batches in flight (Assign.in_flight)
+    sample: TensorMeta | None = None  # one sample of this stage's input (see expected_input)
+    outputs: dict[int, TensorMeta] = field(default_factory=dict)  # of batches whose gradient is due
+
+    @property
+    def window(self) -> int:
+        """How far ahead of ``next_forward`` a legitimate training batch can be: the central node keeps at
+        most ``in_flight`` batches in flight, and every stage forwarded each of them before it commits
+        one; twice that (or the number of stages, which joiners may raise) and some slack."""
+        return 2 * max(self.in_flight, self.num_stages) + 16
 
     @property
     def num_stages(self) -> int:
@@ -99,17 +133,22 @@ class _Run:
         return run_id == self.run_id and plan_id == self.plan_id
 
 
+_ERROR_REPORTS_PER_10S = 10
+
+
 class Worker(Role):
-    def __init__(self, config: WorkerConfig, transport: Transport | None = None) -> None:
+    def __init__(
+        self, config: WorkerConfig, transport: Transport | None = None, *, limits: InboxLimits | None = None
+    ) -> None:
         topics = Topics(config.cluster)
         self.config = config
         self.slowdown = config.slowdown
         self._owns_transport = transport is None
         if transport is None:
             transport = Role.mqtt_transport(
-                topics, config.device_id, config.broker, link_mbps=config.link_mbps
+                topics, config.device_id, config, link_mbps=config.link_mbps
             )
-        super().__init__(transport, topics, config.device_id)
+        super().__init__(transport, topics, config.device_id, limits=limits)
         self.run_state: _Run | None = None
         self.completed_runs = 0
         self.probes = LinkProbes(self)
@@ -118,6 +157,7 @@ class Worker(Role):
         self.link_mbps = config.link_mbps
         self.profile: DeviceProfile | None = None  # the last good one
         self._stopping = False
+        self._error_window: tuple[float, int] = (0.0, 0)  # (start, reports) of the error-report budget
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -199,6 +239,29 @@ class Worker(Role):
             log.error("%s: %s; the batch is dropped", self.device_id, exc)
             self._report_error("compute", str(exc))
 
+    @staticmethod
+    def _activation_problem(run: _Run, msg: Activation) -> str | None:
+        """Why an activation of the current run and plan cannot be taken here, or None.
+
+        Checked on receipt: a batch that does not fit would make the forward pass raise (or, kept until
+        then, take the place of the legitimate batch of the same id).
+        """
+        if msg.stage != run.index - 1:
+            return f"it comes from stage {msg.stage}, this stage takes stage {run.index - 1}'s"
+        if msg.mode == "eval":
+            if msg.batch_id < 0:
+                return "negative batch id"
+            if len(run.evals) >= EVAL_QUEUE_LIMIT:
+                return f"{len(run.evals)} evaluation batches already wait here"
+        elif msg.mode != "train":
+            return f"mode {msg.mode!r} is neither train nor eval"
+        elif msg.batch_id >= run.next_forward + run.window:
+            return (
+                f"more than {run.window} batches ahead of the next one here ({run.next_forward}); "
+                "no such batch can be in flight"
+            )
+        return activation_problem(msg.x, msg.y, sample=run.sample, num_classes=run.spec.num_classes)
+
     def _ready(self, run: _Run) -> Kind | None:
         if run.switch is not None:
             return None  # drained for a re-partition; nothing should arrive, and nothing runs
@@ -212,22 +275,20 @@ class Worker(Role):
         if isinstance(msg, Activation):
             if run is None or not run.matches(msg.run_id, msg.plan_id):
                 return  # a stale batch from an earlier run or plan
+            if msg.mode == "train" and msg.batch_id < run.next_forward:
+                return  # a duplicate delivery (QoS 1)
             if msg.xc is not None:
                 try:
                     msg = dataclasses.replace(msg, x=restore(msg.x, msg.xc), xc=None)
                 except CompressionError as exc:
                     self._report_error("compression", f"activation of batch {msg.batch_id} dropped: {exc}")
                     return
-            if msg.stage != run.index - 1:
-                log.warning(
-                    "%s: activation from stage %d, expected %d; dropped",
-                    self.device_id,
-                    msg.stage,
-                    run.index - 1,
-                )
+            problem = self._activation_problem(run, msg)
+            if problem is not None:
+                self.discard(item, f"activation of batch {msg.batch_id}: {problem}")
             elif msg.mode == "eval":
                 run.evals.append(msg)
-            elif msg.batch_id >= run.next_forward:  # below: a duplicate delivery (QoS 1)
+            else:
                 run.forwards[msg.batch_id] = msg
         elif isinstance(msg, Gradient):
             if run is None or not run.matches(msg.run_id, msg.plan_id) or msg.batch_id < run.next_backward:
@@ -238,6 +299,12 @@ class Worker(Role):
                 except CompressionError as exc:
                     self._report_error("compression", f"gradient of batch {msg.batch_id} dropped: {exc}")
                     return
+            # Only for a batch forwarded here and not yet back, with its output's shape: anything else
+            # would make the backward pass raise after it took the batch out of flight (and lose it).
+            problem = gradient_problem(msg.g, run.outputs.get(msg.batch_id))
+            if problem is not None:
+                self.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
+                return
             run.backwards[msg.batch_id] = msg
 
         elif isinstance(msg, Assign):
@@ -316,6 +383,7 @@ class Worker(Role):
             global_every=msg.global_every,
             replicas=msg.replicas,
             batches_per_epoch=msg.batches_per_epoch,
+            in_flight=msg.in_flight,
         )
         self.run_state = run
         self.set_metrics_interval(msg.metrics_interval)
@@ -366,6 +434,7 @@ class Worker(Role):
 
     def _subscribe_stage(self, run: _Run) -> None:
         """Listen to the stage's inputs: activations of the stage before, gradients of the stage after."""
+        run.sample = expected_input(run.spec, run.points[run.index])
         for pattern in run.subscriptions:
             self.stop_listening(pattern)
         run.subscriptions = [self.topics.activations(run.index - 1)]
@@ -449,6 +518,7 @@ class Worker(Role):
         run.forwards.clear()
         run.backwards.clear()
         run.evals.clear()
+        run.outputs.clear()
         run.next_forward = run.next_backward = order.version
         run.last, run.batches, run.step_seconds = None, 0, 0.0
         run.recent.clear()
@@ -512,20 +582,22 @@ class Worker(Role):
 
     def _command(self, msg: Command) -> None:
         run = self.run_state
+        if run is None or msg.run_id != run.run_id:
+            return  # commands belong to a run: another run's (or a forged one's) are not ours
         if msg.name not in Command.COMMANDS:
             self._report_error(
                 "command", f"unknown command {msg.name!r}; known: {Command.COMMANDS}", msg.run_id
             )
             return
-        if msg.name == "emulate" and msg.args.get("device") == self.device_id:
+        if msg.name == "emulate":
+            if msg.args.get("device") != self.device_id:
+                return
             factor = msg.args.get("slowdown")
             if isinstance(factor, (int, float)) and factor >= 1:
                 log.info("%s: slowdown %.1f -> %.1f", self.device_id, self.slowdown, factor)
                 self.slowdown = float(factor)
             else:
                 self._report_error("command", f"emulate needs slowdown >= 1, got {factor!r}", msg.run_id)
-            return
-        if run is None or msg.run_id != run.run_id:
             return
         if msg.name == "collect":
             self._send_weights(run, purpose="collect")
@@ -573,6 +645,7 @@ class Worker(Role):
                 t["idle"],
             )
             self.publish_metrics()  # the final figures of this run
+            self.report_drops()
             self._leave_run()
             if self.config.once:
                 self._stopping = True
@@ -608,6 +681,14 @@ class Worker(Role):
         )
 
     def _report_error(self, code: str, reason: str, run_id: str = "") -> None:
+        """Tell the central node, at most a few times per 10 s: bad input must not turn into a flood."""
+        now = time.monotonic()
+        if now - self._error_window[0] > 10.0:
+            self._error_window = (now, 0)
+        if self._error_window[1] >= _ERROR_REPORTS_PER_10S:
+            log.warning("%s: %s (not reported: too many error reports)", self.device_id, reason)
+            return
+        self._error_window = (self._error_window[0], self._error_window[1] + 1)
         self.send(
             self.topics.device(Family.REPLY, self.device_id),
             ErrorReport(device_id=self.device_id, code=code, reason=reason, run_id=run_id),
@@ -631,6 +712,7 @@ class Worker(Role):
             self._send_gradient(run, msg.batch_id, result.grad_input, result.loss, result.correct, [])
             return
         run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
+        run.outputs[msg.batch_id] = (tuple(out.shape), out.dtype)  # what its gradient must look like
         x, xc = run.codecs.activation(out, epoch=msg.batch_id // max(1, run.batches_per_epoch))
         self.send_activation(
             run_id=msg.run_id,
@@ -646,6 +728,7 @@ class Worker(Role):
 
     def _backward(self, run: _Run, msg: Gradient) -> None:
         run.next_backward = msg.batch_id + 1
+        run.outputs.pop(msg.batch_id, None)
         run.last = "B"
         self._fault_injection(msg.batch_id)
         started = Clock()

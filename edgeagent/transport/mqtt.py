@@ -96,6 +96,22 @@ class TlsOptions:
     key_file: str | None = None
 
 
+def _client_tls_context(opts: TlsOptions) -> ssl.SSLContext:
+    """TLS 1.2 or later; the broker's certificate must chain to ``ca_file`` (the system's CAs without
+    it) and name the host of the broker URL (a DNS name or an IP address in its subjectAltName)."""
+    if opts.key_file is not None and opts.cert_file is None:
+        raise ConfigError(f"a TLS key file ({opts.key_file}) needs its certificate file too")
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=opts.ca_file)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if opts.cert_file is not None:
+            context.load_cert_chain(opts.cert_file, opts.key_file)
+    except (OSError, ssl.SSLError) as exc:  # a missing file, or a key that does not match its certificate
+        files = ", ".join(f"{k}={v}" for k, v in vars(opts).items() if v is not None) or "system CAs"
+        raise ConfigError(f"cannot load the TLS files ({files}): {exc}") from exc
+    return context
+
+
 class MqttTransport(Transport):
     """One paho client. Reconnects by itself with capped, jittered backoff and resubscribes."""
 
@@ -122,6 +138,9 @@ class MqttTransport(Transport):
         self._is_connected = threading.Event()
         self._closed = False
         self.dropped = 0  # payloads dropped as malformed or oversized, for tests and metrics
+        self.refusals = 0  # connection attempts the broker refused in a row (bad credentials)
+        self._last_sent: mqtt.MQTTMessageInfo | None = None
+        self.close_timeout = 2.0
         self.throttle = LinkThrottle(link_mbps) if link_mbps > 0 else None
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=True
@@ -129,13 +148,7 @@ class MqttTransport(Transport):
         if self.url.username:
             client.username_pw_set(self.url.username, self.url.password)
         if self.url.tls or tls is not None:
-            opts = tls or TlsOptions()
-            client.tls_set(
-                ca_certs=opts.ca_file,
-                certfile=opts.cert_file,
-                keyfile=opts.key_file,
-                cert_reqs=ssl.CERT_REQUIRED,
-            )
+            client.tls_set_context(_client_tls_context(tls or TlsOptions()))
         if will is not None:
             client.will_set(will[0], will[1], qos=1, retain=True)
         client.on_socket_open = self._handle_socket_open
@@ -180,6 +193,8 @@ class MqttTransport(Transport):
             info = self._client.publish(topic, frame, qos=qos, retain=retain)
             if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
                 log.warning("publish to %s failed: %s", topic, mqtt.error_string(info.rc))
+            elif qos > 0:
+                self._last_sent = info
 
     def _subscribe_remote(self, pattern: str) -> None:
         if self.connected:
@@ -193,6 +208,12 @@ class MqttTransport(Transport):
         """Disconnect cleanly (no last will is sent) and stop the network thread."""
         if self._closed:
             return
+        # The last words (a run's "stop", an "offline" status) must reach the broker before we hang up:
+        # wait a little for the broker to acknowledge the last QoS 1 message.
+        last = self._last_sent
+        if last is not None and self.connected:
+            with contextlib.suppress(RuntimeError, ValueError):
+                last.wait_for_publish(self.close_timeout)
         self._closed = True
         try:
             self._client.disconnect()
@@ -222,13 +243,20 @@ class MqttTransport(Transport):
         self, client: mqtt.Client, userdata: object, flags: object, rc: object, props: object
     ) -> None:
         if getattr(rc, "is_failure", False):
-            log.error(
-                "broker %s refused %s: %s (check the credentials and ACLs for this device)",
-                self.url.redacted(),
-                self.client_id,
-                rc,
-            )
+            self.refusals += 1
+            if self.refusals == 1 or self.refusals % 60 == 0:
+                log.error(
+                    "broker %s refused %s: %s (%d times so far; check this device's user name, password "
+                    "file and client id against `edgeagent credentials list` on the broker); retrying "
+                    "every %.0f s",
+                    self.url.redacted(),
+                    self.client_id,
+                    rc,
+                    self.refusals,
+                    self.max_backoff,
+                )
             return
+        self.refusals = 0
         log.debug("%s connected to %s", self.client_id, self.url.redacted())
         self._client.reconnect_delay_set(min_delay=1, max_delay=max(1, int(self.max_backoff)))
         # Connected first, then resubscribe: a subscribe() racing with this sees "connected" and sends
@@ -243,6 +271,10 @@ class MqttTransport(Transport):
     ) -> None:
         self._is_connected.clear()
         if self._closed:
+            return
+        if self.refusals:  # refused logins retry slowly: the credentials may be added on the broker later
+            slow = max(1, int(self.max_backoff))
+            client.reconnect_delay_set(min_delay=slow, max_delay=slow)
             return
         # Jitter the first retry so that a cluster does not reconnect in lock-step after a broker restart.
         jittered: Any = random.uniform(0.2, 1.0)  # paho annotates int but sleeps on any number
@@ -264,7 +296,8 @@ class MqttTransport(Transport):
                     whole = self._reassembler.feed(topic, payload)
             except ProtocolError as exc:
                 self.dropped += 1
-                log.warning("dropped a chunk on %s: %s", topic, exc)
+                if self.dropped <= 3 or self.dropped % 100 == 0:  # a flood of bad frames: a few lines only
+                    log.warning("dropped a chunk on %s: %s (%d dropped so far)", topic, exc, self.dropped)
                 return
             if whole is None:
                 return

@@ -141,3 +141,29 @@ def test_units_verify(unit: Path, tmp_path: Path) -> None:
     local.write_text(text.replace("/opt/edgeagent/venv/bin/edgeagent", str(shutil.which("true"))))
     proc = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+
+
+def test_central_says_ready_and_status_per_epoch_and_stopping(
+    fake: FakeSystemd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The central node's unit is Type=notify too: READY once connected, STATUS per epoch, STOPPING."""
+    from edgeagent.config import CentralConfig, TrainConfig
+    from edgeagent.roles.central import Central
+
+    monkeypatch.setenv("NOTIFY_SOCKET", str(fake.path))
+    monkeypatch.setenv("WATCHDOG_USEC", "100000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    with EmbeddedBroker() as broker:
+        config = CentralConfig(
+            broker=broker.url,
+            cluster="notify-central",
+            workers=0,
+            progress=False,
+            train=TrainConfig(epochs=2),
+        )
+        report = Central(config).run()
+    assert report.epochs == 2
+    assert fake.count("READY=1") == 1
+    assert fake.wait_for("STOPPING=1")
+    statuses = [m for m in fake.messages if "epoch 1 test accuracy" in m]
+    assert statuses, fake.messages

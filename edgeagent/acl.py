@@ -1,0 +1,215 @@
+"""Who may publish, subscribe to and receive which topics: pure policy, no I/O.
+
+Three roles:
+
+* ``central``: everything under its cluster (it drives the run and is stage 0).
+* ``device``: publishes only its own device topics, the announcement, and the outputs of the stage it
+  holds in the current (or the previous) plan of its cluster; reads the run-wide topics, its own
+  control and profile topics, the peer topics it needs (status, replicas, probes, fetch requests)
+  and the data-plane topics.
+* ``observer``: reads everything of its cluster and publishes nothing (monitors, Home Assistant).
+
+A grant's cluster may be ``*`` (every cluster), e.g. for an operator's central login.
+
+Stage ownership follows the run: :class:`PlanTracker` learns it from the assignments the central node
+publishes (``device/<id>/control``), so "the gradient topic of a stage it does not own" changes with
+every re-partition. Static brokers (Mosquitto) get :func:`mosquitto_acl`, which cannot follow the
+plan and allows every device all stage topics of its cluster (docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+from edgeagent.protocol.topics import DEVICE_PUBLISHED, PROTOCOL_VERSION, ROOT, Family, Topics
+
+RoleName = Literal["central", "device", "observer"]
+ROLES: tuple[RoleName, ...] = ("central", "device", "observer")
+
+# What a device publishes on its own device topics, in a fixed order (for the generated files).
+DEVICE_OWN = tuple(f for f in Family if f in DEVICE_PUBLISHED)
+# Peer topics every device may read (replicas, layer requests and probes of its neighbours).
+DEVICE_READS_PEERS = (Family.STATUS, Family.REPLICA, Family.PROBE, Family.REQUEST)
+DEVICE_READS_OWN = (Family.CONTROL, Family.PROFILE)
+DEVICE_READS_FIXED = (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVENTS)
+STAGE_OUTPUTS = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One login's role and the cluster it belongs to (``*``: all clusters)."""
+
+    role: RoleName
+    cluster: str = "default"
+
+    def clusters(self, topic: str) -> str | None:
+        """The cluster a topic (or filter) of this grant names, or None if it is not this grant's."""
+        parts = topic.split("/")
+        if len(parts) < 4 or parts[0] != ROOT or parts[1] != PROTOCOL_VERSION:
+            return None
+        if self.cluster == "*":
+            return parts[2] if parts[2] not in ("+", "#") else None
+        return self.cluster if parts[2] == self.cluster else None
+
+
+@dataclass
+class PlanTracker:
+    """Per cluster, the device order of the newest plan and of the one before it.
+
+    A device may write a stage's outputs if it holds that stage in either: during a re-partition the
+    old plan drains while the new one is announced.
+    """
+
+    plans: dict[str, tuple[str, int, list[str], list[str]]] = field(default_factory=dict)
+
+    def update(self, cluster: str, run_id: str, plan_id: int, worker_list: list[str]) -> bool:
+        """Record a plan; returns True if it changed anything."""
+        known = self.plans.get(cluster)
+        if known is not None and known[0] == run_id:
+            if plan_id < known[1] or (plan_id == known[1] and worker_list == known[2]):
+                return False
+            previous = known[2] if plan_id > known[1] else known[3]
+        else:
+            previous = []
+        self.plans[cluster] = (run_id, plan_id, list(worker_list), list(previous))
+        return True
+
+    def owns(self, cluster: str, device: str, stage: int) -> bool:
+        known = self.plans.get(cluster)
+        if known is None:
+            return False
+        return any(0 <= stage < len(order) and order[stage] == device for order in (known[2], known[3]))
+
+    def to_json(self) -> str:
+        return json.dumps(self.plans, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PlanTracker:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("plan state must be a JSON object")
+        plans = {}
+        for cluster, (run_id, plan_id, current, previous) in raw.items():
+            plans[str(cluster)] = (
+                str(run_id),
+                int(plan_id),
+                [str(d) for d in current],
+                [str(d) for d in previous],
+            )
+        return cls(plans)
+
+
+def _parse(topic: str, cluster: str) -> tuple[Family, str | None, int | None] | None:
+    try:
+        info = Topics(cluster).parse(topic)
+    except Exception:
+        return None
+    return info.family, info.device, info.stage
+
+
+def may_publish(user: str, grant: Grant, topic: str, plans: PlanTracker) -> bool:
+    cluster = grant.clusters(topic)
+    if cluster is None:
+        return False
+    if grant.role == "central":
+        return True
+    if grant.role != "device":
+        return False
+    parsed = _parse(topic, cluster)
+    if parsed is None:
+        return False
+    family, device, stage = parsed
+    if family is Family.ANNOUNCE:
+        return True
+    if device is not None:
+        return device == user and family in DEVICE_OWN
+    if stage is not None:
+        return family in STAGE_OUTPUTS and plans.owns(cluster, user, stage)
+    return False
+
+
+def may_receive(user: str, grant: Grant, topic: str) -> bool:
+    cluster = grant.clusters(topic)
+    if cluster is None:
+        return False
+    if grant.role in ("central", "observer"):
+        return True
+    parsed = _parse(topic, cluster)
+    if parsed is None:
+        return False
+    family, device, stage = parsed
+    if device is not None:
+        return family in DEVICE_READS_PEERS or (device == user and family in DEVICE_READS_OWN)
+    if stage is not None:
+        return family in (Family.ACTIVATIONS, Family.GRADIENTS)
+    return family in DEVICE_READS_FIXED
+
+
+def may_subscribe(user: str, grant: Grant, pattern: str) -> bool:
+    """A filter within the grant's cluster that can match something the user may read. What it then
+    delivers is checked per message (:func:`may_receive`)."""
+    if grant.clusters(pattern) is None:
+        return False
+    if grant.role != "device" or pattern.endswith("/#"):
+        return True
+    levels = pattern.split("/")
+    wild = [i for i, level in enumerate(levels) if level == "+"]
+    if len(wild) > 3:
+        return False
+    # Try each "+" as a stage number and as some other device's id.
+    for choice in itertools.product(("0", "peer-device", user), repeat=len(wild)):
+        concrete = list(levels)
+        for i, value in zip(wild, choice, strict=True):
+            concrete[i] = value
+        if may_receive(user, grant, "/".join(concrete)):
+            return True
+    return False
+
+
+def device_client_id(user: str, grant: Grant) -> str | None:
+    """The MQTT client id a device connects with (``ea-<cluster>-<id>``, as the roles do)."""
+    return f"ea-{grant.cluster}-{user}" if grant.role == "device" and grant.cluster != "*" else None
+
+
+def client_id_ok(user: str, grant: Grant, client_id: str, users: dict[str, Grant]) -> bool:
+    """A device must use its own client id, and nobody may take another device's: MQTT hands a
+    client id's session to its newest connection, which would disconnect the device."""
+    own = device_client_id(user, grant)
+    if own is not None:
+        return client_id == own
+    return all(client_id != device_client_id(other, g) for other, g in users.items() if other != user)
+
+
+def mosquitto_acl(users: dict[str, Grant]) -> str:
+    """A Mosquitto ``acl_file`` for these logins (static: stage ownership cannot follow the plan)."""
+    lines = [
+        "# Generated by `edgeagent credentials`; do not edit (it is rewritten on every change).",
+        "# Mosquitto ACLs are static: a device may write every stage topic of its cluster here;",
+        "# the embedded broker (`edgeagent broker --credentials`) also checks the current stage owner.",
+        "",
+    ]
+    for user, grant in sorted(users.items()):
+        cluster = "+" if grant.cluster == "*" else grant.cluster
+        base = f"{ROOT}/{PROTOCOL_VERSION}/{cluster}"
+        lines.append(f"user {user}")
+        if grant.role == "central":
+            lines.append(f"topic readwrite {base}/#")
+        elif grant.role == "observer":
+            lines.append(f"topic read {base}/#")
+        else:
+            lines.append(f"topic write {base}/{Family.ANNOUNCE.value}")
+            lines += [f"topic read {base}/{f.value}" for f in DEVICE_READS_FIXED]
+            for f in DEVICE_OWN:
+                mode = "readwrite" if f in DEVICE_READS_PEERS else "write"
+                lines.append(f"topic {mode} {base}/device/{user}/{f.value}")
+            lines += [f"topic read {base}/device/{user}/{f.value}" for f in DEVICE_READS_OWN]
+            lines += [f"topic read {base}/device/+/{f.value}" for f in DEVICE_READS_PEERS]
+            lines += [
+                f"topic readwrite {base}/stage/+/{f.value}" for f in (Family.ACTIVATIONS, Family.GRADIENTS)
+            ]
+            lines.append(f"topic write {base}/stage/+/{Family.RESULTS.value}")
+        lines.append("")
+    return "\n".join(lines)

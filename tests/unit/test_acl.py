@@ -1,0 +1,160 @@
+"""The topic-rights policy and the credentials directory, without a broker."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgeagent.acl import (
+    Grant,
+    PlanTracker,
+    client_id_ok,
+    may_publish,
+    may_receive,
+    may_subscribe,
+    mosquitto_acl,
+)
+from edgeagent.cli import main
+from edgeagent.credentials import CredentialStore, mosquitto_hash, verify_mosquitto_hash
+from edgeagent.errors import ConfigError
+from edgeagent.protocol.topics import Family, Topics
+
+T = Topics("site")
+DEVICE = Grant("device", "site")
+
+
+def test_device_publishes_its_own_topics_only() -> None:
+    plans = PlanTracker()
+    assert may_publish("w1", DEVICE, T.device(Family.STATUS, "w1"), plans)
+    assert may_publish("w1", DEVICE, T.fixed(Family.ANNOUNCE), plans)
+    assert not may_publish("w1", DEVICE, T.device(Family.STATUS, "w2"), plans)
+    assert not may_publish("w1", DEVICE, T.device(Family.CONTROL, "w1"), plans)
+    assert not may_publish("w1", DEVICE, T.device(Family.PROFILE, "w1"), plans)
+    assert not may_publish("w1", DEVICE, T.fixed(Family.COMMAND), plans)
+    assert not may_publish("w1", DEVICE, Topics("other").device(Family.STATUS, "w1"), plans)
+    assert not may_publish("w1", DEVICE, "edgeagent/v1/site/not/a/topic", plans)
+    assert not may_publish("w1", Grant("observer", "site"), T.device(Family.STATUS, "w1"), plans)
+    assert may_publish("c", Grant("central", "site"), T.fixed(Family.COMMAND), plans)
+    assert may_publish("c", Grant("central", "*"), Topics("any").fixed(Family.COMMAND), plans)
+    assert not may_publish("c", Grant("central", "site"), Topics("other").fixed(Family.COMMAND), plans)
+
+
+def test_stage_outputs_follow_the_newest_two_plans() -> None:
+    plans = PlanTracker()
+    assert not may_publish("w1", DEVICE, T.gradients(1), plans)  # no plan: nothing
+    assert plans.update("site", "r", 0, ["c", "w1", "w2"])
+    assert may_publish("w1", DEVICE, T.gradients(1), plans)
+    assert may_publish("w1", DEVICE, T.results(1), plans)
+    assert not may_publish("w1", DEVICE, T.gradients(2), plans)
+    assert not plans.update("site", "r", 0, ["c", "w1", "w2"])  # the same plan again
+    assert not plans.update("site", "r", -1, ["c", "w2", "w1"])  # an older plan is ignored
+    assert plans.update("site", "r", 1, ["c", "w2", "w1"])
+    assert may_publish("w1", DEVICE, T.gradients(1), plans) and may_publish(
+        "w1", DEVICE, T.gradients(2), plans
+    )
+    assert plans.update("site", "r", 2, ["c", "w2", "w1"])
+    assert not may_publish("w1", DEVICE, T.gradients(1), plans)
+    assert plans.update("site", "r2", 0, ["c", "w1"])  # a new run forgets the old one's plans
+    assert not may_publish("w1", DEVICE, T.gradients(2), plans)
+    assert PlanTracker.from_json(plans.to_json()) == plans
+    with pytest.raises(ValueError):
+        PlanTracker.from_json("[1, 2]")
+
+
+def test_device_reads_and_subscribes_to_what_it_needs() -> None:
+    assert may_receive("w1", DEVICE, T.device(Family.CONTROL, "w1"))
+    assert not may_receive("w1", DEVICE, T.device(Family.CONTROL, "w2"))
+    assert not may_receive("w1", DEVICE, T.device(Family.HEARTBEAT, "w2"))
+    assert may_receive("w1", DEVICE, T.device(Family.REPLICA, "w2"))
+    assert may_receive("w1", DEVICE, T.activations(7))
+    assert not may_receive("w1", DEVICE, T.results(7))
+    assert may_receive("w1", DEVICE, T.fixed(Family.COMMIT))
+    assert not may_receive("w1", DEVICE, T.fixed(Family.ANNOUNCE))
+    assert may_subscribe("w1", DEVICE, T.devices(Family.REQUEST))
+    assert may_subscribe("w1", DEVICE, T.devices(Family.CONTROL))  # delivers only its own
+    assert may_subscribe("w1", DEVICE, T.all())
+    assert not may_subscribe("w1", DEVICE, T.device(Family.CONTROL, "w2"))
+    assert not may_subscribe("w1", DEVICE, "edgeagent/v1/+/#")
+    assert not may_subscribe("w1", DEVICE, "#")
+    assert may_subscribe("o", Grant("observer", "site"), T.all())
+
+
+def test_client_ids_belong_to_their_devices() -> None:
+    users = {"w1": DEVICE, "w2": DEVICE, "c": Grant("central", "site")}
+    assert client_id_ok("w1", DEVICE, "ea-site-w1", users)
+    assert not client_id_ok("w1", DEVICE, "ea-site-w2", users)
+    assert not client_id_ok("c", users["c"], "ea-site-w2", users)
+    assert client_id_ok("c", users["c"], "ea-profile-123", users)
+
+
+def test_mosquitto_acl_lists_every_user() -> None:
+    text = mosquitto_acl({"w1": DEVICE, "c": Grant("central", "site"), "o": Grant("observer", "*")})
+    assert "user c\ntopic readwrite edgeagent/v1/site/#" in text
+    assert "user o\ntopic read edgeagent/v1/+/#" in text
+    assert "topic write edgeagent/v1/site/device/w1/heartbeat" in text
+    assert "device/w2" not in text
+
+
+def test_mosquitto_hash_round_trip() -> None:
+    encoded = mosquitto_hash("correct horse battery")
+    assert encoded.startswith("$7$101$")
+    assert verify_mosquitto_hash("correct horse battery", encoded)
+    assert not verify_mosquitto_hash("wrong", encoded)
+    assert not verify_mosquitto_hash("x", "$6$garbage")
+
+
+def test_credential_store(tmp_path: Path) -> None:
+    store = CredentialStore(tmp_path / "c")
+    password = store.add("w1", cluster="site")
+    assert store.verify("w1", password) and not store.verify("w1", "nope") and not store.verify("w9", "x")
+    assert stat.S_IMODE((tmp_path / "c" / "passwd").stat().st_mode) == 0o640
+    assert password not in "".join(p.read_text() for p in (tmp_path / "c").iterdir())
+    with pytest.raises(ConfigError, match="at least 12"):
+        store.add("w2", password="short")
+    with pytest.raises(ConfigError, match="role"):
+        store.add("w2", role="admin")
+    with pytest.raises(ConfigError, match="invalid user name"):
+        store.add("w/2")
+    with pytest.raises(ConfigError, match=r"no user 'w2'.*users: w1"):
+        store.remove("w2")
+    (tmp_path / "c" / "users.yaml").write_text("users:\n  w1: {role: king}\n")
+    with pytest.raises(ConfigError, match="needs role"):
+        store.users()
+
+
+def test_credentials_cli(tmp_path: Path) -> None:
+    runner = CliRunner()
+    directory = str(tmp_path / "c")
+    profiles = tmp_path / "devices"
+    profiles.mkdir()
+    (profiles / "pi-1.yaml").write_text("id: pi-1\n")
+    out = tmp_path / "secrets"
+    result = runner.invoke(
+        main,
+        [
+            "credentials",
+            "add",
+            "--dir",
+            directory,
+            "--cluster",
+            "site",
+            "--profiles",
+            str(profiles),
+            "--password-out",
+            str(out),
+            "hub",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE((out / "pi-1.password").stat().st_mode) == 0o600
+    store = CredentialStore(directory)
+    assert store.verify("pi-1", (out / "pi-1.password").read_text().strip())
+    listing = runner.invoke(main, ["credentials", "list", "--dir", directory])
+    assert "hub" in listing.output and "pi-1" in listing.output and "cluster site" in listing.output
+    assert runner.invoke(main, ["credentials", "remove", "--dir", directory, "hub"]).exit_code == 0
+    assert set(store.users()) == {"pi-1"}
+    bad = runner.invoke(main, ["credentials", "remove", "--dir", directory, "nobody"])
+    assert bad.exit_code == 2 and "no user 'nobody'" in bad.output
