@@ -140,6 +140,9 @@ class MqttTransport(Transport):
         self.dropped = 0  # payloads dropped as malformed or oversized, for tests and metrics
         self.refusals = 0  # connection attempts the broker refused in a row (bad credentials)
         self._last_sent: mqtt.MQTTMessageInfo | None = None
+        self._pending_subscriptions: dict[int, str] = {}  # SUBSCRIBE message id -> filter
+        self._subs_lock = threading.Lock()
+        self.refused_subscriptions: set[str] = set()  # filters the broker refused (no right to read)
         self.close_timeout = 2.0
         self.throttle = LinkThrottle(link_mbps) if link_mbps > 0 else None
         client = mqtt.Client(
@@ -155,6 +158,7 @@ class MqttTransport(Transport):
         client.on_connect = self._handle_connect
         client.on_disconnect = self._handle_disconnect
         client.on_message = self._handle_message
+        client.on_subscribe = self._handle_subscribe
         client.reconnect_delay_set(min_delay=1, max_delay=max(1, int(max_backoff)))
         client.max_inflight_messages_set(64)
         self._client = client
@@ -198,7 +202,13 @@ class MqttTransport(Transport):
 
     def _subscribe_remote(self, pattern: str) -> None:
         if self.connected:
-            self._client.subscribe(pattern, qos=1)
+            self._send_subscribe(pattern)
+
+    def _send_subscribe(self, pattern: str) -> None:
+        _, mid = self._client.subscribe(pattern, qos=1)
+        if mid is not None:
+            with self._subs_lock:
+                self._pending_subscriptions[mid] = pattern
 
     def _unsubscribe_remote(self, pattern: str) -> None:
         if self.connected:
@@ -263,7 +273,7 @@ class MqttTransport(Transport):
         # its own SUBSCRIBE; one sent twice is harmless, one never sent would be lost until a reconnect.
         self._is_connected.set()
         for pattern in self._patterns():
-            client.subscribe(pattern, qos=1)
+            self._send_subscribe(pattern)
         self._connected()
 
     def _handle_disconnect(
@@ -280,6 +290,22 @@ class MqttTransport(Transport):
         jittered: Any = random.uniform(0.2, 1.0)  # paho annotates int but sleeps on any number
         client.reconnect_delay_set(min_delay=jittered, max_delay=max(1, int(self.max_backoff)))
         log.warning("%s lost the broker %s (%s); reconnecting", self.client_id, self.url.redacted(), rc)
+
+    def _handle_subscribe(
+        self, client: mqtt.Client, userdata: object, mid: int, codes: list[Any], props: object
+    ) -> None:
+        with self._subs_lock:
+            pattern = self._pending_subscriptions.pop(mid, None)
+        if pattern is None or not any(getattr(rc, "is_failure", False) for rc in codes):
+            return
+        self.refused_subscriptions.add(pattern)
+        log.error(
+            "broker %s refused %s the subscription to %s: this login may not read it (check its role and "
+            "cluster with `edgeagent credentials list` on the broker); nothing from there will arrive",
+            self.url.redacted(),
+            self.client_id,
+            pattern,
+        )
 
     def _handle_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         payload = bytes(message.payload)

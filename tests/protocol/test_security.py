@@ -13,6 +13,7 @@ import queue
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -453,3 +454,27 @@ def test_the_documented_mosquitto_lan_config_runs(tmp_path: Path, creds: tuple[P
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_refused_subscription_is_reported_by_the_transport(
+    broker: EmbeddedBroker, creds: tuple[Path, dict[str, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role whose login may not read a topic says so, instead of waiting for messages forever."""
+    from edgeagent.transport.mqtt import MqttTransport
+
+    _, pw = creds
+    t = MqttTransport(f"mqtt://worker-1:{pw['worker-1']}@127.0.0.1:{broker.port}", "ea-site-worker-1")
+    allowed = TOPICS.device(Family.CONTROL, "worker-1")
+    forbidden = TOPICS.device(Family.CONTROL, "worker-2")
+    try:
+        assert t.wait_connected(TIMEOUT)
+        with caplog.at_level("ERROR"):
+            t.subscribe(allowed, lambda topic, payload: None)
+            t.subscribe(forbidden, lambda topic, payload: None)
+            deadline = time.monotonic() + TIMEOUT  # until the refusing SUBACK has been handled
+            while not t.refused_subscriptions and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert t.refused_subscriptions == {forbidden}
+        assert any("refused" in r.getMessage() and forbidden in r.getMessage() for r in caplog.records)
+    finally:
+        t.close()
