@@ -16,6 +16,9 @@ class LayerProfile:
 
     seconds: tuple[float, ...]
     output_bytes: tuple[int, ...]
+    # One sample of each layer's output (the batch dimension left out); what the next stage must receive.
+    output_shapes: tuple[tuple[int, ...], ...] = ()
+    output_dtypes: tuple[str, ...] = ()  # e.g. "float32"
 
     def to_dict(self) -> dict[str, list[float] | list[int]]:
         return {"seconds": list(self.seconds), "output_bytes": list(self.output_bytes)}
@@ -29,6 +32,8 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *, runs: i
     """
     totals = [0.0] * len(layers)
     sizes = [0] * len(layers)
+    shapes: list[tuple[int, ...]] = [()] * len(layers)
+    dtypes = [""] * len(layers)
     for run in range(runs + 1):
         x = sample
         for j, layer in enumerate(layers):
@@ -40,7 +45,14 @@ def profile_layers(layers: Sequence[nn.Module], sample: torch.Tensor, *, runs: i
             if run > 0:
                 totals[j] += elapsed
             sizes[j] = out.numel() * out.element_size()
+            shapes[j] = tuple(out.shape[1:])
+            dtypes[j] = str(out.dtype).removeprefix("torch.")
             x = out.detach()
         for layer in layers:
             layer.zero_grad(set_to_none=True)
-    return LayerProfile(seconds=tuple(t / runs for t in totals), output_bytes=tuple(sizes))
+    return LayerProfile(
+        seconds=tuple(t / runs for t in totals),
+        output_bytes=tuple(sizes),
+        output_shapes=tuple(shapes),
+        output_dtypes=tuple(dtypes),
+    )

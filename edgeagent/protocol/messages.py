@@ -152,6 +152,10 @@ class Assign(Message):
     global_every: int = 100
     replicas: int = 1
     metrics_interval: float = 1.0  # seconds between metrics messages of every device of the run
+    # One sample of every layer's output (batch dimension left out): a stage starting at layer j > 0
+    # takes layer_shapes[j - 1]; activations that do not fit are dropped on receipt. Empty: unchecked.
+    layer_shapes: list[list[int]] = dataclasses.field(default_factory=list)
+    layer_dtypes: list[str] = dataclasses.field(default_factory=list)  # "float32", ... per layer output
 
 
 @dataclasses.dataclass(frozen=True)

@@ -410,6 +410,7 @@ class Central(Role):
         worker_list = worker_list or self.worker_list
         points = points or self.points
         index = worker_list.index(device)
+        profile = self._profile
         self.send(
             self.topics.device(Family.CONTROL, device),
             Assign(
@@ -436,6 +437,8 @@ class Central(Role):
                 global_every=self.config.global_every,
                 replicas=self.config.replicas,
                 metrics_interval=self.config.metrics_interval,
+                layer_shapes=[list(shape) for shape in profile.output_shapes] if profile else [],
+                layer_dtypes=list(profile.output_dtypes) if profile else [],
             ),
         )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import signal
@@ -19,7 +18,7 @@ from edgeagent import __version__
 from edgeagent.compression import CompressionError
 from edgeagent.config import WorkerConfig
 from edgeagent.errors import ConfigError, EdgeAgentError, TrainingError
-from edgeagent.models import ModelSpec, build_layers
+from edgeagent.models import ModelSpec
 from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import Kind, next_kind
 from edgeagent.pipeline.stage import Stage
@@ -56,24 +55,18 @@ STAGE_TIME_WINDOW = 10
 EVAL_QUEUE_LIMIT = 4096  # evaluation batches waiting here (a test set of 1M samples in batches of 256)
 
 
-@functools.lru_cache(maxsize=8)
-def expected_input(spec: ModelSpec, start: int) -> TensorMeta | None:
-    """One sample of what layer ``start`` takes: shape and dtype of layers ``[0, start)``'s output.
-
-    Worked out with a dummy sample through those layers, built for the purpose (the layers a stage
-    owns never depend on them); None when that fails (an exotic user model): only the batch and the
-    labels of incoming activations are then checked.
-    """
-    try:
-        x = torch.zeros((1, *spec.in_shape))  # the data sets are float32, (N, *in_shape)
-        if start > 0:
-            with torch.no_grad():
-                for layer in build_layers(spec, 0, start, seed=0):
-                    x = layer.eval()(x)
-        return tuple(x.shape[1:]), x.dtype
-    except Exception as exc:  # a user model may fail in any way; the check is an extra
-        log.info("input shape of layer %d of %s unknown (%s); activations are checked less", start, spec, exc)
+def stage_input(spec: ModelSpec, start: int, shapes: list[list[int]], dtypes: list[str]) -> TensorMeta | None:
+    """One sample of what layer ``start`` takes, from the central node's layer profile (``Assign``):
+    the output of layer ``start - 1``. None when the assignment carried no profile: only the batch and
+    the labels of incoming activations are then checked."""
+    if start == 0:
+        return tuple(spec.in_shape), torch.float32  # the data sets are float32
+    if len(shapes) < start or len(dtypes) < start:
         return None
+    dtype = getattr(torch, dtypes[start - 1], None)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    return tuple(shapes[start - 1]), dtype
 
 
 @dataclass
@@ -111,7 +104,9 @@ class _Run:
     run_bits: int = 32  # the central node's choice of activation bits for this stage (a profile may override)
     codecs: StageCodecs = field(default_factory=StageCodecs)
     in_flight: int = 4  # the central node's bound on batches in flight (Assign.in_flight)
-    sample: TensorMeta | None = None  # one sample of this stage's input (see expected_input)
+    sample: TensorMeta | None = None  # one sample of this stage's input (see stage_input)
+    layer_shapes: list[list[int]] = field(default_factory=list)  # Assign.layer_shapes
+    layer_dtypes: list[str] = field(default_factory=list)
     outputs: dict[int, TensorMeta] = field(default_factory=dict)  # of batches whose gradient is due
 
     @property
@@ -384,6 +379,8 @@ class Worker(Role):
             replicas=msg.replicas,
             batches_per_epoch=msg.batches_per_epoch,
             in_flight=msg.in_flight,
+            layer_shapes=msg.layer_shapes,
+            layer_dtypes=msg.layer_dtypes,
         )
         self.run_state = run
         self.set_metrics_interval(msg.metrics_interval)
@@ -434,7 +431,7 @@ class Worker(Role):
 
     def _subscribe_stage(self, run: _Run) -> None:
         """Listen to the stage's inputs: activations of the stage before, gradients of the stage after."""
-        run.sample = expected_input(run.spec, run.points[run.index])
+        run.sample = stage_input(run.spec, run.points[run.index], run.layer_shapes, run.layer_dtypes)
         for pattern in run.subscriptions:
             self.stop_listening(pattern)
         run.subscriptions = [self.topics.activations(run.index - 1)]

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from edgeagent.config import CentralConfig, WorkerConfig
-from edgeagent.models import ModelSpec, layer_output_shapes
+from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
+from edgeagent.planner.profiler import profile_layers
 from edgeagent.protocol.messages import (
     Activation,
     Assign,
@@ -41,7 +42,7 @@ from edgeagent.roles.limits import (
     gradient_problem,
     sender_problem,
 )
-from edgeagent.roles.worker import Worker, expected_input
+from edgeagent.roles.worker import Worker, stage_input
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 
 TOPICS = Topics("lim")
@@ -490,12 +491,18 @@ def test_gradient_problem() -> None:
 
 
 @pytest.mark.parametrize(("name", "in_shape"), [("mlp", (64,)), ("cnn", (1, 8, 8))])
-def test_expected_input_is_the_previous_layers_output(name: str, in_shape: tuple[int, ...]) -> None:
+def test_stage_input_is_the_previous_layers_output(name: str, in_shape: tuple[int, ...]) -> None:
+    """What the central node's layer profile puts in Assign tells each stage what it takes."""
     spec = ModelSpec(name, in_shape, 10)
     shapes = layer_output_shapes(spec)
-    assert expected_input(spec, 0) == (in_shape, torch.float32)
+    profile = profile_layers(build_layers(spec, 0, len(shapes), seed=0), torch.zeros(4, *in_shape), runs=1)
+    got = [list(s) for s in profile.output_shapes]
+    assert stage_input(spec, 0, got, list(profile.output_dtypes)) == (in_shape, torch.float32)
     for start in range(1, len(shapes)):
-        assert expected_input(spec, start) == (shapes[start - 1][1:], torch.float32)
+        expected = (shapes[start - 1][1:], torch.float32)
+        assert stage_input(spec, start, got, list(profile.output_dtypes)) == expected
+    assert stage_input(spec, 1, [], []) is None  # an assignment without a profile: unchecked
+    assert stage_input(spec, 1, got, ["no-such-dtype"] * len(got)) is None
 
 
 # =============================================================================================
@@ -531,6 +538,8 @@ class StageOne:
             epochs=1,
             batches_per_epoch=10,
             in_flight=2,
+            layer_shapes=[[128], [64], [10]],
+            layer_dtypes=["float32"] * 3,
         )
         self.pub.publish(TOPICS.device(Family.CONTROL, "w1"), encode(assign, sender="central"))
         self.worker._step()
