@@ -38,6 +38,7 @@ from edgeagent.protocol.messages import (
     Profile,
     Ready,
     Repartition,
+    Status,
     Weights,
 )
 from edgeagent.protocol.topics import Family, Topics
@@ -323,6 +324,16 @@ class Worker(Role):
                 self._commit(run, switch)
         elif isinstance(msg, Command):
             self._command(msg)
+        elif isinstance(msg, Status):
+            if run is not None and msg.device_id == run.worker_list[0] and msg.state == "idle":
+                log.warning(
+                    "%s: the central node %s is idle, so run %s is over, but its stop never came here; "
+                    "leaving the run",
+                    self.device_id,
+                    msg.device_id,
+                    run.run_id,
+                )
+                self._end_run(run)
         elif isinstance(msg, Profile):
             self._apply_profile(msg)
         elif isinstance(msg, Discover):
@@ -384,6 +395,8 @@ class Worker(Role):
         )
         self.run_state = run
         self.set_metrics_interval(msg.metrics_interval)
+        # The central node's retained status: "idle" means its run is over, even if our "stop" was lost.
+        self.listen(self.topics.device(Family.STATUS, run.worker_list[0]))
         self._subscribe_stage(run)
         self.times.reset()
         self.set_status("training", run_id=msg.run_id, stage=index)
@@ -465,6 +478,7 @@ class Worker(Role):
             return
         for pattern in run.subscriptions:
             self.stop_listening(pattern)
+        self.stop_listening(self.topics.device(Family.STATUS, run.worker_list[0]))
         self.probes.unwatch_all()
         self.run_state = None
         self.completed_runs += 1
@@ -629,23 +643,27 @@ class Worker(Role):
             if isinstance(target, str):
                 threading.Thread(target=self._probe, args=(run.run_id, target), daemon=True).start()
         elif msg.name == "stop":
-            t = self.times.summary()
-            log.info(
-                "%s: run %s finished after %d batches here; of %.1f s: compute %.1f, communication %.1f, "
-                "idle %.1f",
-                self.device_id,
-                msg.run_id,
-                run.batches,
-                t["wall"],
-                t["compute"],
-                t["communication"],
-                t["idle"],
-            )
-            self.publish_metrics()  # the final figures of this run
-            self.report_drops()
-            self._leave_run()
-            if self.config.once:
-                self._stopping = True
+            self._end_run(run)
+
+    def _end_run(self, run: _Run) -> None:
+        """The run is over (its ``stop``, or the central node gone idle): final figures, then leave."""
+        t = self.times.summary()
+        log.info(
+            "%s: run %s finished after %d batches here; of %.1f s: compute %.1f, communication %.1f, "
+            "idle %.1f",
+            self.device_id,
+            run.run_id,
+            run.batches,
+            t["wall"],
+            t["compute"],
+            t["communication"],
+            t["idle"],
+        )
+        self.publish_metrics()  # the final figures of this run
+        self.report_drops()
+        self._leave_run()
+        if self.config.once:
+            self._stopping = True
 
     def _probe(self, run_id: str, target: str) -> None:
         try:

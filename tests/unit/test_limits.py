@@ -637,3 +637,15 @@ def test_central_takes_only_gradients_and_results_it_waits_for(broker: MemoryBro
     central._eval_ids = set()
     central._handle_background(result(0))  # no evaluation out: a late duplicate, ignored quietly
     assert list(central._results) == [1] and central.dropped == 4
+
+
+def test_worker_leaves_a_run_when_the_central_node_goes_idle_without_its_stop(broker: MemoryBroker) -> None:
+    """A lost ``stop`` must not leave a worker in a finished run for ever (busy, so never picked again);
+    the central node's retained ``idle`` status ends it. A crash (``offline``) does not: it may resume."""
+    w = StageOne(broker)
+    central_status = TOPICS.device(Family.STATUS, "central")
+    w.send(central_status, Status(device_id="central", state="offline"))
+    w.send(central_status, Status(device_id="central", state="training", run_id="run", stage=0))
+    assert w.worker.run_state is not None
+    w.send(central_status, Status(device_id="central", state="idle"))
+    assert w.worker.run_state is None and w.worker.completed_runs == 1
