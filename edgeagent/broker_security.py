@@ -29,7 +29,7 @@ from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
 
 from edgeagent.acl import Grant, PlanTracker, client_id_ok, may_publish, may_receive, may_subscribe
-from edgeagent.credentials import PASSWD, USERS, CredentialStore
+from edgeagent.credentials import PASSWD, USERS, CredentialStore, verify_password
 from edgeagent.errors import EdgeAgentError
 from edgeagent.protocol.chunking import Reassembler, is_chunk
 from edgeagent.protocol.messages import Assign, Repartition, decode
@@ -102,7 +102,7 @@ class SecurityPlugin(BaseAuthPlugin, BaseTopicPlugin):
         # argon2 takes tens of milliseconds: verify off the event loop, so bad logins cannot stall it.
         loop = asyncio.get_running_loop()
         if hashed is None or not await loop.run_in_executor(
-            None, self._verify, session.password or "", hashed
+            None, verify_password, session.password or "", hashed
         ):
             return self._refuse(session, f"user {name!r}: wrong user name or password")
         grant = self.grants[name]
@@ -112,15 +112,6 @@ class SecurityPlugin(BaseAuthPlugin, BaseTopicPlugin):
         if session.will_flag and not may_publish(name, grant, session.will_topic or "", self.plans):
             return self._refuse(session, f"user {name!r} may not leave a will on {session.will_topic!r}")
         return True
-
-    @staticmethod
-    def _verify(password: str, hashed: str) -> bool:
-        from edgeagent.credentials import _hasher
-
-        try:
-            return bool(_hasher().verify(password, hashed))
-        except Exception:  # an unknown or corrupt hash is a refusal, never a crash
-            return False
 
     def _refuse(self, session: Session, why: str) -> bool:
         self.refused += 1

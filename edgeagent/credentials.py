@@ -44,6 +44,14 @@ def _hasher() -> Any:
     return PasswordHash((Argon2Hasher(),))
 
 
+def verify_password(password: str, hashed: str) -> bool:
+    """Whether ``password`` matches an argon2 ``hashed`` (an unknown or corrupt hash: no, not a crash)."""
+    try:
+        return bool(_hasher().verify(password, hashed))
+    except Exception:
+        return False
+
+
 def mosquitto_hash(
     password: str, *, salt: bytes | None = None, iterations: int = _MOSQUITTO_ITERATIONS
 ) -> str:
@@ -129,7 +137,7 @@ class CredentialStore:
 
     def verify(self, name: str, password: str) -> bool:
         user = self.users().get(name)
-        return user is not None and bool(_hasher().verify(password, user.argon2))
+        return user is not None and verify_password(password, user.argon2)
 
     # -- changing ------------------------------------------------------------------------------
 

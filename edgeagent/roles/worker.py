@@ -276,8 +276,8 @@ class Worker(Role):
             if msg.xc is not None:
                 try:
                     msg = dataclasses.replace(msg, x=restore(msg.x, msg.xc), xc=None)
-                except CompressionError as exc:
-                    self._report_error("compression", f"activation of batch {msg.batch_id} dropped: {exc}")
+                except CompressionError as exc:  # bad input, as the central node treats it
+                    self.discard(item, f"activation of batch {msg.batch_id}: {exc}")
                     return
             problem = self._activation_problem(run, msg)
             if problem is not None:
@@ -293,7 +293,7 @@ class Worker(Role):
                 try:
                     msg = dataclasses.replace(msg, g=restore(msg.g, msg.gc), gc=None)
                 except CompressionError as exc:
-                    self._report_error("compression", f"gradient of batch {msg.batch_id} dropped: {exc}")
+                    self.discard(item, f"gradient of batch {msg.batch_id}: {exc}")
                     return
             # Only for a batch forwarded here and not yet back, with its output's shape: anything else
             # would make the backward pass raise after it took the batch out of flight (and lose it).
