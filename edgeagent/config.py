@@ -74,10 +74,18 @@ class CentralConfig(BrokerAccess):
     home_assistant: bool = False
     home_assistant_prefix: str = "homeassistant"
     startup_timeout: float = Field(60.0, gt=0)
-    # A batch whose gradients have not come back after this long is a fault (Sec. III-F's timer).
-    batch_timeout: float = Field(10.0, gt=0)
-    # After a fault, how long to wait for the workers to answer the probe.
-    probe_timeout: float = Field(1.0, gt=0)
+    # Deadlines (Sec. III-F's batch timer, the evaluation, the probe after a fault) are derived from what
+    # was measured: the predicted time of the work outstanding times ``timeout_multiplier``, never less
+    # than their floor. A Pi is 10-50x slower than a laptop: no fixed value fits both.
+    timeout_multiplier: float = Field(4.0, ge=1.0, description="deadline = multiplier x predicted time")
+    batch_timeout: float = Field(10.0, gt=0, description="floor of the batch timer and evaluation deadline")
+    probe_timeout: float = Field(1.0, gt=0, description="floor of the window for answers to the probe")
+    # Until a device has run a batch its speed is unknown: assume it this many times slower than the
+    # central node (a Pi against a laptop; times the emulated slowdown it announces).
+    unmeasured_slowdown: float = Field(50.0, ge=1.0)
+    # After a fault, how long a missing device may take to come back with its id (recovery case 2): a
+    # systemd restart plus Python and torch start-up on a Pi. 0: recover without waiting (case 3).
+    restart_window: float = Field(30.0, ge=0)
     report: str | None = None
     save_model: str | None = None
     progress: bool = True
@@ -129,8 +137,9 @@ class WorkerConfig(BrokerAccess):
     # Emulated uplink in Mbit/s (everything this device sends); 0 = the real link only.
     link_mbps: float = Field(0.0, ge=0)
     # Fault injection (tests, `edgeagent demo --kill`): SIGKILL this process when this batch starts its
-    # backward pass here.
+    # backward pass here, or when it takes its N-th evaluation batch (1-based, over the process's life).
     die_at_backward: int | None = None
+    die_at_eval: int | None = Field(None, ge=1)
     # Leave after one run (the demo); a service keeps serving runs.
     once: bool = False
 

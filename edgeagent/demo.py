@@ -74,7 +74,7 @@ class LocalWorkers:
         cluster: str,
         slowdowns: list[float],
         *,
-        kills: dict[str, int] | None = None,
+        kills: dict[str, int | str] | None = None,
         log_level: str | None = None,
         links: list[float] | None = None,
         logins: dict[str, str] | None = None,
@@ -96,7 +96,9 @@ class LocalWorkers:
     def start(self, device: str, *, inject: bool = True) -> subprocess.Popen[bytes]:
         extra: tuple[str, ...] = ()
         if inject and device in self.kills:
-            extra = ("--die-at-backward", str(self.kills[device]))
+            at = self.kills[device]  # a batch (its backward) or "evalN" (the N-th evaluation batch)
+            evaluation = isinstance(at, str)
+            extra = ("--die-at-eval", str(at)[4:]) if evaluation else ("--die-at-backward", str(at))
         if self.links.get(device):
             extra = (*extra, "--link-mbps", str(self.links[device]))
         if device in self.logins:
@@ -145,7 +147,7 @@ def local_workers(
     cluster: str,
     slowdowns: list[float],
     *,
-    kills: dict[str, int] | None = None,
+    kills: dict[str, int | str] | None = None,
     links: list[float] | None = None,
     logins: dict[str, str] | None = None,
     tls_dir: str | None = None,
@@ -184,7 +186,7 @@ def run_demo(
     slowdowns: list[float],
     broker: str | None,
     show_progress: bool = True,
-    kills: dict[str, int] | None = None,
+    kills: dict[str, int | str] | None = None,
     on_progress: ProgressHook | None = None,
     links: list[float] | None = None,
     secure: bool = False,
@@ -229,6 +231,9 @@ def run_demo(
                 "workers": workers,
                 "slowdown": factors[0],
                 "link_mbps": rates[0],
+                # The demo's workers are not restarted after a --kill (no systemd here): recover at once
+                # instead of waiting for them to come back, unless asked to wait.
+                **({"restart_window": 0.0} if "restart_window" not in config.model_fields_set else {}),
                 **({"password_file": logins["central"]} if logins and "central" in logins else {}),
                 **(tls_files(tls_dir, "central") if tls_dir else {}),
             }

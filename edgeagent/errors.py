@@ -23,3 +23,10 @@ class ConfigError(EdgeAgentError):
 
 class TrainingError(EdgeAgentError):
     """Training cannot go on (for example no worker answered within the start-up timeout)."""
+
+
+class PlanningError(EdgeAgentError):
+    """No split of the model fits the devices (too few layers, or memory limits no split can meet).
+
+    The message says how many layers, devices and megabytes were involved and what to change.
+    """

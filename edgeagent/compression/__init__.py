@@ -25,7 +25,14 @@ from edgeagent.compression.base import (
     to_wire,
 )
 from edgeagent.compression.multibit import MultiBitQuantizer
-from edgeagent.compression.schedule import NO_COMPRESSION, BitSchedule, auto_bits, wire_id_for
+from edgeagent.compression.schedule import (
+    NO_COMPRESSION,
+    BitSchedule,
+    adaptive_schedule,
+    auto_bits,
+    link_bits,
+    wire_id_for,
+)
 from edgeagent.compression.stochastic import StochasticQuantizer
 
 __all__ = [
@@ -39,10 +46,12 @@ __all__ = [
     "MultiBitQuantizer",
     "Role",
     "StochasticQuantizer",
+    "adaptive_schedule",
     "auto_bits",
     "from_wire",
     "get_codec",
     "known_codecs",
+    "link_bits",
     "register",
     "to_wire",
     "wire_id_for",

@@ -134,3 +134,28 @@ def auto_bits(
         return NO_COMPRESSION
     fitting = [b for b in choices if transfer(b) <= budget]
     return max(fitting) if fitting else min(choices)
+
+
+def adaptive_schedule(epochs: int) -> BitSchedule:
+    """The paper's adaptive widths (Sec. 3.3, 4.3.2) for a run of ``epochs`` with a constant learning
+    rate: forward 2 -> 3 -> 4 bits at a third and two thirds of the run (the paper steps at every
+    learning-rate change), gradients 8 -> 4 bits at four fifths (epoch 160 of 200 for MobileNetV2)."""
+    if epochs < 1:
+        raise ConfigError(f"adaptive_schedule needs epochs >= 1, got {epochs}")
+    return BitSchedule(
+        forward=(2, 3, 4),
+        forward_epochs=(max(1, epochs // 3), max(2, 2 * epochs // 3)),
+        backward=(8, 4),
+        backward_epochs=(max(1, 4 * epochs // 5),),
+    )
+
+
+def link_bits(bandwidth_bytes_per_s: float, tensor_bytes: int, compute_seconds: float) -> tuple[int, int]:
+    """``auto`` compression of one link: (activation bits, gradient bits).
+
+    The gradient crossing the link back has the activation's size: 8 bits where an 8-bit transfer
+    hides behind the compute, 4 where even that would not, none where the raw tensor already fits.
+    """
+    forward = auto_bits(bandwidth_bytes_per_s, tensor_bytes, compute_seconds)
+    backward = auto_bits(bandwidth_bytes_per_s, tensor_bytes, compute_seconds, choices=(4, 8))
+    return forward, backward

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from edgeagent.errors import TrainingError
+
 
 @dataclass(frozen=True)
 class RecoveryPoint:
@@ -39,19 +41,24 @@ def choose_recovery_point(
     holdings: Mapping[str, Mapping[str, Collection[int]]],
     *,
     replicas: int = 1,
+    seeded: bool = True,
+    start: int = 0,
 ) -> RecoveryPoint:
     """The newest version every old stage can be restored to, and who serves each stage.
 
     ``old[0]`` is the central node (always alive). ``holdings[device][whose]`` lists the versions of
     ``whose`` weights that ``device`` can serve. A stage whose device is alive serves itself; a dead
     (or restarted, hence empty) stage is served by an alive chain holder, else by the central node's
-    global replica. Version 0 (the seeded initial model) is always possible.
+    global replica. With ``seeded``, version 0 (the seeded initial model, which any device rebuilds) is
+    always possible; a run that started from other weights (``--resume``, ``--init-weights``) has no
+    such fallback, and no version before its ``start`` is ever chosen. Raises :class:`TrainingError`
+    when no version can be restored (the replicas of the start were lost with their devices).
     """
     central = old[0]
 
     def source(i: int, version: int) -> str | None:
         owner = old[i]
-        if version == 0:
+        if version == 0 and seeded:
             return owner if owner in alive else central
         if owner in alive and version in holdings.get(owner, {}).get(owner, ()):
             return owner
@@ -62,14 +69,17 @@ def choose_recovery_point(
             return central  # global replica
         return None
 
-    candidates = sorted(
-        {v for per in holdings.values() for vs in per.values() for v in vs} | {0}, reverse=True
-    )
+    held = {v for per in holdings.values() for vs in per.values() for v in vs}
+    candidates = sorted({v for v in held | ({0} if seeded else set()) if v >= start}, reverse=True)
     for version in candidates:
         sources = [source(i, version) for i in range(len(old))]
         if all(s is not None for s in sources):
             return RecoveryPoint(version, tuple(s for s in sources if s is not None))
-    raise AssertionError("version 0 is always recoverable")  # pragma: no cover
+    raise TrainingError(
+        f"no weight version from {start} on can be restored for every stage of {list(old)} (alive: "
+        f"{sorted(alive)}; versions held: {sorted(held)}): the replicas of the start were lost; restart the "
+        "run from its checkpoint (edgeagent central --resume FILE)"
+    )
 
 
 def respipe_points(

@@ -189,10 +189,13 @@ class Role:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def send(self, topic: str, message: Message, *, retain: bool = False, qos: int = 1) -> None:
+    def send(self, topic: str, message: Message, *, retain: bool = False, qos: int = 1) -> int:
+        """Encode and publish ``message``; returns the payload's size in bytes."""
         started = time.perf_counter()
-        self.transport.publish(topic, encode(message, sender=self.device_id), qos=qos, retain=retain)
+        payload = encode(message, sender=self.device_id)
+        self.transport.publish(topic, payload, qos=qos, retain=retain)
         self.times.communication += time.perf_counter() - started
+        return len(payload)
 
     def send_activation(
         self,
@@ -206,8 +209,8 @@ class Role:
         x: torch.Tensor,
         y: torch.Tensor,
         xc: dict[str, Any] | None = None,
-    ) -> None:
-        """Stage ``stage``'s output for one batch, on that stage's activation topic."""
+    ) -> int:
+        """Stage ``stage``'s output for one batch, on that stage's activation topic; returns its bytes."""
         msg = Activation(
             run_id=run_id,
             plan_id=plan_id,
@@ -219,7 +222,7 @@ class Role:
             y=y,
             xc=xc,
         )
-        self.send(self.topics.activations(stage), msg)
+        return self.send(self.topics.activations(stage), msg)
 
     def set_status(self, state: str, *, run_id: str = "", stage: int = -1, detail: str = "") -> None:
         self._status = Status(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import time
 import uuid
@@ -26,15 +27,16 @@ from typing import Any
 
 import torch
 
-from edgeagent.compression import BitSchedule, CompressionError, auto_bits
+from edgeagent.compression import CompressionError, adaptive_schedule, link_bits
 from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batch_indices, batches_per_epoch, load_dataset
-from edgeagent.errors import EdgeAgentError, TrainingError
+from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
 from edgeagent.models import ModelSpec, build_model, num_layers
 from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import admit
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.capacity import capacities
+from edgeagent.planner.deadlines import Deadlines
 from edgeagent.planner.dp import Link, Problem, compute_time, predict, repartition_gain, solve
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.planner.profiler import LayerProfile, profile_layers
@@ -98,7 +100,8 @@ class RunReport:
     aggregation: bool = True
     links: list[dict[str, float]] = field(default_factory=list)
     compression: str = "none"
-    compression_ratio: float = 1.0  # raw / sent bytes of stage 0's activations
+    compression_ratio: float = 1.0  # uncompressed / sent bytes of stage 0's activation messages (envelope in)
+    compression_ratio_tensors: float = 1.0  # the same for the tensors alone (codec parameters in)
     layer_profile: dict[str, Any] = field(default_factory=dict)
     timeline: list[dict[str, float]] = field(default_factory=list)
 
@@ -206,6 +209,10 @@ class Central(Role):
         self._eval_seconds = 0.0
         self._last_progress = 0.0
         self.policy = RepartitionPolicy(config.repartition_first, config.repartition_every)
+        self.deadlines = Deadlines(config.timeout_multiplier, config.batch_timeout, config.probe_timeout)
+        self._batch_deadline = config.batch_timeout  # from the measured step: see _refresh_deadline
+        self._known_caps: dict[str, float] = {}  # the latest measured capacity of every device
+        self._params: tuple[int, ...] | None = None  # parameter bytes per layer (built once)
         self.options = TrainOptions(
             learning_rate=self.train.learning_rate,
             momentum=self.train.momentum,
@@ -269,9 +276,16 @@ class Central(Role):
             )
             self._spec = spec
             self._per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
+            layers = num_layers(spec)
+            if self.config.workers + 1 > layers:
+                raise PlanningError(
+                    f"model {spec.name!r} has {layers} layers: it cannot be split over the central node and "
+                    f"{self.config.workers} workers (at most {layers - 1}); start fewer workers "
+                    "(--workers) or pick a deeper model (--model, --model-option)"
+                )
             self.worker_list = [self.device_id, *self._discover(self.config.workers)]
             self._profile = profile = self._profile_layers(spec, data)
-            self.points = balanced_partition(profile.seconds, len(self.worker_list))
+            self.points = self._initial_points(profile)
             if self._resume is not None and len(self._resume["points"]) == len(self.worker_list) + 1:
                 self.points = list(self._resume["points"])
             report = RunReport(
@@ -307,7 +321,7 @@ class Central(Role):
                 "resumed from a checkpoint" if self._resume else "initial: equal devices (PipeDream)",
             )
             if self.config.partition == "oracle" and len(self.worker_list) > 1:
-                points = solve(self._problem(self._true_capacities()))
+                points = self._solve(self._problem(self._true_capacities()))
                 if points != self.points:
                     self._switch_to(points, version=0)
                 self._record_partition(report, 0, "oracle: the DP fed the true slowdowns")
@@ -332,10 +346,11 @@ class Central(Role):
         self.report_drops()
         if self.worker_list[1:]:
             self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="stop"))
-        self.set_status("idle")
+        self.set_status("idle")  # the run is over (workers leave a run whose central node is idle)
         self.stop_heartbeats()
         self.probes.unwatch_all()
         if self._owns_transport:
+            self.set_status("left")  # and the process leaves: monitors stop listing it as a live device
             self.transport.close()
 
     def _bound(self) -> int:
@@ -384,6 +399,15 @@ class Central(Role):
         }
         log.info("workers: %s", ", ".join(chosen))
         return chosen
+
+    def _worker_from(self, device: str) -> _Worker:
+        """A device that joins or comes back: what it announced (speed, memory limit) counts again."""
+        announce = self._announced.get(device)
+        if announce is None:
+            return _Worker(device, time.monotonic())
+        return _Worker(
+            device, time.monotonic(), slowdown=announce.slowdown, memory_limit=announce.memory_limit
+        )
 
     def _profile_layers(self, spec: ModelSpec, data: Dataset) -> LayerProfile:
         model = build_model(spec, seed=self.train.seed)
@@ -453,6 +477,9 @@ class Central(Role):
         stage = self._build_own_stage(spec, self._layer_slice(initial, 0, self.points[1]), version=version)
         if momentum:
             stage.load_momentum(self._layer_slice(momentum, 0, self.points[1]) or {})
+        # A replica at the starting version: no rollback ever goes past the weights the run started from
+        # (the workers send theirs before "built"; see Worker._assign).
+        self.store.snapshot(stage)
         self._subscribe_stage()
         self._wait_ready(self.plan_id, "built", set(self.worker_list[1:]))
         return stage
@@ -575,12 +602,9 @@ class Central(Role):
         assert profile is not None and self._spec is not None
         params = self._param_bytes()
         devices = workers or self.worker_list
-        limits = [
-            None,
-            *((w.memory_limit if (w := self.workers.get(d)) else 0.0) or None for d in devices[1:]),
-        ]
+        limits = self._memory_limits(devices)
         return Problem(
-            memory_limits=tuple(limits) if any(limits) else None,
+            memory_limits=limits,
             layer_times=tuple(profile.seconds),
             output_bytes=tuple(profile.output_bytes),
             capacities=tuple(caps),
@@ -603,8 +627,45 @@ class Central(Role):
 
     def _param_bytes(self) -> tuple[int, ...]:
         assert self._spec is not None
-        model = build_model(self._spec, seed=self.train.seed)
-        return tuple(sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in model)
+        if self._params is None:
+            model = build_model(self._spec, seed=self.train.seed)
+            self._params = tuple(
+                sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in model
+            )
+        return self._params
+
+    def _memory_limits(self, devices: list[str]) -> tuple[float | None, ...] | None:
+        """Per stage: the memory limit its device announced (bytes), None for none; None if nobody has one."""
+        limits = [None, *(self._limit_of(d) or None for d in devices[1:])]
+        return tuple(limits) if any(limits) else None
+
+    def _limit_of(self, device: str) -> float:
+        """A worker's memory limit in bytes (0: none); a joiner's from its announcement."""
+        w = self.workers.get(device)
+        if w is not None:
+            return w.memory_limit
+        announce = self._announced.get(device)
+        return announce.memory_limit if announce is not None else 0.0
+
+    def _solve(self, problem: Problem) -> list[int]:
+        """The DP's split, or a :class:`PlanningError` that says what to change when none fits."""
+        try:
+            return solve(problem)
+        except ValueError as exc:
+            raise PlanningError(
+                f"{exc}; give the devices more memory (--memory-limit-mb, device profiles), add devices, "
+                "or lower --in-flight / the batch size"
+            ) from None
+
+    def _initial_points(self, profile: LayerProfile) -> list[int]:
+        """The initial split (and ``--partition uniform``'s only one): PipeDream's equal-device split
+        (papers/000 Sec. III-B); with memory limits, the same objective (equal devices, links free)
+        solved by the DP under those limits, so a memory-tight device never gets more than it holds."""
+        n = len(self.worker_list)
+        if self._memory_limits(self.worker_list) is None:
+            return balanced_partition(profile.seconds, n)
+        equal = self._problem([1.0] * n, links=[Link(math.inf)] * (n - 1))
+        return self._solve(equal)
 
     def _true_capacities(self) -> list[float]:
         return [self.config.slowdown, *(self.workers[d].slowdown for d in self.worker_list[1:])]
@@ -620,7 +681,7 @@ class Central(Role):
         """The planning job (runs on the scheduler's thread): DP, then is the move worth it?"""
         joining = len(workers) > len(self.worker_list)
         problem = self._problem(caps, workers=workers, links=self._links_for(workers))
-        proposed = solve(problem)
+        proposed = self._solve(problem)
         predicted = predict(problem, proposed)
         caps_text = ", ".join(f"{c:.2f}" for c in caps)
         if joining:
@@ -676,10 +737,7 @@ class Central(Role):
         for device in joiners:
             self._ready.get(self.plan_id, {}).pop(device, None)
             self._assign(device, committed=version - 1, worker_list=plan.workers, points=plan.points)
-            announce = self._announced.get(device)
-            self.workers[device] = _Worker(
-                device, time.monotonic(), slowdown=announce.slowdown if announce else 1.0
-            )
+            self.workers[device] = self._worker_from(device)
         self._wait_ready(self.plan_id, "built", set(joiners))
         for device in joiners:
             self._joiners.remove(device)
@@ -754,6 +812,7 @@ class Central(Role):
         self._own_recent.clear()
         self._bits = None  # a new split: tell every stage its codecs again
         self._apply_compression(epoch=version // max(1, self._per_epoch))
+        self._refresh_deadline()
         self._event("partition", points=points, batch=version, plan_id=self.plan_id, workers=new_list)
 
     def _record_partition(
@@ -780,7 +839,6 @@ class Central(Role):
             total = min(total, self.train.max_batches)
         train_started = time.perf_counter()
         self.times.reset()
-        samples = 0
         next_f = self._start_version  # next global batch id to forward
         committed_b = next_f - 1  # committed backward id (Table I)
         losses: list[float] = []
@@ -788,6 +846,14 @@ class Central(Role):
         pending: Plan | None = None
         window_start, window_batches = time.perf_counter(), 0
         changes = list(self.changes)
+        # The committed id whose epoch-end evaluation is due: an evaluation a fault interrupted is due
+        # again after the recovery, also when the rollback replays no batch of that epoch.
+        def evaluation_missing(committed: int) -> bool:
+            at_end = (committed + 1) % per_epoch == 0 or committed + 1 == total
+            return committed >= 0 and at_end and len(report.test_accuracy_per_epoch) <= committed // per_epoch
+
+        # (A run resumed from a checkpoint written before its epoch's evaluation was over evaluates first.)
+        eval_due: int | None = committed_b if evaluation_missing(committed_b) else None
 
         def batch(global_id: int) -> tuple[torch.Tensor, torch.Tensor]:
             epoch, i = divmod(global_id, per_epoch)
@@ -801,9 +867,18 @@ class Central(Role):
 
         self._eval_seconds = 0.0
         self._train_started = train_started
+        self._refresh_deadline()
         while True:
             try:
-                while committed_b + 1 < total:
+                while committed_b + 1 < total or eval_due is not None:
+                    if eval_due is not None:
+                        eval_started = time.perf_counter()
+                        try:
+                            self._end_epoch(eval_due, per_epoch, losses, data, report)
+                        finally:
+                            self._eval_seconds += time.perf_counter() - eval_started
+                        eval_due = None
+                        continue
                     stage = self.stage
                     epoch_end = min(total, (committed_b + 1) // per_epoch * per_epoch + per_epoch)
                     in_flight = next_f - committed_b - 1
@@ -861,6 +936,7 @@ class Central(Role):
                             stage.backward(bid, grad_output=grad.g)
                             loss, correct = grad.loss, grad.correct
                             self._stage_times = list(grad.stage_times)
+                            self._refresh_deadline()
                         self._own_recent.append(
                             self._own_step + emulate_slowdown(started, self.config.slowdown, self.times)
                         )
@@ -869,7 +945,6 @@ class Central(Role):
                         self._sent_at.pop(bid, None)
                         self._outputs.pop(bid, None)
                         losses.append(loss)
-                        samples += self.train.batch_size
                         window_batches += 1
                         elapsed = self._last_progress = self._clock()
                         report.timeline.append({"batch": bid, "t": round(elapsed, 4), "loss": loss})
@@ -890,9 +965,7 @@ class Central(Role):
                         ):
                             self._start_planning()
                         if committed_b + 1 == epoch_end:
-                            eval_started = time.perf_counter()
-                            self._end_epoch(committed_b, per_epoch, losses, data, report)
-                            self._eval_seconds += time.perf_counter() - eval_started
+                            eval_due = committed_b
                         continue
                     if next_f < epoch_end and pending is None and admit(in_flight, self._bound()):
                         started = Clock()
@@ -903,7 +976,7 @@ class Central(Role):
                         self._own_step = emulate_slowdown(started, self.config.slowdown, self.times)
                         if not stage.is_last:
                             sent, packed = self.codecs.activation(out, epoch=next_f // per_epoch)
-                            self.send_activation(
+                            size = self.send_activation(
                                 run_id=self.run_id,
                                 plan_id=self.plan_id,
                                 stage=0,
@@ -914,17 +987,19 @@ class Central(Role):
                                 y=y,
                                 xc=packed,
                             )
+                            self.codecs.message_sent(size)
                             self._sent_at[next_f] = time.monotonic()
                             self._outputs[next_f] = (tuple(out.shape), out.dtype)
                         next_f += 1
                         continue
-                    self._wait_for_messages()
+                    self._wait_for_messages(next_batch=committed_b + 1)
                 break
             except _Fault as fault:
                 committed_b = self._recover_until_done(fault, committed_b, report)
                 next_f = committed_b + 1
                 pending = None
                 self._plan_job = None
+                eval_due = committed_b if evaluation_missing(committed_b) else None
                 window_start, window_batches = time.perf_counter(), 0
 
         report.train_seconds = self._clock()
@@ -939,7 +1014,10 @@ class Central(Role):
         report.batches = committed_b + 1
         report.compression = self.config.compression
         report.compression_ratio = self.codecs.ratio
+        report.compression_ratio_tensors = self.codecs.tensor_ratio
         report.epochs = len(report.test_accuracy_per_epoch)
+        # Each batch of the run counts once: batches replayed after a rollback are time lost, not work.
+        samples = (report.batches - self._start_version) * self.train.batch_size
         report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
         if report.test_accuracy_per_epoch:
             report.final_accuracy = report.test_accuracy_per_epoch[-1]
@@ -1002,9 +1080,10 @@ class Central(Role):
         self._notifier.status(f"run {self.run_id}: epoch {epoch} test accuracy {100 * acc:.1f}%")
         if self.codecs.sent_bytes:
             log.info(
-                "stage 0 sent %.1f MB for %.1f MB of tensors (ratio %.1f)",
+                "stage 0 sent %.1f MB for %.1f MB of tensors (ratio %.1f; %.1f with the messages' envelopes)",
                 self.codecs.sent_bytes / 1e6,
                 self.codecs.raw_bytes / 1e6,
+                self.codecs.tensor_ratio,
                 self.codecs.ratio,
             )
         self._apply_compression(epoch=epoch + 1)
@@ -1020,12 +1099,7 @@ class Central(Role):
         if mode in ("2", "3", "4"):
             return [int(mode)] * n, [8] * n
         if mode == "adaptive":
-            # The paper raises the forward bits at every learning-rate change and lowers the gradient
-            # bits at the first; with our constant learning rate the steps fall at thirds of the run.
-            e = self.train.epochs
-            schedule = BitSchedule(
-                forward=(2, 3, 4), forward_epochs=(max(1, e // 3), max(2, 2 * e // 3)), backward=(8,)
-            )
+            schedule = adaptive_schedule(self.train.epochs)
             return [schedule.forward_bits(epoch)] * n, [schedule.backward_bits(epoch)] * n
         # auto: per link, the widest bits whose transfer hides behind the pipeline's step time.
         assert self._profile is not None
@@ -1037,9 +1111,7 @@ class Central(Role):
         forward, backward = [NONE] * n, [NONE] * n
         for k, link in enumerate(self.links):
             size = self._profile.output_bytes[self.points[k + 1] - 1]
-            bits = auto_bits(link.bandwidth, size, step)
-            forward[k] = bits
-            backward[k + 1] = NONE if bits >= NONE else 8
+            forward[k], backward[k + 1] = link_bits(link.bandwidth, size, step)
         return forward, backward
 
     def _apply_compression(self, epoch: int) -> None:
@@ -1054,7 +1126,9 @@ class Central(Role):
             self.send(
                 self.topics.fixed(Family.COMMAND),
                 Command(
-                    run_id=self.run_id, name="compression", args={"forward": forward, "backward": backward}
+                    run_id=self.run_id,
+                    name="compression",
+                    args={"forward": forward, "backward": backward, "plan_id": self.plan_id},
                 ),
             )
         log.info(
@@ -1073,11 +1147,21 @@ class Central(Role):
             )
         self._event("slowdown", device=device, slowdown=factor, batch=batch)
 
-    def _wait_for_messages(self) -> None:
-        """Block for the next message; meanwhile check that the pipeline is alive."""
+    def _wait_for_messages(self, *, next_batch: int | None = None) -> None:
+        """Block for the next message; meanwhile check that the pipeline is alive.
+
+        Everything queued is handled before the check, and if the gradients of ``next_batch`` (the oldest
+        batch in flight) are in, the check waits for the next round: work that arrived before a fault
+        (the gradients a worker sent just before it died; its last will is stamped on arrival, on the
+        network thread, while they may still wait in the inbox) is done first, so the fault is recorded
+        at the first batch whose gradients really are missing (Sec. III-F).
+        """
         item = self.next_message(0.5)
-        if item is not None:
+        while item is not None:
             self._handle_background(item)
+            item = self.next_message(0)
+        if next_batch is not None and next_batch in self._gradients:
+            return
         self._check_liveness()
 
     def _check_liveness(self) -> None:
@@ -1098,10 +1182,71 @@ class Central(Role):
         dead = [
             w.device_id for w in self.workers.values() if not w.online and w.device_id in self.worker_list
         ]
-        late = [bid for bid, sent in self._sent_at.items() if now - sent > self.config.batch_timeout][:1]
+        late = [bid for bid, sent in self._sent_at.items() if now - sent > self._batch_deadline][:1]
         if dead or late:
-            reason = f"worker(s) {dead} stopped" if dead else f"gradients of batch {late[0]} are late"
+            reason = (
+                f"worker(s) {dead} stopped"
+                if dead
+                else f"gradients of batch {late[0]} are late (timer {self._batch_deadline:.1f} s)"
+            )
             raise _Fault(dead, reason)
+
+    # -- deadlines derived from measurements (planner/deadlines.py) ----------------------------
+
+    def _capacity_estimates(self) -> list[float]:
+        """Every stage's capacity: measured where it ran (the latest window), else assumed slow.
+
+        A device that has not run a batch yet may be a Pi: it is taken as ``unmeasured_slowdown`` times
+        slower than the central node (times its announced emulated slowdown): the first batch's timer is
+        generous, and from the first gradients on the measured times count.
+        """
+        measured = self._measured_capacities()
+        if measured is not None:
+            self._known_caps.update(zip(self.worker_list, measured, strict=True))
+        caps = []
+        for device in self.worker_list:
+            known = self._known_caps.get(device)
+            if known is None and device == self.device_id:
+                known = self.config.slowdown
+            elif known is None:
+                w = self.workers.get(device)
+                known = (w.slowdown if w else 1.0) * self.config.unmeasured_slowdown
+            caps.append(known)
+        return caps
+
+    def _predicted_step(self) -> tuple[float, float]:
+        """(seconds per batch of the current split, seconds of its slowest stage's compute)."""
+        profile = self._profile
+        if profile is None or self._spec is None:
+            return 0.0, 0.0
+        caps = self._capacity_estimates()
+        n = len(caps)
+        # Before the links are measured (set-up), only compute counts.
+        links = self.links if len(self.links) == n - 1 else [Link(math.inf)] * (n - 1)
+        problem = self._problem(caps, links=links)
+        slowest = max(compute_time(problem, k, self.points[k], self.points[k + 1]) for k in range(n))
+        return predict(problem, self.points), slowest
+
+    def _refresh_deadline(self) -> None:
+        """The batch timer of Sec. III-F from the measured step (after every gradient, split and fault)."""
+        step, _ = self._predicted_step()
+        self._batch_deadline = self.deadlines.batch(step, stages=len(self.worker_list), bound=self._bound())
+
+    def _eval_deadline(self) -> float:
+        step, _ = self._predicted_step()
+        return self.deadlines.evaluation(
+            step,
+            stages=len(self.worker_list),
+            bound=self._eval_bound(),
+            eval_batch=self.train.eval_batch_size,
+            train_batch=self.train.batch_size,
+        )
+
+    def _probe_window(self) -> float:
+        """How long live devices may take to answer the probe: their slowest step and a round trip."""
+        _, slowest = self._predicted_step()
+        round_trip = 2 * max((lk.latency for lk in self.links), default=0.0) + self._transfer_slack()
+        return self.deadlines.probe(slowest, round_trip)
 
     def _transfer_slack(self) -> float:
         """How long the largest activation can hold a heartbeat up on the slowest measured link."""
@@ -1135,10 +1280,14 @@ class Central(Role):
         self._announced.clear()
         self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="ping"))
         self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
-        # Wait for every device of the run: in-run devices answer the ping; one that restarted (case 2)
-        # announces itself idle. A device that is really gone costs the whole probe_timeout.
+        # Wait for every device of the run: in-run devices answer the ping within the probe window (their
+        # slowest step and a round trip); one that restarted with its id (case 2) announces itself idle,
+        # which on a Pi takes a systemd restart and Python's start-up: a device that is really gone costs
+        # the whole restart window (``--restart-window``; 0 recovers at once without it).
         expected = set(self.worker_list[1:])
-        deadline = time.monotonic() + self.config.probe_timeout
+        window = max(self._probe_window(), self.config.restart_window)
+        log.info("waiting up to %.1f s for %s to answer or come back", window, sorted(expected))
+        deadline = time.monotonic() + window
         while time.monotonic() < deadline and not expected <= set(self._alive) | set(self._announced):
             item = self.next_message(0.05)
             if item is not None:
@@ -1151,8 +1300,16 @@ class Central(Role):
         case = 1 if not missing and not restarted else 2 if not missing else 3
         holdings: dict[str, dict[str, list[int]]] = {d: r.holdings for d, r in self._alive.items()}
         holdings[self.device_id] = self.store.holdings()
+        # Version 0 rebuilt from the seed is the run's start only for a fresh run without pre-trained
+        # weights; otherwise the start is a replica like any other (taken when the run started).
+        seeded = self._start_version == 0 and not self.train.init_weights
         point = choose_recovery_point(
-            self.worker_list, alive | {self.device_id}, holdings, replicas=self.config.replicas
+            self.worker_list,
+            alive | {self.device_id},
+            holdings,
+            replicas=self.config.replicas,
+            seeded=seeded,
+            start=self._start_version,
         )
         new_list = new_worker_list(self.worker_list, alive | restarted | {self.device_id})
         points = list(self.points)
@@ -1165,9 +1322,7 @@ class Central(Role):
             # stage, then fetches its replica in the switch below.
             self._ready.get(self.plan_id, {}).pop(device, None)
             self._assign(device, committed=point.version - 1, status=1)
-            self.workers[device] = _Worker(
-                device, time.monotonic(), slowdown=self._announced[device].slowdown
-            )
+            self.workers[device] = self._worker_from(device)
         self._wait_ready(self.plan_id, "built", restarted)
         reason = (
             f"recovery case {case}: lost {sorted(missing)}, restarted {sorted(restarted)}; "
@@ -1189,6 +1344,7 @@ class Central(Role):
         self._sent_at.clear()
         self._outputs.clear()
         self._results.clear()
+        self._refresh_deadline()
         self.status = 0
         resumed = self._clock()
         record = {
@@ -1202,6 +1358,8 @@ class Central(Role):
             "resumed_at": round(resumed, 4),
             "rolled_back_to": point.version,
             "batches_replayed": fault_batch - point.version,
+            # Which weight versions each live device could serve (its own and the replicas it held).
+            "holdings": holdings,
             "points": points,
             "workers": new_list[1:],
             "recovery": self.config.recovery,
@@ -1228,7 +1386,7 @@ class Central(Role):
         by_device = dict(zip(self.worker_list, caps, strict=True)) if caps else {}
         survivor_caps = [by_device.get(d, 1.0) for d in new_list]
         problem = self._problem(survivor_caps, workers=new_list, links=self._links_for(new_list))
-        return solve(problem)
+        return self._solve(problem)
 
     def _links_for(self, new_list: list[str]) -> list[Link]:
         """Links of a new worker list: measured ones where neighbours stay neighbours; for new pairs the
@@ -1382,8 +1540,19 @@ class Central(Role):
 
     # -- evaluation ----------------------------------------------------------------------------
 
+    def _eval_bound(self) -> int:
+        """Evaluation chunks in flight: enough to keep every stage busy, few enough that a slow stage's
+        inbox holds only a handful (the test set is streamed, not pushed in at once)."""
+        return max(2, self._bound())
+
     def _evaluate(self, data: Dataset) -> tuple[float, float]:
-        """Test accuracy with the newest weights, pushed through the pipeline in eval mode."""
+        """Test accuracy with the newest weights, streamed through the pipeline in eval mode.
+
+        At most :meth:`_eval_bound` chunks are in flight. The deadline is for the *next* result, derived
+        from the measured step (planner/deadlines.py), so a long test set on a slow cluster is never cut
+        off while results keep coming; a device that dies meanwhile is a fault like one in training
+        (raised to the training loop, which recovers and evaluates again).
+        """
         stage = self.stage
         bs = self.train.eval_batch_size
         n = data.x_test.shape[0]
@@ -1398,35 +1567,49 @@ class Central(Role):
             return correct / max(1, n), loss_sum / max(1, n)
         self._results.clear()
         self._eval_ids = {eid for eid, _, _ in chunks}
-        deadline = time.monotonic() + self.config.batch_timeout
-        for eid, x, y in chunks:
-            started = Clock()
-            out = stage.evaluate(x)
-            emulate_slowdown(started, self.config.slowdown, self.times)
-            sent, packed = self.codecs.activation(out, epoch=0, train=False)
-            self.send_activation(
-                run_id=self.run_id,
-                plan_id=self.plan_id,
-                stage=0,
-                batch_id=eid,
-                version=0,
-                mode="eval",
-                x=sent,
-                y=y,
-                xc=packed,
-            )
-        while len(self._results) < len(chunks):
-            if time.monotonic() > deadline:
-                raise TrainingError(
-                    f"evaluation got {len(self._results)} of {len(chunks)} results within "
-                    f"{self.config.batch_timeout:.0f} s"
-                )
-            self._wait_for_messages()
-        self._eval_ids = set()
+        bound, timeout = self._eval_bound(), self._eval_deadline()
+        sent = 0
+        last_result = time.monotonic()
+        try:
+            while len(self._results) < len(chunks):
+                while sent < len(chunks) and sent - len(self._results) < bound:
+                    self._send_eval_chunk(*chunks[sent])
+                    sent += 1
+                before = len(self._results)
+                self._wait_for_messages()
+                now = time.monotonic()
+                if len(self._results) > before:
+                    last_result = now
+                elif now - last_result > timeout:
+                    raise _Fault(
+                        [],
+                        f"evaluation results are late: {before} of {len(chunks)} in, none for "
+                        f"{timeout:.1f} s (deadline from the measured step)",
+                    )
+        finally:
+            self._eval_ids = set()
         for r in self._results.values():
             correct += r.correct
             loss_sum += r.loss_sum
         return correct / max(1, n), loss_sum / max(1, n)
+
+    def _send_eval_chunk(self, eid: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        started = Clock()
+        out = self.stage.evaluate(x)
+        emulate_slowdown(started, self.config.slowdown, self.times)
+        sent, packed = self.codecs.activation(out, epoch=0, train=False)
+        size = self.send_activation(
+            run_id=self.run_id,
+            plan_id=self.plan_id,
+            stage=0,
+            batch_id=eid,
+            version=0,
+            mode="eval",
+            x=sent,
+            y=y,
+            xc=packed,
+        )
+        self.codecs.message_sent(size)
 
     # -- the trained model ---------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import cbor2
 import torch
 
 from edgeagent.compression import CodecState, from_wire, get_codec, to_wire
@@ -35,20 +36,44 @@ class StageCodecs:
     backward_bits: int = NONE
     state: CodecState = field(default_factory=CodecState)
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
-    raw_bytes: int = 0
-    sent_bytes: int = 0
+    raw_bytes: int = 0  # tensors as float32
+    sent_bytes: int = 0  # the same tensors as sent: codes and the codec's parameters
+    message_bytes: int = 0  # whole messages as sent (envelope, header fields, tensors)
+    message_raw_bytes: int = 0  # what the same messages would have taken uncompressed
+    _pending: int = 0  # bytes the last tensor would add to its message uncompressed
 
     def set_bits(self, forward: int, backward: int) -> None:
         self.forward_bits, self.backward_bits = forward, backward
 
     @property
     def ratio(self) -> float:
+        """Uncompressed / sent bytes of whole messages, envelope included (what the link carries)."""
+        if self.message_bytes:
+            return self.message_raw_bytes / self.message_bytes
+        return self.tensor_ratio
+
+    @property
+    def tensor_ratio(self) -> float:
+        """Raw / sent bytes of the tensors alone (the codec's parameters count on the sent side)."""
         return self.raw_bytes / self.sent_bytes if self.sent_bytes else 1.0
 
     def _account(self, t: torch.Tensor, packed: dict[str, Any] | None) -> None:
         raw = t.numel() * t.element_size()
         self.raw_bytes += raw
-        self.sent_bytes += len(packed["data"]) if packed is not None else raw
+        if packed is None:
+            self.sent_bytes += raw
+            self._pending = 0
+            return
+        header = cbor2.dumps({k: v for k, v in packed.items() if k != "data"})
+        wire = len(packed["data"]) + len(header)
+        self.sent_bytes += wire
+        self._pending = raw - wire
+
+    def message_sent(self, payload_bytes: int) -> None:
+        """Count the message that carried the last tensor (``payload_bytes`` as encoded)."""
+        self.message_bytes += payload_bytes
+        self.message_raw_bytes += payload_bytes + self._pending
+        self._pending = 0
 
     def activation(self, x: torch.Tensor, *, epoch: int, train: bool = True) -> tuple[torch.Tensor, Any]:
         """``(tensor to send, compressed dict or None)``; evaluation batches leave the state alone."""

@@ -114,14 +114,15 @@ class WeightStore:
         spec: ModelSpec,
         seed: int,
     ) -> tuple[Tensors, Tensors]:
-        """Weights and momentum of ``layers`` of ``of_device`` at ``version`` (-1: live, 0: seeded start)."""
+        """Weights and momentum of ``layers`` of ``of_device`` at ``version`` (-1: live; 0 without a
+        snapshot of it: the seeded start)."""
         if version == -1:
             if live is None or of_device != self.device_id:
                 raise TrainingError(f"{self.device_id} has no live weights of {of_device}")
             return live.export(layers)
-        if version == 0:
-            return seeded(spec, seed, layers), {}
         snap = self.snapshots.get(of_device, {}).get(version)
+        if version == 0 and snap is None:
+            return seeded(spec, seed, layers), {}
         if snap is None:
             raise TrainingError(
                 f"{self.device_id} holds no version {version} of {of_device} "

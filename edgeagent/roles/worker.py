@@ -154,6 +154,7 @@ class Worker(Role):
         self.profile: DeviceProfile | None = None  # the last good one
         self._stopping = False
         self._error_window: tuple[float, int] = (0.0, 0)  # (start, reports) of the error-report budget
+        self._eval_batches = 0  # evaluation batches taken in this process's life (fault injection)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -184,6 +185,9 @@ class Worker(Role):
                 watchdog.stop()
             notifier.send("STOPPING=1")
             self.stop_heartbeats()
+            # A clean exit: monitors show the device as gone on purpose (the last will says "offline"
+            # only after a crash).
+            self.set_status("left")
             if self._owns_transport:
                 self.transport.close()
         return 0
@@ -325,7 +329,7 @@ class Worker(Role):
         elif isinstance(msg, Command):
             self._command(msg)
         elif isinstance(msg, Status):
-            if run is not None and msg.device_id == run.worker_list[0] and msg.state == "idle":
+            if run is not None and msg.device_id == run.worker_list[0] and msg.state in ("idle", "left"):
                 log.warning(
                     "%s: the central node %s is idle, so run %s is over, but its stop never came here; "
                     "leaving the run",
@@ -400,6 +404,10 @@ class Worker(Role):
         self._subscribe_stage(run)
         self.times.reset()
         self.set_status("training", run_id=msg.run_id, stage=index)
+        if msg.status == 0 and (msg.weights is not None or start_id > 0):
+            # The run starts from given weights (--resume, --init-weights): replicate them before
+            # "built", so that a rollback never goes past them to the seeded model (Sec. III-E).
+            self._replicate_now(run)
         self._say_ready(run, "built")
 
     def _build(
@@ -450,10 +458,13 @@ class Worker(Role):
         run.subscriptions = [self.topics.activations(run.index - 1)]
         if not run.is_last:
             run.subscriptions.append(self.topics.gradients(run.index + 1))
-        # Chain replicas of the ``replicas`` stages before this one (never of the central node's stage 0).
-        for k in range(1, run.replicas + 1):
-            if run.index - k >= 1:
-                run.subscriptions.append(self.topics.device(Family.REPLICA, run.worker_list[run.index - k]))
+        # Chain replicas of the ``replicas`` stages before this one, wrapping around after the last stage
+        # as planner.recovery.holders_of does (never of the central node's stage 0, which keeps its own).
+        n = len(run.worker_list)
+        for k in range(1, min(run.replicas, n - 1) + 1):
+            source = (run.index - k) % n
+            if source >= 1:
+                run.subscriptions.append(self.topics.device(Family.REPLICA, run.worker_list[source]))
         for pattern in run.subscriptions:
             self.listen(pattern)
         self.probes.unwatch_all()
@@ -613,6 +624,18 @@ class Worker(Role):
         if msg.name == "collect":
             self._send_weights(run, purpose="collect")
         elif msg.name == "compression":
+            plan = msg.args.get("plan_id")
+            if isinstance(plan, int) and plan != run.plan_id:
+                if plan > run.plan_id and run.switch is None:
+                    # The central node moved on to a plan without this device (it took it for dead).
+                    log.warning(
+                        "%s: the run went on to plan %d without this device; leaving run %s",
+                        self.device_id,
+                        plan,
+                        run.run_id,
+                    )
+                    self._end_run(run, rejoin=True)
+                return
             forward, backward = msg.args.get("forward"), msg.args.get("backward")
             if not (
                 isinstance(forward, list)
@@ -645,8 +668,10 @@ class Worker(Role):
         elif msg.name == "stop":
             self._end_run(run)
 
-    def _end_run(self, run: _Run) -> None:
-        """The run is over (its ``stop``, or the central node gone idle): final figures, then leave."""
+    def _end_run(self, run: _Run, *, rejoin: bool = False) -> None:
+        """The run is over (its ``stop``, or the central node gone idle) or went on without this device
+        (``rejoin``: announce as idle, so that it can join again at the next re-split): final figures,
+        then leave."""
         t = self.times.summary()
         log.info(
             "%s: run %s finished after %d batches here; of %.1f s: compute %.1f, communication %.1f, "
@@ -662,7 +687,9 @@ class Worker(Role):
         self.publish_metrics()  # the final figures of this run
         self.report_drops()
         self._leave_run()
-        if self.config.once:
+        if rejoin:
+            self.announce()
+        elif self.config.once:
             self._stopping = True
 
     def _probe(self, run_id: str, target: str) -> None:
@@ -729,7 +756,7 @@ class Worker(Role):
         run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
         run.outputs[msg.batch_id] = (tuple(out.shape), out.dtype)  # what its gradient must look like
         x, xc = run.codecs.activation(out, epoch=msg.batch_id // max(1, run.batches_per_epoch))
-        self.send_activation(
+        size = self.send_activation(
             run_id=msg.run_id,
             plan_id=msg.plan_id,
             stage=run.index,
@@ -740,6 +767,7 @@ class Worker(Role):
             y=msg.y,
             xc=xc,
         )
+        run.codecs.message_sent(size)
 
     def _backward(self, run: _Run, msg: Gradient) -> None:
         run.next_backward = msg.batch_id + 1
@@ -775,10 +803,14 @@ class Worker(Role):
 
     def _fault_injection(self, batch_id: int) -> None:
         if self.config.die_at_backward == batch_id:
-            log.warning(
-                "%s: fault injection: SIGKILL at the backward pass of batch %d", self.device_id, batch_id
-            )
-            os.kill(os.getpid(), signal.SIGKILL)
+            self._die(f"at the backward pass of batch {batch_id}")
+
+    def _die(self, where: str) -> None:
+        """SIGKILL this process (fault injection). What it sent before is delivered first, so that a
+        fault "at batch N" is one at batch N and not, by a race with the network thread, one before."""
+        log.warning("%s: fault injection: SIGKILL %s", self.device_id, where)
+        self.transport.flush(5.0)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def _batch_done(self, run: _Run, batch_id: int) -> None:
         """A batch's forward and backward are both done here: record its time; replicate at the points."""
@@ -831,7 +863,7 @@ class Worker(Role):
         # The average time per batch rides with the gradients to the central node (Sec. III-D).
         g_sent, gc = run.codecs.gradient(grad)
         per_batch = sum(run.recent) / max(1, len(run.recent))
-        self.send(
+        size = self.send(
             self.topics.gradients(run.index),
             Gradient(
                 run_id=run.run_id,
@@ -845,8 +877,12 @@ class Worker(Role):
                 stage_times=[per_batch, *downstream],
             ),
         )
+        run.codecs.message_sent(size)
 
     def _evaluate(self, run: _Run, msg: Activation) -> None:
+        self._eval_batches += 1
+        if self.config.die_at_eval == self._eval_batches:
+            self._die(f"at evaluation batch {self._eval_batches} (id {msg.batch_id})")
         started = Clock()
         out = run.stage.evaluate(msg.x)
         emulate_slowdown(started, self.slowdown, self.times)
@@ -866,7 +902,7 @@ class Worker(Role):
             )
         else:
             x, xc = run.codecs.activation(out, epoch=0, train=False)
-            self.send_activation(
+            size = self.send_activation(
                 run_id=msg.run_id,
                 plan_id=msg.plan_id,
                 stage=run.index,
@@ -877,6 +913,7 @@ class Worker(Role):
                 y=msg.y,
                 xc=xc,
             )
+            run.codecs.message_sent(size)
 
 
 __all__ = ["Worker"]

@@ -48,6 +48,10 @@ class Transport(ABC):
         """Block until connected or ``timeout`` seconds pass; return whether connected."""
         return self.connected
 
+    def flush(self, timeout: float) -> bool:
+        """Block until what was published so far has reached the broker (or ``timeout`` passes)."""
+        return True
+
     def subscribe(self, pattern: str, handler: Handler) -> None:
         with self._lock:
             first = pattern not in self._handlers

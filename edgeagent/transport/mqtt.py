@@ -200,6 +200,15 @@ class MqttTransport(Transport):
             elif qos > 0:
                 self._last_sent = info
 
+    def flush(self, timeout: float) -> bool:
+        """Wait for the broker to acknowledge the last QoS 1 message (paho sends in order)."""
+        last = self._last_sent
+        if last is None or not self.connected:
+            return last is None
+        with contextlib.suppress(RuntimeError, ValueError):
+            last.wait_for_publish(timeout)
+        return last.is_published()
+
     def _subscribe_remote(self, pattern: str) -> None:
         if self.connected:
             self._send_subscribe(pattern)
@@ -220,10 +229,7 @@ class MqttTransport(Transport):
             return
         # The last words (a run's "stop", an "offline" status) must reach the broker before we hang up:
         # wait a little for the broker to acknowledge the last QoS 1 message.
-        last = self._last_sent
-        if last is not None and self.connected:
-            with contextlib.suppress(RuntimeError, ValueError):
-                last.wait_for_publish(self.close_timeout)
+        self.flush(self.close_timeout)
         self._closed = True
         try:
             self._client.disconnect()

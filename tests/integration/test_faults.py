@@ -36,6 +36,8 @@ def run(
 ) -> RunReport:
     """Central node in this process, workers as processes; ``on_batch`` runs as batches commit."""
     train = central.pop("train", TrainConfig(epochs=3))
+    # Killed workers stay dead unless a test restarts them: recover without waiting for them to come back.
+    central.setdefault("restart_window", 30.0 if watch_restart else 0.0)
     cluster = f"t{uuid.uuid4().hex[:8]}"
     config = CentralConfig(
         cluster=cluster,
@@ -112,11 +114,15 @@ def test_sigkill_one_worker_recovers_and_matches_the_fault_free_accuracy(amqtt_u
 
     (rec,) = faulty.recoveries
     assert rec["case"] == 3 and rec["lost"] == ["worker-1"]
-    assert rec["batch"] >= 70 and rec["rolled_back_to"] == 50  # the chain replica of batch 50
-    assert rec["batches_replayed"] == rec["batch"] - 50
+    # Deterministic: worker-1 dies when batch 70 starts its backward pass, after what it sent before
+    # reached the broker; the central node applies the gradients of 69 before it acts on the last will.
+    assert rec["batch"] == 70 and rec["rolled_back_to"] == 50  # the chain replica of batch 50
+    assert rec["batches_replayed"] == 20
     assert rec["detected_at"] <= rec["resumed_at"]
     assert faulty.partitions[-1]["points"][0] == 0 and len(faulty.partitions[-1]["points"]) == 3
     assert faulty.batches == clean.batches
+    # Throughput counts every batch of the run once: the 20 replayed batches are time lost, not work.
+    assert faulty.samples_per_second * faulty.train_seconds == pytest.approx(faulty.batches * 32, rel=1e-6)
     assert abs(faulty.final_accuracy - clean.final_accuracy) <= 0.02, (
         clean.final_accuracy,
         faulty.final_accuracy,
@@ -155,7 +161,8 @@ def test_two_workers_at_once_recover_from_the_global_replica(amqtt_url: str) -> 
 
 
 def test_worker_restarted_with_the_same_id_rejoins(amqtt_url: str) -> None:
-    report = run(amqtt_url, kills={"worker-1": 70}, watch_restart=True, probe_timeout=15.0)
+    # The default windows: a device restarted by systemd comes back well within them (case 2).
+    report = run(amqtt_url, kills={"worker-1": 70}, watch_restart=True)
     (rec,) = report.recoveries
     assert rec["case"] == 2 and rec["restarted"] == ["worker-1"] and rec["lost"] == []
     assert rec["workers"] == ["worker-1", "worker-2"]  # same pipeline as before
@@ -278,7 +285,13 @@ def test_recovery_after_a_re_split_restores_the_new_layout(amqtt_url: str) -> No
     local.start("worker-2")
     train = TrainConfig(epochs=3, model_options={"hidden": [128, 128, 64]})
     config = CentralConfig(
-        cluster=cluster, broker=amqtt_url, workers=2, train=train, progress=False, repartition_every=20
+        cluster=cluster,
+        broker=amqtt_url,
+        workers=2,
+        train=train,
+        progress=False,
+        repartition_every=20,
+        restart_window=0.0,
     )
     report = run_with_newcomer(amqtt_url, config, local, "worker-3", at=55)
     (rec,) = report.recoveries

@@ -165,5 +165,8 @@ def test_compressed_run_learns_and_sends_a_sixteenth(amqtt_url: str, cluster: st
     config = CentralConfig(cluster=cluster, train=TrainConfig(epochs=3), progress=False, compression="2")
     report = run_demo(config, workers=2, slowdowns=[], broker=amqtt_url, show_progress=False)
     assert report.compression == "2"
-    assert report.compression_ratio == pytest.approx(16, rel=0.05)
+    # 2 bits of 32 for the codes; the codec's header and scales cost a few percent on these 16 KB tensors.
+    assert 14.5 <= report.compression_ratio_tensors <= 16
+    # Whole messages (envelope, labels) shrink less: what the link really saves.
+    assert 2 < report.compression_ratio < report.compression_ratio_tensors
     assert report.final_accuracy > 0.6

@@ -482,3 +482,31 @@ def test_auto_bits_widest_code_the_link_can_hide() -> None:
         auto_bits(0, mib4, 0.1)
     with pytest.raises(ValueError):
         auto_bits(1e6, mib4, 0.1, choices=())
+
+
+def test_stage_ratio_counts_the_envelope_and_the_codec_parameters() -> None:
+    from edgeagent.protocol.messages import Activation, encode
+    from edgeagent.roles.codecs import StageCodecs
+
+    codecs = StageCodecs()
+    codecs.set_bits(2, 8)
+    x = torch.randn(32, 128)  # a small activation: the envelope is not negligible beside it
+    y = torch.zeros(32, dtype=torch.long)
+    sent, packed = codecs.activation(x, epoch=0)
+    payload = encode(
+        Activation(
+            run_id="r", plan_id=0, stage=0, batch_id=0, version=0, mode="train", x=sent, y=y, xc=packed
+        ),
+        sender="central",
+    )
+    codecs.message_sent(len(payload))
+    raw = encode(
+        Activation(run_id="r", plan_id=0, stage=0, batch_id=0, version=0, mode="train", x=x, y=y),
+        sender="central",
+    )
+    assert codecs.raw_bytes == 32 * 128 * 4
+    assert codecs.sent_bytes > len(packed["data"])  # the alphas and the header count too
+    assert codecs.tensor_ratio < 16.0  # what the old metric (codes alone) reported
+    assert codecs.ratio < codecs.tensor_ratio
+    # The message ratio is what the link carries: the uncompressed message over the compressed one.
+    assert codecs.ratio == pytest.approx(len(raw) / len(payload), rel=0.02)

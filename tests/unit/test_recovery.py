@@ -180,3 +180,45 @@ def test_a_holder_serves_a_replica_it_holds() -> None:
     assert (request.version, request.of_device) == (50, "a")
     assert switch.accept(serve_fetch(holder, None, request, SPEC, 0, "r"))
     assert switch.complete
+
+
+def test_a_resumed_run_never_rolls_back_past_its_start_to_the_seeded_model() -> None:
+    # Resumed at version 300: every stage replicated it when the run started (Worker._assign), and a
+    # stage died before the first chain replication. The seeded model (version 0) is not this run's.
+    holdings = {"c": {"c": [300], "a": [300], "b": [300]}, "b": {"b": [300], "a": [300]}}
+    point = choose_recovery_point(OLD, {"c", "b"}, holdings, seeded=False, start=300)
+    assert point.version == 300 and point.sources == ("c", "b", "b")
+    # The old rule offered version 0 whenever nothing newer was complete: a silent reset.
+    lost = {"c": {"c": [300]}, "b": {"b": [300]}}
+    with pytest.raises(TrainingError, match="from 300 on"):
+        choose_recovery_point(OLD, {"c", "b"}, lost, seeded=False, start=300)
+    assert choose_recovery_point(OLD, {"c", "b"}, lost).version == 0  # a fresh seeded run may restart
+
+
+def test_a_held_snapshot_of_version_zero_wins_over_the_seeded_rebuild() -> None:
+    spec = ModelSpec("mlp", (8,), 3, (("hidden", (4, 4)),))
+    stage = make_stage(
+        spec,
+        seed=0,
+        start=0,
+        end=num_layers(spec),
+        index=0,
+        num_stages=1,
+        learning_rate=0.1,
+        momentum=0.0,
+        weight_decay=0.0,
+        aggregation=False,
+        aggregation_interval=1,
+        weights=None,
+        version=0,
+    )
+    with torch.no_grad():
+        for p in stage.module.parameters():
+            p.fill_(0.5)  # pre-trained weights (--init-weights), not the seeded ones
+    store = WeightStore("c")
+    store.snapshot(stage)
+    layers = list(range(num_layers(spec)))
+    weights, _ = store.get("c", 0, layers, live=None, spec=spec, seed=0)
+    assert all(torch.all(t == 0.5) for t in weights.values())
+    reseeded, _ = WeightStore("x").get("c", 0, layers, live=None, spec=spec, seed=0)
+    assert any(not torch.all(t == 0.5) for t in reseeded.values())

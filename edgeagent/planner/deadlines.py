@@ -1,0 +1,62 @@
+"""Deadlines derived from what was measured (pure policy; the central node wires it to its clocks).
+
+FTPipeHD's fault detection is a timer per batch (papers/000 Sec. III-F): no gradients back in time
+means a fault. A fixed timer is wrong by an order of magnitude on one side or the other: a Pi is
+10-50x slower than the laptop it is tested on. Every deadline here is the predicted time of the work
+that is outstanding, times a multiplier, never less than a floor:
+
+* **batch**: a batch sent by stage 0 comes back after it waited behind the other batches in flight
+  (Little's law: ``bound`` steps of the bottleneck, at least one pass through every stage) and crossed
+  every link twice: ``max(bound, stages) * step``, with ``step`` the DP's predicted time per batch of
+  the current split (eq. 4-7 with measured capacities and links).
+* **evaluation result**: the same for one evaluation chunk, scaled by how much larger an evaluation
+  chunk is than a training batch; the clock restarts at every result, so a long test set on a slow
+  cluster is never cut off as long as results keep coming.
+* **probe**: a live device answers the probe after it finishes the computation it is in: the slowest
+  stage's step and a round trip on the slowest link.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Forward only, larger batches: an evaluation chunk costs ``eval/train batch size`` times this share of
+# a training step (forward + backward is about 3 forwards; 1/2 leaves room for a slow first chunk).
+EVAL_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """``floor`` seconds at least; else ``multiplier`` x the predicted time of the outstanding work."""
+
+    multiplier: float = 4.0
+    batch_floor: float = 10.0
+    probe_floor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("multiplier", "batch_floor", "probe_floor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} = {value} must be a finite number > 0")
+
+    def _scaled(self, predicted: float, floor: float) -> float:
+        if not (math.isfinite(predicted) and predicted >= 0):
+            raise ValueError(f"predicted time {predicted} s must be finite and >= 0")
+        return max(floor, self.multiplier * predicted)
+
+    def batch(self, step: float, *, stages: int, bound: int) -> float:
+        """Seconds after stage 0 sent a batch before its missing gradients are a fault."""
+        return self._scaled(max(bound, stages, 1) * step, self.batch_floor)
+
+    def evaluation(self, step: float, *, stages: int, bound: int, eval_batch: int, train_batch: int) -> float:
+        """Seconds without a new evaluation result (while some are due) before that is a fault."""
+        scale = max(1.0, EVAL_SHARE * eval_batch / max(1, train_batch))
+        return self._scaled(max(bound, stages, 1) * step * scale, self.batch_floor)
+
+    def probe(self, slowest_stage: float, slowest_round_trip: float) -> float:
+        """Seconds to wait for the devices of the run to answer a probe after a fault."""
+        return self._scaled(slowest_stage + slowest_round_trip, self.probe_floor)
+
+
+__all__ = ["EVAL_SHARE", "Deadlines"]
