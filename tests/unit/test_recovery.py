@@ -196,29 +196,14 @@ def test_a_resumed_run_never_rolls_back_past_its_start_to_the_seeded_model() -> 
 
 
 def test_a_held_snapshot_of_version_zero_wins_over_the_seeded_rebuild() -> None:
-    spec = ModelSpec("mlp", (8,), 3, (("hidden", (4, 4)),))
-    stage = make_stage(
-        spec,
-        seed=0,
-        start=0,
-        end=num_layers(spec),
-        index=0,
-        num_stages=1,
-        learning_rate=0.1,
-        momentum=0.0,
-        weight_decay=0.0,
-        aggregation=False,
-        aggregation_interval=1,
-        weights=None,
-        version=0,
-    )
+    stage = stage_of(0, num_layers(SPEC), 0, 1)
     with torch.no_grad():
         for p in stage.module.parameters():
             p.fill_(0.5)  # pre-trained weights (--init-weights), not the seeded ones
     store = WeightStore("c")
     store.snapshot(stage)
-    layers = list(range(num_layers(spec)))
-    weights, _ = store.get("c", 0, layers, live=None, spec=spec, seed=0)
-    assert all(torch.all(t == 0.5) for t in weights.values())
-    reseeded, _ = WeightStore("x").get("c", 0, layers, live=None, spec=spec, seed=0)
+    layers = list(range(num_layers(SPEC)))
+    weights, _ = store.get("c", 0, layers, live=None, spec=SPEC, seed=0)
+    assert weights and all(torch.all(t == 0.5) for t in weights.values())
+    reseeded, _ = WeightStore("x").get("c", 0, layers, live=None, spec=SPEC, seed=0)
     assert any(not torch.all(t == 0.5) for t in reseeded.values())
