@@ -202,7 +202,7 @@ def test_a_new_device_joins_a_run_in_progress(amqtt_url: str) -> None:
     cluster = f"t{uuid.uuid4().hex[:8]}"
     local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0])
     local.start("worker-1")
-    train = TrainConfig(epochs=3)  # three layers: one per stage once the new device is in
+    train = TrainConfig(epochs=3)  # the default MLP: a layer range for each of the three stages
     config = CentralConfig(
         cluster=cluster, broker=amqtt_url, workers=1, train=train, progress=False, repartition_every=20
     )

@@ -509,7 +509,7 @@ def test_stage_input_is_the_previous_layers_output(name: str, in_shape: tuple[in
 # A worker with the real run's id and plan, but batches that do not fit
 
 
-SPEC = ModelSpec("mlp", (64,), 10)  # layers: 64 -> 128 -> 64 -> 10
+SPEC = ModelSpec("mlp", (64,), 10, (("hidden", (128, 64)),))  # layers: 64 -> 128 -> 64 -> 10
 
 
 class StageOne:

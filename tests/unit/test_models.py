@@ -13,6 +13,7 @@ from edgeagent.models import (
     MODEL_NAMES,
     InvertedResidual,
     ModelSpec,
+    ResidualLinear,
     build_layers,
     build_model,
     layer_output_shapes,
@@ -110,10 +111,30 @@ def test_layer_output_shapes(name: str, in_shape: tuple[int, ...]) -> None:
 
 
 def test_layer_counts() -> None:
-    assert num_layers(ModelSpec("mlp", (64,), 10)) == 3
+    assert num_layers(ModelSpec("mlp", (64,), 10)) == 6  # central + 5 workers, one layer each
+    assert num_layers(ModelSpec("mlp", (64,), 10, (("hidden", (128, 64)),))) == 3
     assert num_layers(ModelSpec("mlp", (64,), 10, (("hidden", (32, 32, 32)),))) == 4
     assert num_layers(ModelSpec("cnn", (1, 8, 8), 10)) == 8
     assert num_layers(ModelSpec("mobilenetv2", (3, 32, 32), 10)) == 21
+
+
+def test_mlp_layers_of_equal_width_are_residual() -> None:
+    layers = list(build_model(ModelSpec("mlp", (1, 8, 8), 10), seed=0))
+    assert [type(m).__name__ for m in layers] == ["Sequential", *["ResidualLinear"] * 4, "Linear"]
+    blocks = [m for m in layers if isinstance(m, ResidualLinear)]
+    assert all(b.scale == pytest.approx(0.5) for b in blocks)  # 1/sqrt(4 residual layers)
+    mixed = list(build_model(ModelSpec("mlp", (64,), 10, (("hidden", (64, 64, 32)),)), seed=0))
+    assert isinstance(mixed[1], ResidualLinear) and mixed[1].scale == 1.0
+    assert isinstance(mixed[2], nn.Sequential)  # 64 -> 32: Linear+ReLU
+    plain = build_model(ModelSpec("mlp", (64,), 10, (("residual", False),)), seed=0)
+    assert not any(isinstance(m, ResidualLinear) for m in plain)
+    # The skip connection: with the branch's weights at zero the layer is the identity.
+    block = blocks[0]
+    with torch.no_grad():
+        block.linear.weight.zero_()
+        block.linear.bias.fill_(-1.0)
+    x = torch.randn(3, 128)
+    assert torch.equal(block(x), x)
 
 
 def test_mobilenetv2_small_input_keeps_spatial_size() -> None:
@@ -200,6 +221,7 @@ def test_unknown_name() -> None:
     [
         (ModelSpec("mlp", (64,), 10, (("widht", 3),)), "widht"),
         (ModelSpec("mlp", (64,), 10, (("hidden", (32,)),)), "hidden"),
+        (ModelSpec("mlp", (64,), 10, (("residual", "yes"),)), "residual"),
         (ModelSpec("cnn", (64,), 10), r"\(C, H, W\)"),
         (ModelSpec("mobilenetv2", (64,), 10), r"\(C, H, W\)"),
         (ModelSpec("mobilenetv2", (3, 32, 32), 10, (("stem_stride", 3),)), "stem_stride"),
@@ -210,9 +232,9 @@ def test_bad_options(spec: ModelSpec, match: str) -> None:
         build_layers(spec, 0, 1, seed=0)
 
 
-@pytest.mark.parametrize(("start", "end"), [(-1, 2), (2, 2), (3, 2), (0, 4)])
+@pytest.mark.parametrize(("start", "end"), [(-1, 2), (2, 2), (3, 2), (0, 7)])
 def test_bad_range(start: int, end: int) -> None:
-    with pytest.raises(ValueError, match="0 <= start < end <= 3"):
+    with pytest.raises(ValueError, match="0 <= start < end <= 6"):
         build_layers(ModelSpec("mlp", (64,), 10), start, end, seed=0)
 
 
