@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import signal
 import sys
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import click
 import yaml
 
 from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
-from edgeagent.errors import ConfigError, EdgeAgentError
+from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, TrainingError
 from edgeagent.logs import console, setup_logging
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -122,6 +123,26 @@ def train_options(f: F) -> F:
         click.option("--global-every", type=int, help="Batches between global replications (100; 0: off)."),
         click.option("--replicas", type=int, help="Chain successors holding a replica (ResPipe's z; 1)."),
         click.option(
+            "--timeout-multiplier",
+            type=float,
+            help="Deadlines (batch timer, evaluation, probe) = this x the predicted time of the work (4).",
+        ),
+        click.option(
+            "--batch-timeout", type=float, help="Floor of the batch timer and evaluation deadline (10 s)."
+        ),
+        click.option("--probe-timeout", type=float, help="Floor of the probe window after a fault (1 s)."),
+        click.option(
+            "--restart-window",
+            type=float,
+            help="After a fault, seconds a missing device may take to restart with its id (recovery case 2; "
+            "30, a Pi's service restart; 0: recover at once).",
+        ),
+        click.option(
+            "--unmeasured-slowdown",
+            type=float,
+            help="Until a device has run a batch, take it as this many times slower than the central (50).",
+        ),
+        click.option(
             "--checkpoint",
             type=click.Path(dir_okay=False),
             help="Write a checkpoint here at every global replication.",
@@ -157,6 +178,11 @@ _CENTRAL_KEYS = (
     "chain_every",
     "global_every",
     "replicas",
+    "timeout_multiplier",
+    "batch_timeout",
+    "probe_timeout",
+    "restart_window",
+    "unmeasured_slowdown",
     "checkpoint",
     "broker",
     "cluster",
@@ -169,15 +195,18 @@ _CENTRAL_KEYS = (
 )
 
 
-def _kills(items: tuple[str, ...]) -> dict[str, int]:
-    kills = {}
+def _kills(items: tuple[str, ...]) -> dict[str, int | str]:
+    """``ID@BATCH`` (SIGKILL at that batch's backward) or ``ID@evalN`` (at its N-th evaluation batch)."""
+    kills: dict[str, int | str] = {}
     for item in items:
-        device, sep, batch = item.partition("@")
-        if not sep or not batch.isdigit():
+        device, sep, at = item.partition("@")
+        evaluation = at.startswith("eval") and at[4:].isdigit() and int(at[4:]) >= 1
+        if not sep or not (at.isdigit() or evaluation):
             raise click.BadParameter(
-                f"expected ID@BATCH like worker-1@205, got {item!r}", param_hint="--kill"
+                f"expected ID@BATCH like worker-1@205 or ID@evalN like worker-2@eval1, got {item!r}",
+                param_hint="--kill",
             )
-        kills[device] = int(batch)
+        kills[device] = at if evaluation else int(at)
     return kills
 
 
@@ -201,12 +230,92 @@ def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
     return {**central, "train": train} if train else central
 
 
-def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[bold red]error:[/] {exc}")
-    sys.exit(2)
+# Note: a user's mistake ends in one line, never a traceback.
+#     Every command runs under ``_Cli.invoke``: an EdgeAgentError (whose message says what to change),
+#     and the ValueError, KeyError and OSError that bad input raises from libraries (a model option of
+#     the wrong type, a file that is not there), end as ``error: ...`` on stderr with exit status 2 (1
+#     for a run that failed: TrainingError, ProtocolError). Anything else is a bug and keeps its
+#     traceback. `--log-level DEBUG` logs the traceback of a caught error too.
+_INPUT_ERRORS = (ValueError, KeyError, OSError, pickle.UnpicklingError)
 
 
-@click.group()
+def _message(exc: BaseException, command: str) -> str:
+    """What went wrong, on one line, with what to change when the exception does not say it itself."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        target = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
+        text = f"{target}: {exc.strerror or exc}; check the path and its permissions"
+    elif isinstance(exc, KeyError):
+        text = f"unknown or missing key {exc.args[0]!r} (see `{command} --help`)" if exc.args else repr(exc)
+    else:
+        text = str(exc) or type(exc).__name__
+        if not isinstance(exc, EdgeAgentError):  # edgeagent's own errors carry their hint
+            text += f" (see `{command} --help`)"
+    return " ".join(text.split())  # one line, even for multi-line YAML or torch messages
+
+
+def _check_writable(flag: str, path: str) -> None:
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; give a file name")
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{flag} {path}: the directory {folder} does not exist; create it or pick another path"
+        )
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigError(f"{flag} {path}: not writable by this user; pick another path")
+
+
+def _check_loadable(flag: str, path: str, what: str) -> None:
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # whatever torch says, the file cannot be used: name it and the flag
+        if isinstance(exc, pickle.UnpicklingError):  # torch's text here is a page about weights_only
+            reason = "not written by torch.save, or it holds more than tensors and plain data"
+        else:
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            reason = lines[0][:120]
+        raise ConfigError(f"{flag} {path}: cannot read it ({reason}); give {what}") from exc
+    if not isinstance(state, dict):
+        raise ConfigError(f"{flag} {path} holds a {type(state).__name__}, not {what}")
+
+
+def _preflight(config: CentralConfig) -> None:
+    """The files a run reads and writes, checked before it starts: a typo in --report must not cost the
+    whole run. (Loading --init-weights and --resume twice costs a second at start-up; the central node
+    loads them again because it is also started without the CLI.)"""
+    for flag, path in (
+        ("--report", config.report),
+        ("--save-model", config.save_model),
+        ("--checkpoint", config.checkpoint),
+    ):
+        if path:
+            _check_writable(flag, path)
+    if config.train.init_weights:
+        _check_loadable("--init-weights", config.train.init_weights, "a state dict saved with --save-model")
+    if config.resume:
+        _check_loadable("--resume", config.resume, "a checkpoint written with --checkpoint")
+
+
+def _fail(exc: BaseException, command: str = "edgeagent") -> NoReturn:
+    log.debug("%s failed", command, exc_info=exc)
+    click.echo(click.style("error:", fg="red", bold=True) + " " + _message(exc, command), err=True)
+    sys.exit(1 if isinstance(exc, TrainingError | ProtocolError) else 2)
+
+
+class _Cli(click.Group):
+    """The ``edgeagent`` group: runs every subcommand under the one error boundary (see the Note)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (EdgeAgentError, *_INPUT_ERRORS) as exc:
+            _fail(exc, " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand))))
+
+
+@click.group(cls=_Cli)
 @click.version_option(package_name="edgeagent")
 def main() -> None:
     """Train one PyTorch model across several edge devices as an asynchronous pipeline over MQTT."""
@@ -231,34 +340,32 @@ def main() -> None:
     "--kill",
     "kills",
     multiple=True,
-    help="ID@BATCH: SIGKILL worker ID when BATCH starts its backward pass (fault injection).",
+    help="ID@BATCH: SIGKILL worker ID when BATCH starts its backward pass; ID@evalN: when it takes its "
+    "N-th evaluation batch (fault injection).",
 )
 def demo(**kw: Any) -> None:
     """Broker + central node + local workers: the whole job on this machine."""
     from edgeagent.demo import run_demo
 
     setup_logging(kw["log_level"], device="central")
-    try:
-        source = kw["config_file"] or "<arguments>"
-        base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
-        section = build(DemoConfig, base.pop("demo", None) or {}, source=f"{source} (demo:)")
-        config = build(CentralConfig, merge(base, _central_overrides({**kw, "broker": None})), source=source)
-        workers = kw["workers"] if kw["workers"] is not None else section.workers
-        slowdowns = _floats(kw["slowdowns"]) or list(section.slowdowns)
-        report = run_demo(
-            config,
-            workers=workers,
-            slowdowns=slowdowns,
-            broker=kw["broker"],
-            show_progress=not kw["no_progress"],
-            kills=_kills(kw["kills"]),
-            links=_floats(kw["link_mbps"]),
-            secure=kw["secure"],
-        )
-    except (EdgeAgentError, ValueError) as exc:
-        _fail(exc)
-        return
-    _finish_report(report, kw["report"])
+    source = kw["config_file"] or "<arguments>"
+    base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
+    section = build(DemoConfig, base.pop("demo", None) or {}, source=f"{source} (demo:)")
+    config = build(CentralConfig, merge(base, _central_overrides({**kw, "broker": None})), source=source)
+    _preflight(config)
+    workers = kw["workers"] if kw["workers"] is not None else section.workers
+    slowdowns = _floats(kw["slowdowns"]) or list(section.slowdowns)
+    report = run_demo(
+        config,
+        workers=workers,
+        slowdowns=slowdowns,
+        broker=kw["broker"],
+        show_progress=not kw["no_progress"],
+        kills=_kills(kw["kills"]),
+        links=_floats(kw["link_mbps"]),
+        secure=kw["secure"],
+    )
+    _finish_report(report, config.report)
 
 
 @main.command()
@@ -282,12 +389,9 @@ def central(**kw: Any) -> None:
     for key in ("workers", "device_id", "slowdown", "threads", "resume"):
         if kw.get(key) is not None:
             overrides[key] = kw[key]
-    try:
-        config = load(CentralConfig, kw["config_file"], overrides)
-        report = Central(config).run()
-    except EdgeAgentError as exc:
-        _fail(exc)
-        return
+    config = load(CentralConfig, kw["config_file"], overrides)
+    _preflight(config)
+    report = Central(config).run()
     _finish_report(report, config.report)
 
 
@@ -305,6 +409,9 @@ def central(**kw: Any) -> None:
 @click.option(
     "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
 )
+@click.option(
+    "--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th evaluation batch."
+)
 @click.option("--once", is_flag=True, default=None, help="Exit after one run.")
 @click.option("--log-level", default=None)
 def worker(**kw: Any) -> None:
@@ -316,12 +423,8 @@ def worker(**kw: Any) -> None:
         overrides["device_id"] = os.uname().nodename.split(".")[0]
     level = kw["log_level"] or os.environ.get("EDGEAGENT_LOG_LEVEL", "INFO")
     setup_logging(level, device=overrides["device_id"])
-    try:
-        config = load(WorkerConfig, kw["config_file"], overrides)
-        w = Worker(config)
-    except EdgeAgentError as exc:
-        _fail(exc)
-        return
+    config = load(WorkerConfig, kw["config_file"], overrides)
+    w = Worker(config)
     signal.signal(signal.SIGTERM, lambda *_: w.stop())
     try:
         sys.exit(w.serve())
@@ -334,7 +437,7 @@ _FILE = click.Path(exists=True, dir_okay=False)
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, help="Port [default: 1883, or 8883 with --tls-cert].")
+@click.option("--port", type=click.IntRange(1, 65535), help="Port [default: 1883, or 8883 with --tls-cert].")
 @click.option(
     "--credentials",
     type=click.Path(exists=True, file_okay=False),
@@ -356,24 +459,31 @@ def broker(
     log_level: str,
 ) -> None:
     """The embedded MQTT 3.1.1 broker (amqtt)."""
+    from amqtt.errors import BrokerError
+
     from edgeagent.broker import BrokerTls, serve_forever
 
     setup_logging(log_level, device="broker")
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if tls_cert is None and (tls_ca or require_client_cert):
+        raise ConfigError("--tls-ca and --require-client-cert need --tls-cert and --tls-key")
+    if require_client_cert and not tls_ca:
+        raise ConfigError("--require-client-cert needs --tls-ca to verify the client certificates")
+    tls = (
+        BrokerTls(tls_cert, tls_key, tls_ca, require_client_cert)
+        if tls_cert is not None and tls_key is not None
+        else None
+    )
+    port = port or (8883 if tls else 1883)
     try:
-        if (tls_cert is None) != (tls_key is None):
-            raise ConfigError("--tls-cert and --tls-key go together")
-        if tls_cert is None and (tls_ca or require_client_cert):
-            raise ConfigError("--tls-ca and --require-client-cert need --tls-cert and --tls-key")
-        if require_client_cert and not tls_ca:
-            raise ConfigError("--require-client-cert needs --tls-ca to verify the client certificates")
-        tls = (
-            BrokerTls(tls_cert, tls_key, tls_ca, require_client_cert)
-            if tls_cert is not None and tls_key is not None
-            else None
-        )
-        serve_forever(host, port or (8883 if tls else 1883), credentials=credentials, tls=tls)
-    except EdgeAgentError as exc:
-        _fail(exc)
+        serve_forever(host, port, credentials=credentials, tls=tls)
+    except BrokerError as exc:  # amqtt's wrapper of the listener's OSError (port taken, bad address)
+        cause = exc.__cause__ or exc
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({cause}); is another broker running there? "
+            "Stop it or pick another --port / --host"
+        ) from exc
 
 
 @main.command()
@@ -381,17 +491,22 @@ def broker(
 @click.option("--cluster", default=None, help="Show one cluster (default: all).")
 @click.option("--refresh", default=0.5, show_default=True, type=float, help="Seconds between redraws.")
 @click.option("--duration", default=None, type=float, help="Stop after this many seconds (default: Ctrl-C).")
+@click.option(
+    "--show-left",
+    is_flag=True,
+    help="Keep listing devices that left (shut down cleanly); by default they are hidden "
+    "30 s after leaving, at once if they had left before the monitor started.",
+)
 @access_options
-def monitor(broker: str, cluster: str | None, refresh: float, duration: float | None, **kw: Any) -> None:
+def monitor(
+    broker: str, cluster: str | None, refresh: float, duration: float | None, show_left: bool, **kw: Any
+) -> None:
     """A live dashboard of the cluster: devices, stages, throughput, heartbeats and events."""
     from edgeagent.monitor import run_monitor
 
     setup_logging("WARNING")
-    try:
-        url, tls = _access(broker, kw, "monitor")
-        run_monitor(broker=url, cluster=cluster, refresh=refresh, duration=duration, tls=tls)
-    except (EdgeAgentError, ValueError) as exc:
-        _fail(exc)
+    url, tls = _access(broker, kw, "monitor")
+    run_monitor(broker=url, cluster=cluster, refresh=refresh, duration=duration, tls=tls, show_left=show_left)
 
 
 @main.group()
@@ -403,14 +518,13 @@ def _profile_transport(broker: str, cluster: str, kw: dict[str, Any]) -> tuple[A
     from edgeagent.protocol.topics import Topics
     from edgeagent.transport.mqtt import MqttTransport
 
-    try:
-        url, tls = _access(broker, kw, "central")
-    except EdgeAgentError as exc:
-        _fail(exc)
+    url, tls = _access(broker, kw, "central")
     transport = MqttTransport(url, f"ea-profile-{os.getpid()}", tls=tls)
     if not transport.wait_connected(10):
         transport.close()
-        _fail(EdgeAgentError(f"no broker at {broker} within 10 s"))
+        raise EdgeAgentError(
+            f"no broker at {url.redacted()} within 10 s; is it running, and is --broker right?"
+        )
     return transport, Topics(cluster)
 
 
@@ -436,11 +550,11 @@ def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...]
     """Validate the profiles (all of DIR, or the IDS) and push them to their devices."""
     from edgeagent import profiles as profiles_module
 
-    try:
-        found = profiles_module.load_profiles(directory, list(ids) or None)
-    except EdgeAgentError as exc:
-        _fail(exc)
-        return
+    if not Path(directory).is_dir():
+        raise ConfigError(f"--dir {directory}: no such directory; give the directory of <id>.yaml profiles")
+    found = profiles_module.load_profiles(directory, list(ids) or None)
+    if not found:
+        raise ConfigError(f"no profiles (<id>.yaml) in {directory}; nothing to push")
     transport, topics = _profile_transport(broker, cluster, kw)
     try:
         profiles_module.push(transport, topics, found)
@@ -477,11 +591,7 @@ def profile_diff(broker: str, cluster: str, directory: str, device_id: str, **kw
 
     from edgeagent import profiles as profiles_module
 
-    try:
-        local = profiles_module.load_profile(Path(directory) / f"{device_id}.yaml")
-    except EdgeAgentError as exc:
-        _fail(exc)
-        return
+    local = profiles_module.load_profile(Path(directory) / f"{device_id}.yaml")
     transport, topics = _profile_transport(broker, cluster, kw)
     try:
         current = profiles_module.fetch(transport, topics, device_id)
@@ -539,6 +649,13 @@ _credentials_dir = click.option(
     type=click.Path(file_okay=False),
     help="Write each new password to DIR/<name>.password (mode 0600) instead of printing it.",
 )
+@click.option(
+    "--home-assistant-prefix",
+    default="homeassistant",
+    show_default=True,
+    help="Home Assistant's MQTT discovery prefix: a central login may publish its cluster's discovery "
+    "configs under it (`edgeagent central --home-assistant`), an observer (Home Assistant) reads it.",
+)
 def credentials_add(
     directory: str,
     names: tuple[str, ...],
@@ -546,33 +663,33 @@ def credentials_add(
     cluster: str,
     profiles: str | None,
     password_out: str | None,
+    home_assistant_prefix: str,
 ) -> None:
     """Add logins NAMES (or re-key existing ones) with random passwords."""
     from edgeagent.credentials import CredentialStore
     from edgeagent.profiles import load_profiles
 
     store = CredentialStore(directory)
-    try:
-        wanted = [(n, role) for n in names]
-        if profiles:
-            known = store.users()
-            wanted += [(p.id, "device") for p in load_profiles(profiles, None) if p.id not in known]
-        if not wanted:
-            raise ConfigError("nothing to add: give NAMES or --profiles DIR")
-        for name, name_role in wanted:
-            password = store.add(name, role=name_role, cluster=cluster)
-            if password_out:
-                out = Path(password_out)
-                out.mkdir(parents=True, exist_ok=True)
-                target = out / f"{name}.password"
-                target.touch(mode=0o600, exist_ok=True)
-                target.chmod(0o600)
-                target.write_text(password + "\n", encoding="utf-8")
-                console.print(f"added {name} ({name_role}, cluster {cluster}); password in {target}")
-            else:
-                console.print(f"added {name} ({name_role}, cluster {cluster}); password: {password}")
-    except EdgeAgentError as exc:
-        _fail(exc)
+    wanted = [(n, role) for n in names]
+    if profiles:
+        known = store.users()
+        wanted += [(p.id, "device") for p in load_profiles(profiles, None) if p.id not in known]
+    if not wanted:
+        raise ConfigError("nothing to add: give NAMES or --profiles DIR")
+    for name, name_role in wanted:
+        password = store.add(
+            name, role=name_role, cluster=cluster, home_assistant_prefix=home_assistant_prefix
+        )
+        if password_out:
+            out = Path(password_out)
+            out.mkdir(parents=True, exist_ok=True)
+            target = out / f"{name}.password"
+            target.touch(mode=0o600, exist_ok=True)
+            target.chmod(0o600)
+            target.write_text(password + "\n", encoding="utf-8")
+            console.print(f"added {name} ({name_role}, cluster {cluster}); password in {target}")
+        else:
+            console.print(f"added {name} ({name_role}, cluster {cluster}); password: {password}")
     console.print(
         f"the embedded broker ({directory}) picks this up at the next login; Mosquitto needs "
         "`kill -HUP` (password_file mosquitto.passwd, acl_file mosquitto.acl)",
@@ -588,12 +705,9 @@ def credentials_remove(directory: str, names: tuple[str, ...]) -> None:
     from edgeagent.credentials import CredentialStore
 
     store = CredentialStore(directory)
-    try:
-        for name in names:
-            store.remove(name)
-            console.print(f"removed {name}")
-    except EdgeAgentError as exc:
-        _fail(exc)
+    for name in names:
+        store.remove(name)
+        console.print(f"removed {name}")
 
 
 @credentials.command("list")
@@ -601,16 +715,17 @@ def credentials_remove(directory: str, names: tuple[str, ...]) -> None:
 def credentials_list(directory: str) -> None:
     """List the logins, their roles and clusters (never passwords)."""
     from edgeagent.credentials import CredentialStore
+    from edgeagent.homeassistant import DEFAULT_PREFIX
 
-    try:
-        users = CredentialStore(directory).users()
-    except EdgeAgentError as exc:
-        _fail(exc)
+    users = CredentialStore(directory).users()
     if not users:
         console.print(f"no logins in {directory}; add some with `edgeagent credentials add`")
         return
     for name, user in sorted(users.items()):
-        console.print(f"{name:24} {user.grant.role:9} cluster {user.grant.cluster}", highlight=False)
+        grant = user.grant
+        prefix = grant.home_assistant_prefix
+        extra = f"  home assistant {prefix}" if prefix != DEFAULT_PREFIX and grant.role != "device" else ""
+        console.print(f"{name:24} {grant.role:9} cluster {grant.cluster}{extra}", highlight=False)
 
 
 def _finish_report(report: Any, path: str | None) -> None:

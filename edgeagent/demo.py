@@ -157,8 +157,10 @@ def local_workers(
     )
     try:
         yield workers.start_all()
-    finally:
-        workers.stop()
+    except BaseException:
+        workers.stop(grace=0)  # the run failed (a mistake, Ctrl-C): its workers would wait for nothing
+        raise
+    workers.stop()
 
 
 def _progress_hook(progress: Progress, task: Any) -> Any:
