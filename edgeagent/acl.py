@@ -11,6 +11,16 @@ Three roles:
 
 A grant's cluster may be ``*`` (every cluster), e.g. for an operator's central login.
 
+Home Assistant discovery lives outside edgeagent's tree, under the grant's discovery prefix
+(``homeassistant`` unless ``edgeagent credentials add --home-assistant-prefix`` says otherwise):
+
+* ``central`` may publish its cluster's discovery configs, ``<prefix>/<component>/edgeagent_<cluster>/
+  <object>/config`` (:mod:`edgeagent.homeassistant`), and nothing else of Home Assistant's.
+* ``observer`` (Home Assistant's own login) reads everything under the prefix and may publish
+  ``<prefix>/status``: Home Assistant's birth message and last will, which it sends by default and
+  without which the embedded broker would refuse its connection (a will is checked like a publish).
+* ``device`` gets nothing there.
+
 Stage ownership follows the run: :class:`PlanTracker` learns it from the assignments the central node
 publishes (``device/<id>/control``), so "the gradient topic of a stage it does not own" changes with
 every re-partition. Static brokers (Mosquitto) get :func:`mosquitto_acl`, which cannot follow the
@@ -24,6 +34,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+from edgeagent.homeassistant import DEFAULT_PREFIX, node_id
 from edgeagent.protocol.topics import DEVICE_PUBLISHED, PROTOCOL_VERSION, ROOT, Family, Topics
 
 RoleName = Literal["central", "device", "observer"]
@@ -38,12 +49,36 @@ DEVICE_READS_FIXED = (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVE
 STAGE_OUTPUTS = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS)
 
 
+HomeAssistantTopic = Literal["config", "status", "other"]
+
+
 @dataclass(frozen=True)
 class Grant:
-    """One login's role and the cluster it belongs to (``*``: all clusters)."""
+    """One login's role, the cluster it belongs to (``*``: all clusters) and its Home Assistant
+    discovery prefix (validated by :func:`edgeagent.homeassistant.check_prefix` where logins are made)."""
 
     role: RoleName
     cluster: str = "default"
+    home_assistant_prefix: str = DEFAULT_PREFIX
+
+    def home_assistant(self, topic: str) -> HomeAssistantTopic | None:
+        """What a topic (or filter) under this grant's discovery prefix is, or None if it is not there.
+
+        ``config``: a discovery config of this grant's cluster; ``status``: Home Assistant's birth and
+        will topic; ``other``: anything else under the prefix (other clusters' and other things' configs).
+        """
+        head = self.home_assistant_prefix + "/"
+        if not topic.startswith(head):
+            return None
+        rest = topic[len(head) :].split("/")
+        if rest == ["status"]:
+            return "status"
+        if len(rest) == 4 and rest[3] == "config" and not {"+", "#"} & set(rest):
+            node = rest[1]
+            ours = node.startswith(node_id("")) if self.cluster == "*" else node == node_id(self.cluster)
+            if ours:
+                return "config"
+        return "other"
 
     def clusters(self, topic: str) -> str | None:
         """The cluster a topic (or filter) of this grant names, or None if it is not this grant's."""
@@ -111,6 +146,9 @@ def _parse(topic: str, cluster: str) -> tuple[Family, str | None, int | None] | 
 
 
 def may_publish(user: str, grant: Grant, topic: str, plans: PlanTracker) -> bool:
+    discovery = grant.home_assistant(topic)
+    if discovery is not None:
+        return (grant.role, discovery) in (("central", "config"), ("observer", "status"))
     cluster = grant.clusters(topic)
     if cluster is None:
         return False
@@ -132,6 +170,8 @@ def may_publish(user: str, grant: Grant, topic: str, plans: PlanTracker) -> bool
 
 
 def may_receive(user: str, grant: Grant, topic: str) -> bool:
+    if grant.home_assistant(topic) is not None:
+        return grant.role == "observer"
     cluster = grant.clusters(topic)
     if cluster is None:
         return False
@@ -149,24 +189,28 @@ def may_receive(user: str, grant: Grant, topic: str) -> bool:
 
 
 def may_subscribe(user: str, grant: Grant, pattern: str) -> bool:
-    """A filter within the grant's cluster that can match something the user may read. What it then
-    delivers is checked per message (:func:`may_receive`)."""
+    """A filter within the grant's cluster. A device's filter may match only what it may read: live
+    messages are checked again per message (:func:`may_receive`), but brokers (amqtt among them) send the
+    retained messages a new subscription matches without that check, so a filter like ``device/+/profile``
+    or ``#`` would hand a device every other device's retained profile."""
+    if grant.home_assistant(pattern) is not None:
+        return grant.role == "observer"
     if grant.clusters(pattern) is None:
         return False
-    if grant.role != "device" or pattern.endswith("/#"):
+    if grant.role != "device":
         return True
     levels = pattern.split("/")
     wild = [i for i, level in enumerate(levels) if level == "+"]
-    if len(wild) > 3:
+    if "#" in levels or len(wild) > 3:
         return False
-    # Try each "+" as a stage number and as some other device's id.
+    # Each "+" as a stage number, as some other device's id and as its own id: all must be readable.
     for choice in itertools.product(("0", "peer-device", user), repeat=len(wild)):
         concrete = list(levels)
         for i, value in zip(wild, choice, strict=True):
             concrete[i] = value
-        if may_receive(user, grant, "/".join(concrete)):
-            return True
-    return False
+        if not may_receive(user, grant, "/".join(concrete)):
+            return False
+    return True
 
 
 def device_client_id(user: str, grant: Grant) -> str | None:
@@ -194,11 +238,18 @@ def mosquitto_acl(users: dict[str, Grant]) -> str:
     for user, grant in sorted(users.items()):
         cluster = "+" if grant.cluster == "*" else grant.cluster
         base = f"{ROOT}/{PROTOCOL_VERSION}/{cluster}"
+        discovery = grant.home_assistant_prefix
         lines.append(f"user {user}")
         if grant.role == "central":
             lines.append(f"topic readwrite {base}/#")
+            # A "*" grant's node ids (edgeagent_<any cluster>) are not one topic level Mosquitto can
+            # match: it may write every node's configs here (the embedded broker still checks the name).
+            node = "+" if grant.cluster == "*" else node_id(grant.cluster)
+            lines.append(f"topic write {discovery}/+/{node}/+/config")
         elif grant.role == "observer":
             lines.append(f"topic read {base}/#")
+            lines.append(f"topic read {discovery}/#")
+            lines.append(f"topic write {discovery}/status")
         else:
             lines.append(f"topic write {base}/{Family.ANNOUNCE.value}")
             lines += [f"topic read {base}/{f.value}" for f in DEVICE_READS_FIXED]

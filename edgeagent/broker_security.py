@@ -4,11 +4,12 @@ Every client must send a user name and the right password (argon2 hashes from a 
 ``edgeagent credentials``). A client without a user name is refused: amqtt's own anonymous plugin
 with ``allow_anonymous: false`` lets in anyone who sends *some* user name, so it is not used.
 
-Topic rights come from :mod:`edgeagent.acl`. Stage ownership follows the run: the plugin reads the
-assignments and re-partition orders the central node publishes on ``device/<id>/control`` (only a
-central login may publish there) and keeps the newest plan per cluster in ``plans.json`` (in
-``$STATE_DIRECTORY`` under systemd, else next to the credentials), so a restarted broker still knows
-who holds which stage.
+Topic rights come from :mod:`edgeagent.acl`, including those on Home Assistant's discovery topics
+(outside ``edgeagent/``, under each login's discovery prefix). Stage ownership follows the run: the
+plugin reads the assignments and re-partition orders the central node publishes on
+``device/<id>/control`` (only a central login may publish there) and keeps the newest plan per cluster
+in ``plans.json`` (in ``$STATE_DIRECTORY`` under systemd, else next to the credentials), so a
+restarted broker still knows who holds which stage.
 
 The credentials directory is re-read when its files change: ``edgeagent credentials add`` takes effect
 for the next connection without a broker restart.

@@ -2,7 +2,8 @@
 
 ::
 
-    <dir>/users.yaml         name -> role and cluster (no secrets); the source of the ACLs
+    <dir>/users.yaml         name -> role, cluster and Home Assistant discovery prefix (no secrets);
+                             the source of the ACLs
     <dir>/passwd             name:argon2 hash       (the embedded broker; amqtt's FileAuthPlugin format)
     <dir>/mosquitto.passwd   name:$7$ PBKDF2-SHA512  (Mosquitto's password_file)
     <dir>/mosquitto.acl      Mosquitto's acl_file, generated from users.yaml
@@ -28,6 +29,7 @@ import yaml
 
 from edgeagent.acl import ROLES, Grant, mosquitto_acl
 from edgeagent.errors import ConfigError, ProtocolError
+from edgeagent.homeassistant import DEFAULT_PREFIX, check_prefix
 from edgeagent.protocol.topics import check_name
 
 USERS = "users.yaml"
@@ -115,7 +117,14 @@ class CredentialStore:
         for name, entry in (raw.get("users") or {}).items():
             if not isinstance(entry, dict) or entry.get("role") not in ROLES:
                 raise ConfigError(f"{path}: user {name!r} needs role: one of {', '.join(ROLES)}")
-            grant = Grant(role=entry["role"], cluster=str(entry.get("cluster", "default")))
+            prefix = str(entry.get("home_assistant_prefix", DEFAULT_PREFIX))
+            try:
+                check_prefix(prefix)
+            except ValueError as exc:
+                raise ConfigError(f"{path}: user {name!r}: {exc}") from None
+            grant = Grant(
+                role=entry["role"], cluster=str(entry.get("cluster", "default")), home_assistant_prefix=prefix
+            )
             if name not in hashes:
                 raise ConfigError(f"{path}: user {name!r} has no password in {PASSWD}; add it again")
             users[name] = User(name, grant, hashes[name], mosquitto.get(name, ""))
@@ -142,14 +151,26 @@ class CredentialStore:
     # -- changing ------------------------------------------------------------------------------
 
     def add(
-        self, name: str, *, role: str = "device", cluster: str = "default", password: str | None = None
+        self,
+        name: str,
+        *,
+        role: str = "device",
+        cluster: str = "default",
+        password: str | None = None,
+        home_assistant_prefix: str = DEFAULT_PREFIX,
     ) -> str:
-        """Add (or re-key) a login; returns its password (random unless given)."""
+        """Add (or re-key) a login; returns its password (random unless given).
+
+        ``home_assistant_prefix`` is where a central login may publish its cluster's discovery configs
+        and an observer (Home Assistant) may read them: the ``discovery_prefix`` of Home Assistant's
+        MQTT integration and ``home_assistant_prefix`` of the central node's configuration.
+        """
         try:
             check_name("user name", name)
             if cluster != "*":
                 check_name("cluster", cluster)
-        except ProtocolError as exc:
+            check_prefix(home_assistant_prefix)
+        except (ProtocolError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         if role not in ROLES:
             raise ConfigError(f"role {role!r}: use one of {', '.join(ROLES)}")
@@ -159,7 +180,7 @@ class CredentialStore:
         users = self.users()
         users[name] = User(
             name,
-            Grant(role=role, cluster=cluster),
+            Grant(role=role, cluster=cluster, home_assistant_prefix=home_assistant_prefix),
             _hasher().hash(password),
             mosquitto_hash(password),
         )
@@ -176,7 +197,11 @@ class CredentialStore:
 
     def _save(self, users: dict[str, User]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
-        entries = {n: {"role": u.grant.role, "cluster": u.grant.cluster} for n, u in sorted(users.items())}
+        entries: dict[str, dict[str, str]] = {}
+        for n, u in sorted(users.items()):
+            entries[n] = {"role": u.grant.role, "cluster": u.grant.cluster}
+            if u.grant.home_assistant_prefix != DEFAULT_PREFIX:  # users.yaml stays as before for most
+                entries[n]["home_assistant_prefix"] = u.grant.home_assistant_prefix
         header = "# Written by `edgeagent credentials`. Roles: central, device, observer.\n"
         _write(self.directory / USERS, header + yaml.safe_dump({"users": entries}, sort_keys=True), 0o644)
         _write(self.directory / PASSWD, "".join(f"{n}:{u.argon2}\n" for n, u in sorted(users.items())))

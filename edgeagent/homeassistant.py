@@ -1,16 +1,49 @@
 """Optional Home Assistant MQTT discovery of each device's training status (off by default).
 
 With ``--home-assistant`` the central node publishes, retained, one discovery config per device and
-sensor under ``<prefix>/sensor/<object id>/config``; Home Assistant then reads the states straight
-from edgeagent's own JSON status and metrics topics. Nothing else changes on the wire.
+sensor under ``<prefix>/sensor/edgeagent_<cluster>/<object id>/config``; Home Assistant then reads the
+states straight from edgeagent's own JSON status and metrics topics. Nothing else changes on the wire.
+
+The ``edgeagent_<cluster>`` level is Home Assistant's optional node id. It is there for the broker's
+topic rights (:mod:`edgeagent.acl`): a cluster's central login may publish discovery configs of its own
+node only, so it cannot rewrite the configs of the other things in the house.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.topics import ROOT, Family, Topics
+
+DEFAULT_PREFIX = "homeassistant"
+# Home Assistant's node and object ids: "[a-zA-Z0-9_-]" only.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_PREFIX_LEVEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def node_id(cluster: str) -> str:
+    """The discovery node id of a cluster's configs (``edgeagent_<cluster>``, ``.`` made ``_``)."""
+    return "edgeagent_" + _UNSAFE.sub("_", cluster)
+
+
+def check_prefix(prefix: str) -> str:
+    """A discovery prefix: topic levels of ``A-Z a-z 0-9 _ . -``, not inside edgeagent's own tree.
+
+    Raises ValueError naming the allowed form. The prefix becomes a topic right (acl.py), so a
+    wildcard or ``edgeagent/...`` would grant far more than discovery.
+    """
+    levels = prefix.split("/") if isinstance(prefix, str) else []
+    if not levels or not all(_PREFIX_LEVEL.fullmatch(level) for level in levels) or len(levels) > 4:
+        raise ValueError(
+            f"Home Assistant discovery prefix {prefix!r}: use 1-4 topic levels of A-Z a-z 0-9 _ . - "
+            f"(no +, # or empty levels), e.g. {DEFAULT_PREFIX!r}"
+        )
+    if levels[0] == ROOT:
+        raise ValueError(f"Home Assistant discovery prefix {prefix!r} may not lie under {ROOT}/")
+    return prefix
+
 
 SENSORS: tuple[tuple[str, str, Family, str, str | None], ...] = (
     # (key, name, topic family, value template, unit)
@@ -27,8 +60,9 @@ SENSORS: tuple[tuple[str, str, Family, str, str | None], ...] = (
 )
 
 
-def discovery_configs(topics: Topics, device_id: str, *, prefix: str = "homeassistant") -> dict[str, bytes]:
+def discovery_configs(topics: Topics, device_id: str, *, prefix: str = DEFAULT_PREFIX) -> dict[str, bytes]:
     """Topic -> retained JSON payload for each sensor of one device."""
+    node = node_id(topics.cluster)
     base_id = f"edgeagent_{topics.cluster}_{device_id}".replace("-", "_").replace(".", "_")
     out = {}
     for key, name, family, template, unit in SENSORS:
@@ -38,7 +72,9 @@ def discovery_configs(topics: Topics, device_id: str, *, prefix: str = "homeassi
             "state_topic": topics.device(family, device_id),
             "value_template": template,
             "availability_topic": topics.device(Family.STATUS, device_id),
-            "availability_template": "{{ 'offline' if value_json.b.state == 'offline' else 'online' }}",
+            "availability_template": (
+                "{{ 'offline' if value_json.b.state in ('offline', 'left') else 'online' }}"
+            ),
             "device": {
                 "identifiers": [base_id],
                 "name": f"edgeagent {device_id}",
@@ -49,5 +85,5 @@ def discovery_configs(topics: Topics, device_id: str, *, prefix: str = "homeassi
         if unit:
             config["unit_of_measurement"] = unit
             config["state_class"] = "measurement"
-        out[f"{prefix}/sensor/{base_id}_{key}/config"] = json.dumps(config).encode()
+        out[f"{prefix}/sensor/{node}/{base_id}_{key}/config"] = json.dumps(config).encode()
     return out

@@ -5,6 +5,13 @@ metrics, announcements, error reports and run events) into a view and renders th
 :func:`run_monitor` connects to the broker, feeds every payload into a ``ClusterState`` on paho's
 network thread (under a lock) and redraws it with :class:`rich.live.Live` until Ctrl-C.
 
+A device that shuts down cleanly publishes the retained state ``left``; that is not a problem, so such
+a device never makes its cluster look alive and never shows a late heartbeat. A device seen leaving
+while the monitor watches stays in the table, dimmed, for :data:`LEFT_GRACE` seconds and is then
+hidden; one that had left before the monitor started (a retained ``left``) is hidden at once. The
+footer counts them; ``show_left`` (``edgeagent monitor --show-left``) lists them all. A cluster all of
+whose devices have left is finished: like a dormant one, its run panel is no longer shown.
+
 The monitor subscribes only to the topics it shows, not to ``edgeagent/v1/+/#``: activations,
 gradients and replicas are most of a run's traffic, and a dashboard should not double what the broker
 sends on a slow link.
@@ -28,7 +35,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from edgeagent.errors import ProtocolError
+from edgeagent.errors import EdgeAgentError, ProtocolError
 from edgeagent.protocol.messages import (
     Announce,
     ErrorReport,
@@ -48,6 +55,9 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 10.0
 MISSED_HEARTBEATS = 3  # a heartbeat older than this many intervals is shown in red
+LEFT_GRACE = 30.0  # seconds a device seen leaving stays in the table before it is hidden
+# States of a device that is not running and is not expected to: never shown as a live device.
+GONE_STATES = ("offline", "left")
 WIDE = 120  # from this console width on, the run and events panels sit side by side
 
 # The families the monitor reads, all JSON. Everything else (the data plane) is not subscribed to.
@@ -60,6 +70,7 @@ STATE_STYLES = {
     "idle": "yellow",
     "offline": "bold red",
     "error": "bold magenta",
+    "left": "dim",
 }
 EVENT_STYLES = {
     "partition": "cyan",
@@ -100,6 +111,7 @@ class DeviceView:
     last_seen: float = 0.0  # clock() when any message of this device arrived
     detail: str = ""
     slowdown: float | None = None  # from announcements, until metrics say otherwise
+    left_at: float | None = None  # clock() when we saw it leave (None: not seen, e.g. a retained "left")
 
 
 @dataclass
@@ -141,11 +153,13 @@ class ClusterState:
         wall: Callable[[], float] = time.time,
         cluster: str | None = None,
         title: str = "edgeagent monitor",
+        show_left: bool = False,
     ) -> None:
         self._clock = clock
         self._wall = wall
         self.cluster = cluster
         self.title = title
+        self.show_left = show_left
         self.devices: dict[tuple[str, str], DeviceView] = {}
         self.runs: dict[str, RunView] = {}
         self.events: deque[EventLine] = deque(maxlen=max(1, max_events))
@@ -219,10 +233,17 @@ class ClusterState:
 
     def _device_message(self, cluster: str, device_id: str, message: Message, now: float) -> None:
         if isinstance(message, Status):
+            known = (cluster, device_id) in self.devices
             device = self._device(cluster, device_id, now)
+            if message.state != "left":
+                device.left_at = None
+            elif device.state != "left":
+                # Seen leaving: shown for a while. A retained "left" of a device we never saw alive left
+                # before we looked: hidden at once.
+                device.left_at = now if known and device.state not in GONE_STATES else None
             device.state, device.stage, device.detail = message.state, message.stage, message.detail
             device.run_id = message.run_id or device.run_id
-            if message.state != "offline":
+            if message.state not in GONE_STATES:
                 self._active.add(cluster)
             self._note_run_id(cluster, message.run_id)
         elif isinstance(message, Heartbeat):
@@ -308,9 +329,12 @@ class ClusterState:
         now = self._clock()
         clusters = {c for c, _ in self.devices} | set(self.runs) | {e.cluster for e in self.events}
         show_all = self.cluster is not None
-        shown = [d for d in self.devices.values() if show_all or d.cluster in self._active]
-        hidden = len(self.devices) - len(shown)
-        dormant = len({d.cluster for d in self.devices.values()} - self._active) if not show_all else 0
+        live = self._live(now)
+        present = [d for d in self.devices.values() if self.show_left or not self._left_long_ago(d, now)]
+        left = len(self.devices) - len(present)
+        shown = [d for d in present if show_all or d.cluster in live]
+        hidden = len(present) - len(shown)
+        dormant = len({d.cluster for d in present} - live) if not show_all else 0
         header = Text.assemble(
             (self.title, "bold"),
             f"  ·  {len(clusters)} cluster{_s(len(clusters))}",
@@ -320,14 +344,28 @@ class ClusterState:
             (f"  ·  updated {time.strftime('%H:%M:%S', time.localtime(self._wall()))}", "dim"),
         )
         devices = self._devices_table(shown, now)
-        footer: RenderableType = ""
+        notes = []
         if hidden:
-            footer = Text(
+            notes.append(
                 f"{hidden} offline device{_s(hidden)} of {dormant} dormant cluster{_s(dormant)} hidden "
-                "(retained statuses of past runs; --cluster NAME shows them)",
-                style="dim",
+                "(retained statuses of past runs; --cluster NAME shows them)"
             )
-        return _Screen(header, devices, footer, self._run_panel(), self._events_panel(len(clusters) > 1))
+        if left:
+            notes.append(f"{left} device{_s(left)} that left hidden (--show-left shows them)")
+        footer: RenderableType = Text("\n".join(notes), style="dim") if notes else ""
+        return _Screen(header, devices, footer, self._run_panel(live), self._events_panel(len(clusters) > 1))
+
+    @staticmethod
+    def _left_long_ago(d: DeviceView, now: float) -> bool:
+        return d.state == "left" and (d.left_at is None or now - d.left_at >= LEFT_GRACE)
+
+    def _live(self, now: float) -> set[str]:
+        """Active clusters, less the finished ones: every device has left (a crash keeps it shown)."""
+        finished = {cluster for cluster, _ in self.devices}
+        for d in self.devices.values():
+            if not self._left_long_ago(d, now):
+                finished.discard(d.cluster)
+        return self._active - finished
 
     def _devices_table(self, devices: Iterable[DeviceView], now: float) -> Table:
         table = Table(title="devices", title_justify="left", title_style="bold", expand=True)
@@ -346,7 +384,7 @@ class ClusterState:
         ordered = sorted(
             devices,
             key=lambda d: (
-                d.state == "offline",
+                d.state in GONE_STATES,
                 d.cluster,
                 d.stage if d.stage >= 0 else 1 << 30,
                 d.device_id,
@@ -369,7 +407,7 @@ class ClusterState:
                 _fmt(_num(m, "compression_ratio"), "{:.1f}x"),
                 _fmt(slowdown, "{:.1f}x"),
                 _fmt(_num(m, "link_mbps"), "{:.1f}") if _num(m, "link_mbps") else _DASH,
-                style="dim" if d.state == "offline" else None,
+                style="dim" if d.state in GONE_STATES else None,
             )
         if not table.rows:
             table.add_row(Text("waiting for devices…", style="dim"), *[""] * (len(table.columns) - 1))
@@ -377,6 +415,8 @@ class ClusterState:
 
     @staticmethod
     def _heartbeat(d: DeviceView, now: float) -> Text:
+        if d.state == "left":  # no more heartbeats: expected, not late
+            return Text("left" if d.left_at is None else f"left {_age(now - d.left_at)}", style="dim")
         if d.last_heartbeat is None:
             if not d.last_seen:
                 return Text(_DASH, style="dim")
@@ -385,10 +425,10 @@ class ClusterState:
         late = age > MISSED_HEARTBEATS * d.heartbeat_interval
         return Text(_age(age), style="bold red" if late else "green")
 
-    def _run_panel(self) -> Panel:
+    def _run_panel(self, live: set[str]) -> Panel:
         blocks: list[RenderableType] = []
         for cluster in sorted(self.runs):
-            if self.cluster is None and cluster not in self._active:
+            if self.cluster is None and cluster not in live:
                 continue
             run = self.runs[cluster]
             stages = len(run.points) - 1 if len(run.points) > 1 else self._stages_seen(cluster)
@@ -610,11 +650,12 @@ def run_monitor(
     console: Console | None = None,
     connect_timeout: float = CONNECT_TIMEOUT,
     tls: TlsOptions | None = None,
+    show_left: bool = False,
 ) -> None:
     """Show the cluster(s) on ``broker`` until Ctrl-C (or for ``duration`` seconds).
 
-    Prints an error and returns when the broker cannot be reached within ``connect_timeout``.
-    Raises :class:`~edgeagent.errors.ConfigError` for a malformed broker URL and
+    Raises :class:`~edgeagent.errors.EdgeAgentError` when the broker cannot be reached within
+    ``connect_timeout``, :class:`~edgeagent.errors.ConfigError` for a malformed broker URL and
     :class:`~edgeagent.errors.ProtocolError` for an invalid cluster name.
     """
     from edgeagent.logs import console as default_console
@@ -628,6 +669,7 @@ def run_monitor(
     state = ClusterState(
         cluster=cluster,
         title=f"edgeagent monitor  ·  {url.redacted()}  ·  cluster {cluster or 'all'}",
+        show_left=show_left,
     )
     lock = threading.Lock()
 
@@ -646,13 +688,10 @@ def run_monitor(
         with out.status(f"connecting to {url.redacted()}…"):
             connected = transport.wait_connected(connect_timeout)
         if not connected:
-            out.print(
-                f"[bold red]error:[/] cannot reach the MQTT broker at {url.redacted()} within "
-                f"{connect_timeout:g} s. Is it running (`edgeagent broker` starts one), "
-                "and is --broker right?",
-                highlight=False,
+            raise EdgeAgentError(
+                f"cannot reach the MQTT broker at {url.redacted()} within {connect_timeout:g} s. "
+                "Is it running (`edgeagent broker` starts one), and is --broker right?"
             )
-            return
         deadline = None if duration is None else time.monotonic() + duration
         with Live(get_renderable=screen, console=out, refresh_per_second=1 / refresh):
             while deadline is None or time.monotonic() < deadline:

@@ -99,7 +99,7 @@ class Status(Message):
     KIND = MessageKind.STATUS
     ENCODING = "json"
     device_id: str
-    state: str  # online | idle | training | offline | error
+    state: str  # online | idle | training | error | left (clean exit) | offline (last will)
     run_id: str = ""
     stage: int = -1
     detail: str = ""

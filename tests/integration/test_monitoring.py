@@ -88,7 +88,7 @@ def test_home_assistant_discovery_when_asked(amqtt_url: str, cluster: str) -> No
             found[topic] = json.loads(payload)
 
     ha = MqttTransport(amqtt_url, f"ha-{cluster}")
-    ha.subscribe("homeassistant/sensor/+/config", on_message)
+    ha.subscribe("homeassistant/sensor/+/+/config", on_message)
     try:
         assert ha.wait_connected(10)
         config = CentralConfig(
@@ -98,6 +98,7 @@ def test_home_assistant_discovery_when_asked(amqtt_url: str, cluster: str) -> No
     finally:
         ha.close()
     for device in ("central", "worker_1", "worker_2"):
-        state = found.get(f"homeassistant/sensor/edgeagent_{cluster}_{device}_state/config")
+        node = f"edgeagent_{cluster}"
+        state = found.get(f"homeassistant/sensor/{node}/{node}_{device}_state/config")
         assert state is not None, sorted(found)
         assert str(state["state_topic"]).startswith(f"edgeagent/v1/{cluster}/device/")

@@ -24,6 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edgeagent.broker import EmbeddedBroker, broker_config, free_port
 from edgeagent.credentials import CredentialStore
 from edgeagent.errors import ConfigError
+from edgeagent.homeassistant import discovery_configs
 from edgeagent.protocol.messages import Assign, Repartition, Status, encode
 from edgeagent.protocol.topics import Family, Topics
 from tests.conftest import MosquittoProcess
@@ -64,8 +65,8 @@ class Client:
         self.client.subscribe(pattern, qos=1)
         return self.subacks.get(timeout=TIMEOUT)[0]
 
-    def publish(self, topic: str, payload: bytes) -> None:
-        self.client.publish(topic, payload, qos=1).wait_for_publish(TIMEOUT)
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(TIMEOUT)
 
     def next(self) -> tuple[str, bytes]:
         return self.received.get(timeout=TIMEOUT)
@@ -287,7 +288,8 @@ def test_a_forged_assignment_from_a_device_does_not_grant_stages(login: Login) -
 def test_device_reads_only_what_it_needs(login: Login) -> None:
     make = login
     central, w1, w2 = make("central"), make("worker-1"), make("worker-2")
-    assert w1.subscribe(TOPICS.devices(Family.CONTROL)) == 1  # allowed, but delivers only its own
+    assert w1.subscribe(TOPICS.devices(Family.CONTROL)) == 0x80  # would match others' control too
+    assert w1.subscribe(TOPICS.device(Family.CONTROL, "worker-1")) == 1
     assert w1.subscribe(TOPICS.device(Family.CONTROL, "worker-2")) == 0x80  # refused outright
     assert w1.subscribe("edgeagent/v1/other/#") == 0x80  # another cluster
     assert w1.subscribe("#") == 0x80
@@ -301,6 +303,20 @@ def test_device_reads_only_what_it_needs(login: Login) -> None:
     assert w1.received.empty()
 
 
+def test_a_device_gets_no_other_devices_retained_messages(login: Login) -> None:
+    """amqtt sends the retained messages a new subscription matches without the per-message check, so
+    a wildcard over other devices' retained profiles must be refused at the subscription."""
+    make = login
+    central, w1 = make("central"), make("worker-1")
+    central.publish(TOPICS.device(Family.PROFILE, "worker-2"), b"worker-2's profile", retain=True)
+    central.publish(TOPICS.device(Family.PROFILE, "worker-1"), b"worker-1's profile", retain=True)
+    assert w1.subscribe(TOPICS.devices(Family.PROFILE)) == 0x80
+    assert w1.subscribe(TOPICS.all()) == 0x80
+    assert w1.subscribe(TOPICS.device(Family.PROFILE, "worker-1")) == 1
+    assert w1.next() == (TOPICS.device(Family.PROFILE, "worker-1"), b"worker-1's profile")
+    assert w1.received.empty()
+
+
 def test_observer_reads_everything_and_publishes_nothing(login: Login) -> None:
     make = login
     w1, watcher = make("worker-1"), make("watcher")
@@ -309,6 +325,58 @@ def test_observer_reads_everything_and_publishes_nothing(login: Login) -> None:
     w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker")
     assert watcher.next() == (TOPICS.device(Family.STATUS, "worker-1"), b"marker")
     assert watcher.received.empty()
+
+
+# -- Home Assistant discovery ------------------------------------------------------------------
+
+
+def check_home_assistant_discovery(make: Login, port: int, passwords: dict[str, str]) -> None:
+    """What `edgeagent central --home-assistant` publishes gets through from the central login and
+    reaches Home Assistant (an observer), retained; devices and other configs do not get through."""
+    central, w1, watcher = make("central"), make("worker-1"), make("watcher")
+    configs = discovery_configs(TOPICS, "worker-1")
+    assert watcher.subscribe("homeassistant/#") == 1
+    assert watcher.subscribe(TOPICS.devices(Family.STATUS)) == 1
+    # The embedded broker refuses the subscription; Mosquitto grants it and then delivers nothing.
+    assert w1.subscribe("homeassistant/#") in (1, 0x80)
+    assert w1.subscribe(TOPICS.device(Family.CONTROL, "worker-1")) == 1
+
+    first = next(iter(configs))
+    w1.publish(first, b"forged by a device")
+    w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker")
+    assert watcher.next() == (TOPICS.device(Family.STATUS, "worker-1"), b"marker")
+
+    central.publish("homeassistant/light/kitchen/config", b"not edgeagent's to change")
+    central.publish(first.replace(f"edgeagent_{CLUSTER}/", "edgeagent_other/"), b"another cluster's")
+    for topic, payload in configs.items():
+        central.publish(topic, payload, retain=True)
+    assert [watcher.next() for _ in configs] == list(configs.items())
+    assert watcher.received.empty()
+    # One publisher's messages reach a subscriber in order: once this arrives, no config will.
+    central.publish(TOPICS.device(Family.CONTROL, "worker-1"), b"marker")
+    assert w1.next() == (TOPICS.device(Family.CONTROL, "worker-1"), b"marker")
+    assert w1.received.empty()
+
+    # Home Assistant (re)starting: its birth message and will are allowed, the retained configs arrive.
+    hass = Client(port, "home-assistant", "watcher", passwords["watcher"])
+    assert hass.connect(will=("homeassistant/status", b"offline")) == 0
+    try:
+        hass.publish("homeassistant/status", b"online")
+        assert watcher.next() == ("homeassistant/status", b"online")
+        assert hass.subscribe("homeassistant/+/+/+/config") == 1
+        assert dict(hass.next() for _ in configs) == configs
+    finally:
+        hass.close()
+
+
+def test_home_assistant_discovery_on_the_embedded_broker(
+    login: Login, creds: tuple[Path, dict[str, str]], broker: EmbeddedBroker
+) -> None:
+    _, pw = creds
+    check_home_assistant_discovery(login, broker.port, pw)
+    # amqtt sends wills unchecked: the broker refuses a will outside what the login may publish.
+    squatter = Client(broker.port, "hass-2", "watcher", pw["watcher"])
+    assert squatter.connect(will=("homeassistant/light/kitchen/config", b"{}")) in REFUSED
 
 
 def test_stage_owners_survive_a_broker_restart(creds: tuple[Path, dict[str, str]]) -> None:
@@ -373,6 +441,25 @@ def test_mosquitto_accepts_the_generated_logins_and_enforces_the_acl(
     finally:
         central.close()
         w1.close()
+
+
+def test_home_assistant_discovery_on_mosquitto_with_the_generated_acl(
+    secured_mosquitto: MosquittoProcess, creds: tuple[Path, dict[str, str]]
+) -> None:
+    _, pw = creds
+    made: list[Client] = []
+
+    def make(user: str) -> Client:
+        c = Client(secured_mosquitto.port, f"ea-{CLUSTER}-{user}", user, pw[user])
+        made.append(c)
+        assert c.connect() == 0
+        return c
+
+    try:
+        check_home_assistant_discovery(make, secured_mosquitto.port, pw)
+    finally:
+        for c in made:
+            c.close()
 
 
 def test_our_mosquitto_hashes_match_mosquitto_passwd(tmp_path: Path) -> None:

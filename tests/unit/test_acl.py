@@ -20,6 +20,7 @@ from edgeagent.acl import (
 from edgeagent.cli import main
 from edgeagent.credentials import CredentialStore, mosquitto_hash, verify_mosquitto_hash
 from edgeagent.errors import ConfigError
+from edgeagent.homeassistant import discovery_configs
 from edgeagent.protocol.topics import Family, Topics
 
 T = Topics("site")
@@ -74,12 +75,51 @@ def test_device_reads_and_subscribes_to_what_it_needs() -> None:
     assert may_receive("w1", DEVICE, T.fixed(Family.COMMIT))
     assert not may_receive("w1", DEVICE, T.fixed(Family.ANNOUNCE))
     assert may_subscribe("w1", DEVICE, T.devices(Family.REQUEST))
-    assert may_subscribe("w1", DEVICE, T.devices(Family.CONTROL))  # delivers only its own
-    assert may_subscribe("w1", DEVICE, T.all())
+    # A filter that also matches others' topics is refused: amqtt delivers the retained messages a new
+    # subscription matches (profiles, statuses) without asking the per-message check.
+    assert not may_subscribe("w1", DEVICE, T.devices(Family.CONTROL))
+    assert not may_subscribe("w1", DEVICE, T.devices(Family.PROFILE))
+    assert may_subscribe("w1", DEVICE, T.devices(Family.STATUS))  # peers' status: readable
+    assert not may_subscribe("w1", DEVICE, T.all())
     assert not may_subscribe("w1", DEVICE, T.device(Family.CONTROL, "w2"))
     assert not may_subscribe("w1", DEVICE, "edgeagent/v1/+/#")
     assert not may_subscribe("w1", DEVICE, "#")
     assert may_subscribe("o", Grant("observer", "site"), T.all())
+
+
+def test_home_assistant_discovery_is_the_central_logins_and_home_assistant_reads_it() -> None:
+    plans = PlanTracker()
+    central, observer = Grant("central", "site"), Grant("observer", "site")
+    [config] = [t for t in discovery_configs(T, "w1") if t.endswith("_state/config")]
+    assert config.startswith("homeassistant/sensor/edgeagent_site/")
+    assert may_publish("c", central, config, plans)
+    assert may_publish("c", Grant("central", "*"), config, plans)
+    # Only its own cluster's node, and nothing else of Home Assistant's (other things in the house).
+    assert not may_publish("c", central, config.replace("edgeagent_site", "edgeagent_other"), plans)
+    assert not may_publish("c", central, "homeassistant/light/kitchen/config", plans)
+    assert not may_publish("c", central, "homeassistant/status", plans)
+    assert not may_publish("c", central, "homeassistant/sensor/edgeagent_site/+/config", plans)
+    # Devices: nothing there.
+    assert not may_publish("w1", DEVICE, config, plans)
+    assert not may_receive("w1", DEVICE, config)
+    assert not may_subscribe("w1", DEVICE, "homeassistant/#")
+    # Home Assistant's login reads the configs and sends its birth message and will, nothing else.
+    assert may_subscribe("ha", observer, "homeassistant/+/+/+/config")
+    assert may_subscribe("ha", observer, "homeassistant/#")
+    assert may_receive("ha", observer, config)
+    assert may_publish("ha", observer, "homeassistant/status", plans)
+    assert not may_publish("ha", observer, config, plans)
+    assert not may_subscribe("ha", observer, "#")
+
+
+def test_the_discovery_prefix_is_per_login() -> None:
+    plans = PlanTracker()
+    central = Grant("central", "site", home_assistant_prefix="ha/discovery")
+    [config] = [t for t in discovery_configs(T, "w1", prefix="ha/discovery") if t.endswith("_state/config")]
+    assert may_publish("c", central, config, plans)
+    assert not may_publish("c", central, config.replace("ha/discovery", "homeassistant"), plans)
+    assert may_receive("ha", Grant("observer", "site", home_assistant_prefix="ha/discovery"), config)
+    assert not may_receive("ha", Grant("observer", "site"), config)
 
 
 def test_client_ids_belong_to_their_devices() -> None:
@@ -96,6 +136,13 @@ def test_mosquitto_acl_lists_every_user() -> None:
     assert "user o\ntopic read edgeagent/v1/+/#" in text
     assert "topic write edgeagent/v1/site/device/w1/heartbeat" in text
     assert "device/w2" not in text
+    # Home Assistant discovery: the central login writes its node's configs, observers read them.
+    users = {block.split("\n")[0]: block for block in text.split("\n\n") if block.startswith("user ")}
+    assert "topic write homeassistant/+/edgeagent_site/+/config" in users["user c"]
+    assert "topic read homeassistant/#\ntopic write homeassistant/status" in users["user o"]
+    assert "homeassistant" not in users["user w1"]
+    star = mosquitto_acl({"op": Grant("central", "*", home_assistant_prefix="ha")})
+    assert "topic write ha/+/+/+/config" in star
 
 
 def test_mosquitto_hash_round_trip() -> None:
@@ -120,8 +167,19 @@ def test_credential_store(tmp_path: Path) -> None:
         store.add("w/2")
     with pytest.raises(ConfigError, match=r"no user 'w2'.*users: w1"):
         store.remove("w2")
+    with pytest.raises(ConfigError, match="discovery prefix"):
+        store.add("hub", role="central", home_assistant_prefix="edgeagent/v1/site")
+    store.add("hub", role="central", cluster="site", home_assistant_prefix="ha")
+    assert store.grants()["hub"] == Grant("central", "site", home_assistant_prefix="ha")
+    assert store.grants()["w1"].home_assistant_prefix == "homeassistant"
+    users_yaml = (tmp_path / "c" / "users.yaml").read_text()
+    assert "home_assistant_prefix: ha" in users_yaml and users_yaml.count("home_assistant_prefix") == 1
+    assert "topic write ha/+/edgeagent_site/+/config" in (tmp_path / "c" / "mosquitto.acl").read_text()
     (tmp_path / "c" / "users.yaml").write_text("users:\n  w1: {role: king}\n")
     with pytest.raises(ConfigError, match="needs role"):
+        store.users()
+    (tmp_path / "c" / "users.yaml").write_text("users:\n  w1: {role: central, home_assistant_prefix: '#'}\n")
+    with pytest.raises(ConfigError, match=r"users.yaml: user 'w1'.*discovery prefix"):
         store.users()
 
 
@@ -154,7 +212,21 @@ def test_credentials_cli(tmp_path: Path) -> None:
     assert store.verify("pi-1", (out / "pi-1.password").read_text().strip())
     listing = runner.invoke(main, ["credentials", "list", "--dir", directory])
     assert "hub" in listing.output and "pi-1" in listing.output and "cluster site" in listing.output
-    assert runner.invoke(main, ["credentials", "remove", "--dir", directory, "hub"]).exit_code == 0
+    ha = [
+        "credentials",
+        "add",
+        "--dir",
+        directory,
+        "--role",
+        "observer",
+        "--home-assistant-prefix",
+        "ha",
+        "hass",
+    ]
+    assert runner.invoke(main, ha).exit_code == 0
+    assert store.grants()["hass"] == Grant("observer", "default", home_assistant_prefix="ha")
+    assert "home assistant ha" in runner.invoke(main, ["credentials", "list", "--dir", directory]).output
+    assert runner.invoke(main, ["credentials", "remove", "--dir", directory, "hub", "hass"]).exit_code == 0
     assert set(store.users()) == {"pi-1"}
     bad = runner.invoke(main, ["credentials", "remove", "--dir", directory, "nobody"])
     assert bad.exit_code == 2 and "no user 'nobody'" in bad.output

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from edgeagent.monitor import ClusterState, run_monitor, subscriptions, summarize
+from edgeagent.errors import EdgeAgentError
+from edgeagent.monitor import LEFT_GRACE, ClusterState, run_monitor, subscriptions, summarize
 from edgeagent.protocol.messages import (
     Announce,
     ErrorReport,
@@ -311,9 +312,93 @@ def test_subscriptions_skip_the_data_plane() -> None:
     assert all(p.startswith("edgeagent/v1/lab/") for p in subscriptions("lab"))
 
 
-def test_unreachable_broker_returns_with_an_error() -> None:
+def test_unreachable_broker_raises_an_error() -> None:
+    """An error, not a return: `edgeagent monitor` must then exit non-zero."""
     console = Console(record=True, width=160)
     started = time.monotonic()
-    run_monitor(broker="mqtt://127.0.0.1:1", refresh=0.1, duration=1.0, console=console)
-    assert time.monotonic() - started < 12.5
-    assert "cannot reach the MQTT broker at mqtt://127.0.0.1:1" in console.export_text()
+    with pytest.raises(EdgeAgentError, match=r"cannot reach the MQTT broker at mqtt://127.0.0.1:1\b"):
+        run_monitor(
+            broker="mqtt://127.0.0.1:1", refresh=0.1, duration=1.0, console=console, connect_timeout=2
+        )
+    assert time.monotonic() - started < 5
+
+
+def row_of(text: str, device_id: str) -> str | None:
+    return next((line for line in text.splitlines() if f"│ {device_id} " in line), None)
+
+
+def test_a_device_seen_leaving_is_dimmed_then_hidden(running: ClusterState, clock: FakeClock) -> None:
+    device(running, Family.STATUS, "worker-2", Status(device_id="worker-2", state="left", run_id=RUN))
+    clock.now += 5
+    text = text_of(running)
+    row = row_of(text, "worker-2")
+    assert row is not None and "left" in row and "left 5.0 s ago" in row  # no late heartbeat in red
+    assert row_of(text, "worker-1") is not None
+    lines = text.splitlines()
+    assert lines.index(row) > lines.index(row_of(text, "worker-1") or "")  # sorted last
+    clock.now += LEFT_GRACE
+    text = text_of(running)
+    assert row_of(text, "worker-2") is None and row_of(text, "worker-1") is not None
+    assert "1 device that left hidden (--show-left shows them)" in text
+    assert "2 devices" in text  # the header counts the devices shown
+
+
+def test_a_finished_run_leaves_the_screen(running: ClusterState, clock: FakeClock) -> None:
+    """The demo's end: every device leaves; a little later neither they nor the run are shown."""
+    for dev in ("central", "worker-1", "worker-2"):
+        device(running, Family.STATUS, dev, Status(device_id=dev, state="left", run_id=RUN))
+    assert "accuracy 91.2% after epoch 2" in text_of(running)  # just finished: still there
+    clock.now += LEFT_GRACE
+    text = text_of(running)
+    assert "no run seen yet" in text and "accuracy 91.2%" not in text
+    assert "3 devices that left hidden" in text and row_of(text, "central") is None
+    # A cluster where a device crashed (offline) is not finished: it stays, to be looked at.
+    device(running, Family.STATUS, "worker-2", Status(device_id="worker-2", state="offline"))
+    assert "accuracy 91.2% after epoch 2" in text_of(running)
+
+
+def test_retained_left_statuses_are_hidden_at_once_unless_asked_for(clock: FakeClock) -> None:
+    for show_left in (False, True):
+        state = ClusterState(clock=clock, show_left=show_left)
+        device(state, Family.STATUS, "w1", Status(device_id="w1", state="left"))
+        device(state, Family.STATUS, "w2", Status(device_id="w2", state="idle"))
+        text = text_of(state)
+        assert row_of(text, "w2") is not None
+        if show_left:
+            row = row_of(text, "w1")
+            assert row is not None and "left" in row
+        else:
+            assert row_of(text, "w1") is None and "1 device that left hidden" in text
+
+
+def test_left_is_not_a_problem(clock: FakeClock) -> None:
+    """A cluster whose devices all left is dormant, like one whose devices are offline; nothing is red."""
+    state = ClusterState(clock=clock, show_left=True)
+    device(state, Family.STATUS, "w1", Status(device_id="w1", state="training", stage=1), cluster="done")
+    device(state, Family.HEARTBEAT, "w1", Heartbeat(device_id="w1", seq=1, stage=1), cluster="done")
+    device(state, Family.STATUS, "w1", Status(device_id="w1", state="left"), cluster="done")
+    clock.now += 600  # ten minutes without a heartbeat
+    console = Console(record=True, width=160, color_system="truecolor")
+    console.print(state.render())
+    html = console.export_html(inline_styles=True)
+    assert "color: #800000" not in html  # no late heartbeat, no red state
+    fresh = ClusterState(clock=clock)
+    device(fresh, Family.STATUS, "w1", Status(device_id="w1", state="left"), cluster="past")
+    device(fresh, Family.STATUS, "w9", Status(device_id="w9", state="training", stage=1), cluster="live")
+    assert fresh._active == {"live"}
+
+
+def test_a_device_that_comes_back_after_leaving_is_shown_again(clock: FakeClock) -> None:
+    state = ClusterState(clock=clock)
+    device(state, Family.STATUS, "w1", Status(device_id="w1", state="left"))
+    assert row_of(text_of(state), "w1") is None
+    device(state, Family.STATUS, "w1", Status(device_id="w1", state="idle"))
+    row = row_of(text_of(state), "w1")
+    assert row is not None and "idle" in row and state.devices[(CLUSTER, "w1")].left_at is None
+
+
+def test_an_unknown_state_is_shown_not_dropped(clock: FakeClock) -> None:
+    state = ClusterState(clock=clock)
+    device(state, Family.STATUS, "w1", Status(device_id="w1", state="rebooting"))
+    row = row_of(text_of(state), "w1")
+    assert row is not None and "rebooting" in row and state.dropped == 0
