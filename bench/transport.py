@@ -1,19 +1,35 @@
-"""Transport benchmark: Activation encode/decode speed and tensor round trips over three paths.
+"""Transport benchmark: Activation encode/decode speed and tensor round trips over four paths.
 
 Prints, in one run:
 
 * MiB/s for ``encode`` + ``decode`` of an :class:`~edgeagent.protocol.messages.Activation` carrying a
   4 MiB float32 tensor (also encode-only and decode-only);
-* the round trip of Activations with 1 MiB and 4 MiB tensors through the embedded amqtt broker
-  (``python -m edgeagent broker`` in its own process), through a private Mosquitto, and over a plain
-  TCP socket on loopback, with ratios against TCP.
+* the round trip of Activations with 1 MiB and 4 MiB tensors, with each path's hop count:
 
-MQTT round trips use :class:`~edgeagent.transport.mqtt.MqttTransport` on both ends (QoS 1, default chunk
-size), so a 4 MiB tensor travels as 6 chunks each way and is reassembled and verified (SHA-256) on both
-sides. Client A publishes the already-encoded message on ``ping``; an echo client B (a subprocess by
-default, ``--echo thread`` to run it in this process) republishes the bytes on ``pong``; A times
-publish -> whole ``pong`` payload delivered. The TCP path sends the same bytes, length-prefixed and
-unchunked, to an echo server thread.
+  ====================  ===================================================  ====
+  path                  route of one round trip                              hops
+  ====================  ===================================================  ====
+  ``tcp``               A -> B -> A over plain TCP                              2
+  ``tcp relay``         A -> relay -> B -> relay -> A over plain TCP            4
+  ``amqtt``             A -> broker -> B -> broker -> A (embedded broker)       4
+  ``mosquitto``         A -> broker -> B -> broker -> A (Mosquitto)             4
+  ====================  ===================================================  ====
+
+  The brokers are compared with ``tcp relay``, the TCP path with the same hops (a broker forwards
+  every message, so a broker path has twice the hops of a direct socket); the direct socket is shown
+  as the floor.
+
+Client A runs in this process; echo end B in a subprocess (``--echo thread``: a thread of this
+process); the broker or the relay in a process of its own. MQTT round trips use
+:class:`~edgeagent.transport.mqtt.MqttTransport` on both ends (QoS 1, default chunk size), so a 4 MiB
+tensor travels as 6 chunks each way and is reassembled and verified (SHA-256) on both sides: A publishes
+the already-encoded message on ``ping``; B republishes the bytes on ``pong``; A times publish -> whole
+``pong`` payload delivered. The TCP paths send the same bytes, length-prefixed and unchunked; the relay
+receives each whole frame before it forwards it (store and forward, as a broker), without a broker's
+QoS, chunking or topic matching. Mosquitto runs with the project's ``broker/mosquitto.conf`` (see
+docs/brokers.md: ``set_tcp_nodelay true``, ``message_size_limit``, ``max_queued_messages``,
+``persistence false``), only its listener moved to a free port; the embedded broker runs as
+``python -m edgeagent broker``.
 
 Usage: ``python bench/transport.py [--repeats N] [--json FILE] [--echo {process,thread}]``
 """
@@ -45,6 +61,10 @@ SIZES_MIB = (1, 4)
 ENCODE_MIB = 4
 ROUND_TIMEOUT = 30.0  # seconds one round trip may take before the benchmark gives up
 _LEN = struct.Struct("!Q")
+MOSQUITTO_CONF = Path(__file__).resolve().parents[1] / "broker" / "mosquitto.conf"
+# Network hops of one round trip: A -> B -> A direct; through a broker or the relay, each way is two.
+HOPS = {"tcp": 2, "tcp relay": 4, "amqtt": 4, "mosquitto": 4}
+LIKE_FOR_LIKE = "tcp relay"  # the TCP path with the brokers' hop count
 
 EchoMode = Literal["process", "thread"]
 
@@ -171,13 +191,67 @@ def _recv_frame(sock: socket.socket) -> bytearray | None:
     return body if _recv_exact(sock, memoryview(body)) else None
 
 
+def _send_frame(sock: socket.socket, frame: bytes | bytearray) -> None:
+    sock.sendall(_LEN.pack(len(frame)))
+    sock.sendall(frame)
+
+
+def _nodelay(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _echo_frames(conn: socket.socket) -> None:
+    """Send every length-prefixed frame on ``conn`` straight back until the peer closes."""
+    with contextlib.suppress(OSError), conn:
+        _nodelay(conn)
+        while (frame := _recv_frame(conn)) is not None:
+            _send_frame(conn, frame)
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    """Store and forward: receive each whole frame from ``src``, then send it on ``dst`` (as a broker
+    forwards a whole message); when ``src`` closes, shut both down so the other direction ends too."""
+    with contextlib.suppress(OSError):
+        while (frame := _recv_frame(src)) is not None:
+            _send_frame(dst, frame)
+    for sock in (src, dst):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _relay_frames(conn: socket.socket, upstream: int) -> None:
+    """One relayed connection: frames from ``conn`` go to a new connection to ``upstream``, and back."""
+    with (
+        contextlib.suppress(OSError),
+        conn,
+        _nodelay(socket.create_connection(("127.0.0.1", upstream))) as up,
+    ):
+        _nodelay(conn)
+        back = threading.Thread(target=_pump, args=(up, conn), name="relay-back", daemon=True)
+        back.start()
+        _pump(conn, up)
+        back.join()
+
+
+def _serve(listener: socket.socket, handle: Callable[[socket.socket], None]) -> None:
+    """Accept connections until ``listener`` closes; each one is handled on its own thread (probes of
+    ``_wait_port`` connect and close at once)."""
+    with contextlib.suppress(OSError):  # the listener is closed under us at exit
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
 class TcpEcho:
-    """A loopback server thread that sends every length-prefixed frame straight back."""
+    """Echo end B of the TCP paths, as a loopback server thread of this process."""
 
     def __init__(self) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
-        self._thread = threading.Thread(target=self._serve, name="tcp-echo", daemon=True)
+        self._thread = threading.Thread(
+            target=_serve, args=(self._listener, _echo_frames), name="tcp-echo", daemon=True
+        )
 
     def __enter__(self) -> TcpEcho:
         self._thread.start()
@@ -187,32 +261,62 @@ class TcpEcho:
         self._listener.close()
         self._thread.join(5)
 
-    def _serve(self) -> None:
-        with contextlib.suppress(OSError):  # the listener is closed under us at exit
-            conn, _ = self._listener.accept()
-            with conn:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                while (frame := _recv_frame(conn)) is not None:
-                    conn.sendall(_LEN.pack(len(frame)))
-                    conn.sendall(frame)
+
+@contextlib.contextmanager
+def _helper_process(role: str, *args: str) -> Iterator[int]:
+    """This script as a ``--_tcp ROLE PORT ...`` subprocess listening on a free port; yields the port."""
+    from edgeagent.broker import free_port
+
+    port = free_port()
+    cmd = [sys.executable, os.path.abspath(__file__), "--_tcp", role, str(port), *args]
+    proc = subprocess.Popen(cmd)
+    try:
+        _wait_port(port, proc)
+        yield port
+    finally:
+        _stop_process(proc)
 
 
-def bench_tcp(payloads: dict[int, bytes], repeats: int) -> dict[int, Stats]:
+@contextlib.contextmanager
+def tcp_echo(mode: EchoMode) -> Iterator[int]:
+    """Echo end B in a subprocess (as the MQTT paths' echo client) or on a thread here; yields its port."""
+    if mode == "process":
+        with _helper_process("echo") as port:
+            yield port
+        return
+    with TcpEcho() as server:
+        yield server.port
+
+
+def _tcp_main(role: str, port: int, upstream: int | None) -> None:
+    """Entry point of the TCP helper subprocesses: an echo end, or a relay to ``upstream``; they serve
+    until the parent terminates them."""
+    listener = socket.create_server(("127.0.0.1", port))
+    if role == "echo":
+        _serve(listener, _echo_frames)
+    else:
+        assert upstream is not None
+        _serve(listener, lambda conn: _relay_frames(conn, upstream))
+
+
+def bench_tcp(payloads: dict[int, bytes], repeats: int, echo: EchoMode, *, relay: bool) -> dict[int, Stats]:
+    """Round trips A -> B -> A over TCP (2 hops), or with ``relay`` A -> relay -> B -> relay -> A (4
+    hops, like A -> broker -> B -> broker -> A), the relay a process of its own like a broker."""
     out: dict[int, Stats] = {}
-    with (
-        TcpEcho() as server,
-        socket.create_connection(("127.0.0.1", server.port), timeout=ROUND_TIMEOUT) as sock,
-    ):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with contextlib.ExitStack() as stack:
+        port = stack.enter_context(tcp_echo(echo))
+        if relay:
+            port = stack.enter_context(_helper_process("relay", str(port)))
+        sock = stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=ROUND_TIMEOUT))
+        _nodelay(sock)
         for mib, payload in payloads.items():
             times: list[float] = []
             for i in range(repeats + 1):  # round 0 is the warm-up
                 t0 = time.perf_counter()
-                sock.sendall(_LEN.pack(len(payload)))
-                sock.sendall(payload)
-                echo = _recv_frame(sock)
+                _send_frame(sock, payload)
+                back = _recv_frame(sock)
                 t1 = time.perf_counter()
-                if echo is None or (i == 0 and echo != payload):
+                if back is None or (i == 0 and back != payload):
                     raise RuntimeError(f"the TCP echo of the {mib} MiB payload came back wrong")
                 if i:
                     times.append(t1 - t0)
@@ -370,18 +474,35 @@ def amqtt_broker() -> Iterator[str]:
         _stop_process(proc)
 
 
+def mosquitto_conf(port: int) -> str:
+    """The project's Mosquitto configuration (``broker/mosquitto.conf``, see docs/brokers.md), with its
+    listener moved to ``port`` and errors logged to stderr; every other setting as documented
+    (message_size_limit, max_queued_messages, set_tcp_nodelay true, persistence false)."""
+    lines = []
+    for line in MOSQUITTO_CONF.read_text().splitlines():
+        if line.split()[:1] == ["listener"]:
+            line = f"listener {port} 127.0.0.1"
+        lines.append(line)
+    if not any(line.startswith("listener ") for line in lines):
+        raise RuntimeError(f"{MOSQUITTO_CONF} has no listener line to move to port {port}")
+    return "\n".join([*lines, "log_dest stderr", "log_type error", ""])
+
+
+def mosquitto_settings() -> list[str]:
+    """The documented settings in force (the config's non-comment lines but the listener)."""
+    lines = (line.strip() for line in MOSQUITTO_CONF.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith(("#", "listener"))]
+
+
 @contextlib.contextmanager
 def mosquitto_broker() -> Iterator[str]:
-    """A private Mosquitto on a free loopback port (like tests/conftest.py's MosquittoProcess)."""
+    """A private Mosquitto on a free loopback port, run with the project's ``broker/mosquitto.conf``."""
     from edgeagent.broker import free_port
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
         conf = Path(tmp) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            "max_queued_messages 10000\nlog_dest stderr\nlog_type error\n"
-        )
+        conf.write_text(mosquitto_conf(port))
         proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL)
         try:
             _wait_port(port, proc)
@@ -421,34 +542,47 @@ def report(
     sizes = ", ".join(f"{m} MiB tensor = {n:,} B" for m, n in payload_sizes.items())
     where = "a subprocess" if echo == "process" else "a thread of this process"
     out.append(f"Round trip of an encoded Activation ({sizes}), median of {repeats} after 1 warm-up")
-    out.append(f"MQTT: MqttTransport, QoS 1, default chunk size; echo client B in {where}")
-    out.append("MiB/s = 2 x payload / median rtt;  'x TCP' = median rtt / TCP median rtt")
+    out.append(f"client A here; echo end B in {where}; broker or relay in a process of its own")
+    out.append("MQTT: MqttTransport on A and B, QoS 1, default chunk size (chunks checked by SHA-256)")
+    conf = MOSQUITTO_CONF.relative_to(MOSQUITTO_CONF.parents[1])
+    out.append(f"Mosquitto: {conf}: {'; '.join(mosquitto_settings())}")
+    out.append("TCP: the same bytes, length-prefixed, unchunked; the relay stores and forwards whole frames")
+    out.append(
+        f"MiB/s = 2 x payload / median rtt;  'x relay' = median rtt / {LIKE_FOR_LIKE} median rtt (same hops)"
+    )
     out.append("")
-    head = ["path"]
+    head = ["path", "hops"]
     for m in SIZES_MIB:
-        head += [f"{m} MiB med ms", "p90 ms", "MiB/s", "x TCP"]
+        head += [f"{m} MiB med ms", "p90 ms", "MiB/s", "x relay"]
     rows = [head]
-    tcp = trips.get("tcp")
+    base = trips.get(LIKE_FOR_LIKE)
     for path, result in trips.items():
-        row = [path]
+        row = [path, str(HOPS[path])]
         for m in SIZES_MIB:
             if isinstance(result, str):
                 row += ["-", "-", "-", "-"]
                 continue
             s = result[m]
-            ratio = f"{s.median_ms / tcp[m].median_ms:.1f}x" if isinstance(tcp, dict) else "-"
+            ratio = f"{s.median_ms / base[m].median_ms:.1f}x" if isinstance(base, dict) else "-"
             row += [f"{s.median_ms:.2f}", f"{s.p90_ms:.2f}", f"{s.mib_per_s:,.0f}", ratio]
         rows.append(row)
-    out.append(_table(rows, "<" + ">>>>" * len(SIZES_MIB)))
+    out.append(_table(rows, "<>" + ">>>>" * len(SIZES_MIB)))
     notes = [f"  {path}: {result}" for path, result in trips.items() if isinstance(result, str)]
     if notes:
         out += ["", "skipped:", *notes]
-    if isinstance(tcp, dict):
-        out.append("")
-        for path, result in trips.items():
-            if path != "tcp" and isinstance(result, dict):
-                ratios = [f"{m} MiB: {result[m].median_ms / tcp[m].median_ms:.1f}x TCP" for m in SIZES_MIB]
-                out.append(f"  {path} {', '.join(ratios)}")
+    out.append("")
+    for path, result in trips.items():
+        if not isinstance(result, dict) or path in ("tcp", LIKE_FOR_LIKE):
+            continue
+        ratios = []
+        for ref in (LIKE_FOR_LIKE, "tcp"):
+            other = trips.get(ref)
+            if isinstance(other, dict):
+                each = ", ".join(
+                    f"{m} MiB {result[m].median_ms / other[m].median_ms:.1f}x" for m in SIZES_MIB
+                )
+                ratios.append(f"{each} the {ref} ({HOPS[ref]} hops)")
+        out.append(f"  {path} ({HOPS[path]} hops): {'; '.join(ratios)}")
     return "\n".join(out)
 
 
@@ -473,12 +607,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="timed rounds per measurement (default 30)")
     parser.add_argument("--json", metavar="FILE", help="also write the numbers to FILE")
     parser.add_argument(
-        "--echo", choices=("process", "thread"), default="process", help="where MQTT echo client B runs"
+        "--echo", choices=("process", "thread"), default="process", help="where echo end B runs"
     )
     parser.add_argument("--_echo", nargs=3, metavar=("URL", "PING", "PONG"), help=argparse.SUPPRESS)
+    parser.add_argument("--_tcp", nargs="+", metavar="ROLE PORT [UPSTREAM]", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._echo:
         _echo_main(*args._echo)
+        return 0
+    if args._tcp:
+        role, port, *upstream = args._tcp
+        _tcp_main(role, int(port), int(upstream[0]) if upstream else None)
         return 0
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -489,7 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     encoding = bench_encoding(args.repeats)
     payloads = {m: encode(_activation(m), sender="bench") for m in SIZES_MIB}
 
-    trips: dict[str, dict[int, Stats] | str] = {"tcp": bench_tcp(payloads, args.repeats)}
+    trips: dict[str, dict[int, Stats] | str] = {
+        "tcp": bench_tcp(payloads, args.repeats, args.echo, relay=False),
+        "tcp relay": bench_tcp(payloads, args.repeats, args.echo, relay=True),
+    }
     brokers: list[tuple[str, Callable[[], contextlib.AbstractContextManager[str]]]] = [
         ("amqtt", amqtt_broker),
         ("mosquitto", mosquitto_broker),
@@ -508,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "echo": args.echo,
             "payload_bytes": {f"{m}MiB": len(p) for m, p in payloads.items()},
+            "hops": {path: HOPS[path] for path in trips},
+            "mosquitto_settings": mosquitto_settings(),
             "encoding": {k: asdict(v) for k, v in encoding.items()},
             "round_trip": {
                 path: (r if isinstance(r, str) else {f"{m}MiB": asdict(s) for m, s in r.items()})

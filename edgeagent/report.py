@@ -27,13 +27,14 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["DEFAULT_BATCH_SIZE", "plot_paths", "write_plots"]
+__all__ = ["DEFAULT_BATCH_SIZE", "RecoveryTimes", "plot_paths", "recovery_times", "write_plots"]
 
 DEFAULT_BATCH_SIZE = 32  # the CLI's default; used when the report does not say
 DPI = 150
 THROUGHPUT_WINDOW = 10  # batches per samples/s window
 FAULT_SPAN = 15  # batches shown either side of a fault
 MAX_FAULT_PANELS = 6
+PACE_WINDOW = 20  # batches before a fault whose mean time is the pre-fault pace
 
 RECOVERY_COLOR = "#d62728"
 RESUME_COLOR = "#2ca02c"
@@ -180,6 +181,86 @@ def _recoveries(report: Mapping[str, Any]) -> list[_Recovery]:
             )
         )
     return out
+
+
+# -- derived figures ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecoveryTimes:
+    """One fault's cost, in training seconds (evaluation excluded), counted three ways.
+
+    * :attr:`detection`: the last progress before the fault (batch ``committed`` done) -> detection.
+    * :attr:`recovery`: detection -> training resumes (probe, new split, weight moves, commit). This is
+      what FTPipeHD's Table III "recover overhead" counts (papers/000 Sec. IV-E: 2.24 s; ResPipe 0.13 s).
+    * :attr:`lost`: how much later the fault batch ``batch`` is done than in a fault-free run at the
+      pre-fault pace: from the last progress until ``batch`` is completed again (detection, recovery,
+      pipeline refill and the replay of the rolled-back batches) minus the ``batch - committed``
+      batches (normally one) that would have followed the last progress without the fault. Replayed
+      batches are redone work, so they count as lost.
+    """
+
+    batch: int  # the fault batch: the oldest one whose gradients never came
+    committed: int  # the last batch completed before the fault
+    last_progress: float
+    detected: float
+    resumed: float
+    replayed: int
+    pace: float | None  # seconds per batch over the PACE_WINDOW batches up to ``committed``
+    redone: float | None  # when ``batch`` was completed after the resume (None: never)
+
+    @property
+    def detection(self) -> float:
+        return self.detected - self.last_progress
+
+    @property
+    def recovery(self) -> float:
+        return self.resumed - self.detected
+
+    @property
+    def replay(self) -> float | None:
+        """Training resumes -> the fault batch is done again (pipeline refill and replayed batches)."""
+        return None if self.redone is None else self.redone - self.resumed
+
+    @property
+    def lost(self) -> float | None:
+        if self.redone is None or self.pace is None:
+            return None
+        return self.redone - self.last_progress - (self.batch - self.committed) * self.pace
+
+
+def recovery_times(
+    report: Mapping[str, Any], index: int = 0, *, window: int = PACE_WINDOW
+) -> RecoveryTimes | None:
+    """The timings of the report's ``index``-th recovery (see :class:`RecoveryTimes`), or None when the
+    report lacks what they need (a central node resumed from a checkpoint has no timings of its own)."""
+    recoveries = _recoveries(report)
+    if not 0 <= index < len(recoveries):
+        return None
+    rec = recoveries[index]
+    batch, last_progress, detected, resumed = rec.batch, rec.last_progress, rec.detected, rec.resumed
+    if rec.central or batch is None or last_progress is None or detected is None or resumed is None:
+        return None
+    steps = _timeline(report)
+    # The pre-fault steps: since the previous recovery resumed (its replays would skew the pace).
+    since = recoveries[index - 1].resumed if index else None
+    before = [s for s in steps if s.t <= last_progress and (since is None or s.t > since)]
+    pace = None
+    if len(before) >= 2:
+        k = min(window, len(before) - 1)
+        pace = (before[-1].t - before[-1 - k].t) / k
+    committed = before[-1].batch if before else batch - 1
+    redone = next((s.t for s in steps if s.t > resumed and s.batch == batch), None)
+    return RecoveryTimes(
+        batch=batch,
+        committed=committed,
+        last_progress=last_progress,
+        detected=detected,
+        resumed=resumed,
+        replayed=rec.replayed if rec.replayed is not None else 0,
+        pace=pace,
+        redone=redone,
+    )
 
 
 def _stage_names(workers: list[str] | None, stages: int) -> list[str] | None:
