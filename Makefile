@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: demo test lint unit bench clean
+.PHONY: demo test lint unit bench pi-lab clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,11 @@ unit: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/python bench/transport.py
 	$(BIN)/python bench/pipeline.py
+
+# A Pi lab on this machine (root: network namespaces, tc, cgroup v1 CPU quotas); see docs/pi_lab.md.
+#   sudo make pi-lab [ARGS="--cpu 25,35,50 --mbps 20 --no-restart ..."]
+pi-lab: $(BIN)/.installed
+	$(BIN)/python bench/pi_lab.py $(ARGS)
 
 clean:
 	rm -rf $(VENV)

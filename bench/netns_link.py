@@ -21,8 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-NS, HOST_IF, NS_IF = "ea-bench-ns", "ea-bench-h", "ea-bench-n"
+from bench.netlab import NetnsLink, add_link, in_netns, remove_link, shape
+
 HOST_IP, NS_IP = "10.231.0.1", "10.231.0.2"
+LINK = NetnsLink("ea-bench-ns", "ea-bench-h", "ea-bench-n", f"{NS_IP}/30", host_addr=f"{HOST_IP}/30")
 
 PROBE = """
 import sys, threading
@@ -40,14 +42,10 @@ print(f"{bw:.0f} {lat:.6f}")
 """
 
 
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
-
-
 def probe(url: str, mbps: float, netns: bool = False) -> tuple[float, float]:
     cmd = [sys.executable, "-c", PROBE, url, str(mbps)]
     if netns:
-        cmd = ["ip", "netns", "exec", NS, *cmd]
+        cmd = in_netns(LINK.ns, *cmd)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120).stdout.split()
     return float(out[0]), float(out[1])
 
@@ -66,34 +64,9 @@ def main() -> None:
     )
     broker = None
     try:
-        sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF)
-        sh("ip", "link", "set", NS_IF, "netns", NS)
-        sh("ip", "addr", "add", f"{HOST_IP}/30", "dev", HOST_IF)
-        sh("ip", "link", "set", HOST_IF, "up")
-        sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{NS_IP}/30", "dev", NS_IF)
-        sh("ip", "netns", "exec", NS, "ip", "link", "set", NS_IF, "up")
-        sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+        add_link(LINK)
         # Shape what the device sends (its uplink), like the application-level throttle does.
-        sh(
-            "ip",
-            "netns",
-            "exec",
-            NS,
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            NS_IF,
-            "root",
-            "tbf",
-            "rate",
-            f"{args.mbps}mbit",
-            "burst",
-            "16kb",
-            "latency",
-            "2s",
-        )
+        shape(LINK.ns_if, mbps=args.mbps, ns=LINK.ns, burst="16kb", latency="2s")
         broker = subprocess.Popen(["mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # mosquitto has no readiness signal; the probes retry their connection anyway
         # The device's transport lives in the namespace; its echo peer too (both reach the broker on
@@ -105,8 +78,7 @@ def main() -> None:
         if broker is not None:
             broker.terminate()
             broker.wait(10)
-        sh("ip", "netns", "del", NS, check=False)
-        sh("ip", "link", "del", HOST_IF, check=False)
+        remove_link(LINK)
     nominal = args.mbps * 1e6 / 8
     print(f"link of {args.mbps} Mbit/s = {nominal / 1e6:.3f} MB/s, measured with edgeagent's link probe:")
     print(f"{'':<36}{'MB/s':>8}{'of nominal':>12}{'latency ms':>12}")
