@@ -354,6 +354,9 @@ class Clock:
 MAX_BANDWIDTH = 10e9  # bytes/s; a measurement above this is noise (the transfer time vanished in jitter)
 
 
+_PROBE_SIZES = (64 * 1024, 256 * 1024, 1024 * 1024)  # bytes of the big probe, smallest first
+
+
 class LinkProbes:
     """Measures the real path to a peer (device -> broker -> peer) and echoes the peers' probes.
 
@@ -419,23 +422,36 @@ class LinkProbes:
         """Return ``(bandwidth bytes/s, latency s)`` of the path to ``target``.
 
         The fastest of ``rounds`` round trips of each size is used: queueing behind other traffic only
-        ever adds time. The big probe is 64 KiB when that already takes 20 ms more than a tiny one (a
-        slow link: no need to send more), else 1 MiB, so that its transfer time stands well above
-        loopback jitter.
+        ever adds time. The big probe is the smallest of 64 KiB, 256 KiB and 1 MiB whose transfer takes
+        at least 0.15 s at the rate a 64 KiB trial suggests (1 MiB at most): well above loopback jitter
+        and the stalls of a CPU quota (a quarter-core cgroup stops a process for 75 ms of every 100 ms),
+        without minutes of probing on a slow link.
         """
         self.watch(target)
-        self._round_trip(target, small, timeout)  # warm-up: connection and subscription paths
-        big = 64 * 1024
-        trial = self._round_trip(target, big, timeout) - self._round_trip(target, small, timeout)
-        if trial < 0.02:
-            big = 1024 * 1024
+        self._warm_up(target, small, timeout)
+        trial = self._round_trip(target, _PROBE_SIZES[0], timeout) - self._round_trip(target, small, timeout)
+        rate = _PROBE_SIZES[0] / max(trial, 1e-6)
+        big = next((size for size in _PROBE_SIZES if size / rate >= 0.15), _PROBE_SIZES[-1])
         smalls, bigs = [], []
-        for _ in range(rounds if big > 64 * 1024 else min(rounds, 3)):
+        for _ in range(rounds if big < _PROBE_SIZES[-1] else min(rounds, 3)):
             smalls.append(self._round_trip(target, small, timeout))
             bigs.append(self._round_trip(target, big, timeout))
         rtt_small, rtt_big = min(smalls), min(bigs)
         bandwidth = (big - small) / max(rtt_big - rtt_small, (big - small) / MAX_BANDWIDTH)
         return bandwidth, rtt_small / 2
+
+    def _warm_up(self, target: str, size: int, timeout: float) -> None:
+        """The first round trip, retried: the echo of a probe sent before our subscription to the peer's
+        probe topic (or the peer's to ours) was active at the broker is lost, not late."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._round_trip(target, size, min(2.0, max(0.1, left)))
+                return
+            except TrainingError:
+                if time.monotonic() >= deadline:
+                    raise TrainingError(f"no probe echo from {target} within {timeout:.0f} s") from None
 
 
 def emulate_slowdown(started: Clock, factor: float, account: TimeAccount | None = None) -> float:

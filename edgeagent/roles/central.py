@@ -17,6 +17,7 @@ import itertools
 import logging
 import math
 import os
+import pickle  # only for its exception: torch.load(weights_only=True) raises it
 import time
 import uuid
 from collections import deque
@@ -130,11 +131,16 @@ class RepartitionPolicy:
         return done == self.first or (done > self.first and (done - self.first) % self.every == 0)
 
 
+def _where(transport: Transport) -> str:
+    url = getattr(transport, "url", None)
+    return url.redacted() if url is not None and hasattr(url, "redacted") else str(url or "?")
+
+
 def load_checkpoint(path: str) -> dict[str, Any]:
     """A checkpoint written by the central node; only tensors and plain data (``weights_only=True``)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
         raise TrainingError(f"cannot read the checkpoint {path}: {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != 1:
         raise TrainingError(f"{path} is not an edgeagent checkpoint (format 1)")
@@ -248,12 +254,19 @@ class Central(Role):
         started = time.perf_counter()
         configure_threads(self.config.threads)
         torch.manual_seed(self.train.seed)
+        # The user's choices first (data, model, enough layers): a typo is reported before any wait.
+        try:
+            data, spec = self._load()
+        except (EdgeAgentError, ValueError):
+            if self._owns_transport:
+                self.transport.close()
+            raise
         self.listen(self.topics.fixed(Family.ANNOUNCE))
         for family in (Family.HEARTBEAT, Family.STATUS, Family.REPLY, Family.REQUEST):
             self.listen(self.topics.devices(family))
         if not self.transport.wait_connected(self.config.startup_timeout):
             raise TrainingError(
-                f"no broker at {getattr(self.transport, 'url', '?')} after "
+                f"no broker at {_where(self.transport)} after "
                 f"{self.config.startup_timeout:.0f} s; start one or pass --broker"
             )
         self.set_status("training", run_id=self.run_id, stage=0)
@@ -265,24 +278,6 @@ class Central(Role):
         interval = watchdog_interval()
         self._watchdog = Watchdog(self._notifier, self.healthy, interval).start() if interval else None
         try:
-            data = load_dataset(
-                self.train.dataset, seed=self.train.seed, test_fraction=self.train.test_fraction
-            )
-            spec = ModelSpec(
-                self.train.model,
-                data.in_shape,
-                data.num_classes,
-                tuple(sorted(self.train.model_options.items())),
-            )
-            self._spec = spec
-            self._per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
-            layers = num_layers(spec)
-            if self.config.workers + 1 > layers:
-                raise PlanningError(
-                    f"model {spec.name!r} has {layers} layers: it cannot be split over the central node and "
-                    f"{self.config.workers} workers (at most {layers - 1}); start fewer workers "
-                    "(--workers) or pick a deeper model (--model, --model-option)"
-                )
             self.worker_list = [self.device_id, *self._discover(self.config.workers)]
             self._profile = profile = self._profile_layers(spec, data)
             self.points = self._initial_points(profile)
@@ -333,6 +328,23 @@ class Central(Role):
         finally:
             self._finish()
 
+    def _load(self) -> tuple[Dataset, ModelSpec]:
+        """The data set and the model, checked against the number of devices before anything waits."""
+        data = load_dataset(self.train.dataset, seed=self.train.seed, test_fraction=self.train.test_fraction)
+        spec = ModelSpec(
+            self.train.model, data.in_shape, data.num_classes, tuple(sorted(self.train.model_options.items()))
+        )
+        layers = num_layers(spec)
+        if self.config.workers + 1 > layers:
+            raise PlanningError(
+                f"model {spec.name!r} has {layers} layers: it cannot be split over the central node and "
+                f"{self.config.workers} workers (at most {layers - 1}); start fewer workers "
+                "(--workers) or pick a deeper model (--model, --model-option)"
+            )
+        self._spec = spec
+        self._per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
+        return data, spec
+
     @property
     def stage(self) -> Stage:
         assert self._stage is not None
@@ -352,6 +364,12 @@ class Central(Role):
         if self._owns_transport:
             self.set_status("left")  # and the process leaves: monitors stop listing it as a live device
             self.transport.close()
+
+    @property
+    def _resplits(self) -> bool:
+        """Whether the split follows measurements (FTPipeHD). ResPipe, the baseline, never re-splits: the
+        next worker takes a dead one's layers and keeps them (papers/002)."""
+        return self.config.partition == "dynamic" and self.config.recovery != "respipe"
 
     def _bound(self) -> int:
         return self.train.in_flight or len(self.worker_list)
@@ -959,7 +977,7 @@ class Central(Role):
                             device, at, factor = changes.pop(0)
                             self._emulate(device, factor, at)
                         if (
-                            self.config.partition == "dynamic"
+                            self._resplits
                             and self.policy.due(bid + 1)
                             and bid + 1 < total
                         ):
@@ -1249,12 +1267,18 @@ class Central(Role):
         return self.deadlines.probe(slowest, round_trip)
 
     def _transfer_slack(self) -> float:
-        """How long the largest activation can hold a heartbeat up on the slowest measured link."""
-        if not self.links or self._profile is None:
+        """How long a worker's uplink may be busy before its next message (a heartbeat included) gets
+        through on the slowest measured link: every batch in flight's activation, and the chain and
+        global replicas of the largest stage (weights and momentum), queued ahead of it."""
+        if not self.links or self._profile is None or self._spec is None:
             return 0.0
         slowest = min(lk.bandwidth for lk in self.links)
         # output_bytes were profiled on one training batch: the size of a real activation message.
-        return 2 * max(self._profile.output_bytes) / slowest
+        activations = self._bound() * max(self._profile.output_bytes)
+        params = self._param_bytes()
+        stages = range(len(self.points) - 1)
+        replicas = 2 * 2 * max((sum(params[self.points[k] : self.points[k + 1]]) for k in stages), default=0)
+        return 2 * (activations + replicas) / slowest
 
     # -- fault tolerance (Sec. III-F) ----------------------------------------------------------
 
@@ -1513,7 +1537,7 @@ class Central(Role):
                 del self._announced[oldest]
             joinable = self._train_started and not msg.busy_with
             new = msg.device_id not in self.worker_list and msg.device_id not in self._joiners
-            if joinable and new and self.config.partition == "dynamic":
+            if joinable and new and self._resplits:
                 self._joiners.append(msg.device_id)
                 log.info("%s is available; it joins at the next re-partition", msg.device_id)
         elif isinstance(msg, ErrorReport):

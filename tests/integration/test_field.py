@@ -194,26 +194,30 @@ def test_three_workers_started_by_hand_train_the_default_model(amqtt_url: str) -
         subprocess.Popen(worker_command(f"pi-{i}", amqtt_url, cluster, 1.0), stderr=subprocess.PIPE)
         for i in (1, 2, 3)
     ]
-    central = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edgeagent",
-            "central",
-            *("--broker", amqtt_url, "--cluster", cluster, "--workers", "3", "--epochs", "2"),
-            "--log-level",
-            "WARNING",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    for proc in workers:
-        try:
+    try:
+        central = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edgeagent",
+                "central",
+                *("--broker", amqtt_url, "--cluster", cluster, "--workers", "3", "--epochs", "2"),
+                "--log-level",
+                "WARNING",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        errors = []
+        for proc in workers:
             _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        assert proc.returncode == 0, err.decode()[-2000:]
+            errors.append(err.decode()[-2000:])
+    finally:
+        for proc in workers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     assert central.returncode == 0, central.stderr[-2000:]
     assert "Traceback" not in central.stderr
+    assert [proc.returncode for proc in workers] == [0, 0, 0], errors

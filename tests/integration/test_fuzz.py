@@ -68,6 +68,7 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG
 from edgeagent.protocol.topics import Family, Topics, topic_matches
 from edgeagent.roles.central import Central, RunReport
+from edgeagent.roles.limits import InboxLimits
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow
@@ -410,7 +411,10 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
             )
 
     pacer = Pacer()
-    central = Central(config, progress=pacer)
+    # The control plane's rate limit at a tenth of its default (still 10x any legitimate topic's rate):
+    # a loaded broker may spread the flood's delivery over many seconds, and at the default rate a slow
+    # enough delivery never exceeds the bucket (a flaky test on a busy machine).
+    central = Central(config, progress=pacer, limits=InboxLimits(control_rate=10.0, control_burst=20.0))
     outcome: dict[str, Any] = {}
 
     def run() -> None:
