@@ -39,13 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from edgeagent.cli.demo import run_demo
 from edgeagent.compression import from_wire, get_codec
+from edgeagent.compression.stage import NONE, StageCodecs
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo
-from edgeagent.logs import setup_logging
 from edgeagent.models import ModelSpec, build_model
+from edgeagent.ops.logs import setup_logging
 from edgeagent.protocol.messages import Activation, Gradient, encode
-from edgeagent.roles.codecs import NONE, StageCodecs
 
 KB = 1024
 RUN_ID = "3f9c2a7d1b04"  # run ids are 12 hex digits

@@ -34,9 +34,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo
-from edgeagent.logs import setup_logging
+from edgeagent.ops.logs import setup_logging
 from edgeagent.roles.central import RunReport
 
 DATASET = "synthetic:4096:3x32x32:10"

@@ -20,7 +20,7 @@ What it builds, and removes again at exit, on Ctrl-C, and at the next start afte
   central node is normally the laptop or the strongest device).
 * **Logins.** The embedded broker listens on the bridge only, which it does only with logins: every
   device, the central node and the lab's progress observer get a throw-away login and topic rights
-  (``edgeagent.demo.throwaway_logins``, as ``edgeagent demo --secure`` does).
+  (``edgeagent.cli.demo.throwaway_logins``, as ``edgeagent demo --secure`` does).
 
 The run: central + 3 workers train ``mobilenetv2`` on ``synthetic:N:3x32x32:10`` (N = 10,000: 2,000 test
 images at the default test fraction of 0.2) for 3 epochs. Two faults, each deterministic:
@@ -81,9 +81,9 @@ from bench.netlab import (
     sh,
     shape,
 )
+from edgeagent.broker.credentials import CredentialStore
+from edgeagent.cli.demo import throwaway_logins, worker_command
 from edgeagent.config import TrainConfig
-from edgeagent.credentials import CredentialStore
-from edgeagent.demo import throwaway_logins, worker_command
 from edgeagent.errors import ProtocolError
 from edgeagent.protocol.messages import Event, Metrics, decode
 from edgeagent.protocol.topics import Family, Topics

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo
-from edgeagent.logs import setup_logging
+from edgeagent.ops.logs import setup_logging
 from edgeagent.pipeline.schedule import one_f_one_b, simulate
 
 # Six 1024-wide layers and a small head split 2/2/2+head: three equal stages whose cost is real

@@ -29,7 +29,7 @@ Each fault's cost is printed three ways, beside the paper's figures (Table III):
 (c) time lost: the fault batch's delay against a fault-free run at the pre-fault pace: from the last
     progress until the fault batch is done again (detection, recovery, pipeline refill, the replay of
     the rolled-back batches), minus the one batch the pipeline would have done meanwhile without the
-    fault (``edgeagent.report.recovery_times``). The paper gives no figure.
+    fault (``edgeagent.ops.report.recovery_times``). The paper gives no figure.
 
 Then the samples/s and time per epoch after the recovery (the paper: 8.57 vs 59.18 min per epoch, 6.9x)
 and, as a target, samples/s after recovery against the oracle split of the survivors (a run of the
@@ -54,10 +54,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo
-from edgeagent.logs import setup_logging
-from edgeagent.report import recovery_times
+from edgeagent.ops.logs import setup_logging
+from edgeagent.ops.report import recovery_times
 from edgeagent.roles.central import RunReport
 
 DATASET = "synthetic:4096:3x32x32:10"

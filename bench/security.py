@@ -16,9 +16,9 @@ import logging
 import statistics
 import time
 
-from edgeagent.acl import Grant, PlanTracker, may_publish, may_receive
+from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo
+from edgeagent.protocol.acl import Grant, PlanTracker, may_publish, may_receive
 from edgeagent.protocol.topics import Topics
 
 

@@ -14,9 +14,7 @@ import torch
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from edgeagent.errors import ProtocolError, TrainingError
-from edgeagent.protocol.messages import Activation, Heartbeat, Message, Metrics, Probe, Status, decode, encode
-from edgeagent.protocol.topics import Family, TopicInfo, Topics
-from edgeagent.roles.limits import (
+from edgeagent.protocol.limits import (
     INVALID,
     MALFORMED,
     SENDER,
@@ -26,6 +24,8 @@ from edgeagent.roles.limits import (
     Verdict,
     sender_problem,
 )
+from edgeagent.protocol.messages import Activation, Heartbeat, Message, Metrics, Probe, Status, decode, encode
+from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class Role:
     limit per topic), messages on another device's topic that do not come from that device and
     messages for which the inbox has no room are logged (rate limited) and dropped here, so the
     training loop only ever sees well-typed messages and nothing is buffered without bound; see
-    :mod:`edgeagent.roles.limits` and ``limits``.
+    :mod:`edgeagent.protocol.limits` and ``limits``.
     """
 
     def __init__(

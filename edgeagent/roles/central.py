@@ -29,10 +29,12 @@ from typing import Any
 import torch
 
 from edgeagent.compression import CompressionError, adaptive_schedule, link_bits
+from edgeagent.compression.stage import NONE, StageCodecs, restore
 from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batch_indices, batches_per_epoch, load_dataset
 from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
 from edgeagent.models import ModelSpec, build_model, num_layers
+from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import admit
 from edgeagent.pipeline.stage import Stage
@@ -42,6 +44,7 @@ from edgeagent.planner.dp import Link, Problem, compute_time, predict, repartiti
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.planner.profiler import LayerProfile, profile_layers
 from edgeagent.planner.recovery import choose_recovery_point, new_worker_list, respipe_points
+from edgeagent.protocol.limits import InboxLimits, TensorMeta, gradient_problem
 from edgeagent.protocol.messages import (
     Announce,
     Assign,
@@ -62,13 +65,10 @@ from edgeagent.protocol.messages import (
     Weights,
 )
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.replication.store import WeightStore
+from edgeagent.replication.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
-from edgeagent.roles.codecs import NONE, StageCodecs, restore
-from edgeagent.roles.limits import InboxLimits, TensorMeta, gradient_problem
-from edgeagent.roles.replicas import WeightStore
-from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.roles.worker import STAGE_TIME_WINDOW
-from edgeagent.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -1069,7 +1069,7 @@ class Central(Role):
         }
 
     def _announce_to_home_assistant(self) -> None:
-        from edgeagent.homeassistant import discovery_configs
+        from edgeagent.ops.homeassistant import discovery_configs
 
         for device in self.worker_list:
             for topic, payload in discovery_configs(

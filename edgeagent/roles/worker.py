@@ -16,13 +16,16 @@ import torch
 
 from edgeagent import __version__
 from edgeagent.compression import CompressionError
+from edgeagent.compression.stage import NONE, StageCodecs, restore
 from edgeagent.config import WorkerConfig
 from edgeagent.errors import ConfigError, EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec
+from edgeagent.ops.profiles import DeviceProfile, parse_profile
+from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.schedule import Kind, next_kind
 from edgeagent.pipeline.stage import Stage
-from edgeagent.profiles import DeviceProfile, parse_profile
+from edgeagent.protocol.limits import InboxLimits, TensorMeta, activation_problem, gradient_problem
 from edgeagent.protocol.messages import (
     Activation,
     Announce,
@@ -42,12 +45,9 @@ from edgeagent.protocol.messages import (
     Weights,
 )
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.replication.store import WeightStore, replica_message
+from edgeagent.replication.switch import Switch, TrainOptions, serve_fetch
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
-from edgeagent.roles.codecs import NONE, StageCodecs, restore
-from edgeagent.roles.limits import InboxLimits, TensorMeta, activation_problem, gradient_problem
-from edgeagent.roles.replicas import WeightStore, replica_message
-from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
-from edgeagent.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import LocalWorkers
 from edgeagent.roles.central import Central, RunReport
 
 pytestmark = pytest.mark.slow

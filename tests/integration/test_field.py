@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from edgeagent.cli.demo import LocalWorkers, run_demo, worker_command
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import LocalWorkers, run_demo, worker_command
 from edgeagent.errors import PlanningError
 from edgeagent.roles.central import Central, load_checkpoint
 

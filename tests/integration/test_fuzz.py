@@ -33,12 +33,13 @@ from cbor2 import CBORTag
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from edgeagent.cli.demo import worker_command
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
-from edgeagent.demo import worker_command
 from edgeagent.errors import ProtocolError
 from edgeagent.models import ModelSpec, layer_output_shapes
 from edgeagent.protocol.chunking import CHUNK_TAG
+from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     MESSAGE_TYPES,
     Activation,
@@ -68,7 +69,6 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG
 from edgeagent.protocol.topics import Family, Topics, topic_matches
 from edgeagent.roles.central import Central, RunReport
-from edgeagent.roles.limits import InboxLimits
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow

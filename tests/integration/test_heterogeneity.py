@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo
 
 pytestmark = pytest.mark.slow
 

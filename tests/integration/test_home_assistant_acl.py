@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from edgeagent.broker import EmbeddedBroker
+from edgeagent.broker.credentials import CredentialStore
+from edgeagent.cli.demo import run_demo, throwaway_logins
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.credentials import CredentialStore
-from edgeagent.demo import run_demo, throwaway_logins
-from edgeagent.homeassistant import SENSORS
+from edgeagent.ops.homeassistant import SENSORS
 from edgeagent.transport.mqtt import MqttTransport
 from tests.conftest import MosquittoProcess
 

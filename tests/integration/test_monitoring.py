@@ -8,8 +8,8 @@ from collections import defaultdict
 
 import pytest
 
+from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo
 from edgeagent.protocol.messages import Heartbeat, Metrics, Status, decode
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.transport.mqtt import MqttTransport

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from edgeagent import profiles
+from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo
+from edgeagent.ops import profiles
 from edgeagent.protocol.messages import Metrics, Profile, Status, decode, encode
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.transport.mqtt import MqttTransport

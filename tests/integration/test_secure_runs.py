@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from edgeagent.cli.demo import run_demo, throwaway_logins
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.demo import run_demo, throwaway_logins
 from tests.conftest import MosquittoProcess
 
 pytestmark = pytest.mark.slow

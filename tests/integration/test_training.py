@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import batch_indices, load_dataset
-from edgeagent.demo import run_demo
 from edgeagent.models import ModelSpec, build_model
 
 pytestmark = pytest.mark.slow

@@ -22,9 +22,9 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgeagent.broker import EmbeddedBroker, broker_config, free_port
-from edgeagent.credentials import CredentialStore
+from edgeagent.broker.credentials import CredentialStore
 from edgeagent.errors import ConfigError
-from edgeagent.homeassistant import discovery_configs
+from edgeagent.ops.homeassistant import discovery_configs
 from edgeagent.protocol.messages import Assign, Repartition, Status, encode
 from edgeagent.protocol.topics import Family, Topics
 from tests.conftest import MosquittoProcess
@@ -464,7 +464,7 @@ def test_home_assistant_discovery_on_mosquitto_with_the_generated_acl(
 
 def test_our_mosquitto_hashes_match_mosquitto_passwd(tmp_path: Path) -> None:
     """The other direction: a hash made by Mosquitto's own tool verifies with our code."""
-    from edgeagent.credentials import verify_mosquitto_hash
+    from edgeagent.broker.credentials import verify_mosquitto_hash
 
     if shutil.which("mosquitto_passwd") is None:
         pytest.skip("mosquitto_passwd is not installed")
@@ -500,7 +500,7 @@ def test_a_burst_of_bad_logins_is_refused_while_a_good_one_gets_in(
 def test_the_documented_mosquitto_lan_config_runs(tmp_path: Path, creds: tuple[Path, dict[str, str]]) -> None:
     """broker/mosquitto-lan.conf, with this machine's paths and ports: TLS with client certificates
     and per-device logins on the LAN listener, logins on the loopback one."""
-    from edgeagent.certs import init_site
+    from edgeagent.broker.certs import init_site
     from edgeagent.transport.mqtt import MqttTransport, TlsOptions
     from tests.conftest import _wait_port
 

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from edgeagent.broker import BrokerTls, EmbeddedBroker, broker_config
-from edgeagent.certs import KeyPair, Site, certs_command, init_site, issue, make_ca, san_hosts
+from edgeagent.broker.certs import KeyPair, Site, certs_command, init_site, issue, make_ca, san_hosts
 from edgeagent.errors import ConfigError
 from edgeagent.transport.mqtt import MqttTransport, TlsOptions
 

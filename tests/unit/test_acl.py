@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgeagent.acl import (
+from edgeagent.broker.credentials import CredentialStore, mosquitto_hash, verify_mosquitto_hash
+from edgeagent.cli import main
+from edgeagent.errors import ConfigError
+from edgeagent.ops.homeassistant import discovery_configs
+from edgeagent.protocol.acl import (
     Grant,
     PlanTracker,
     client_id_ok,
@@ -17,10 +21,6 @@ from edgeagent.acl import (
     may_subscribe,
     mosquitto_acl,
 )
-from edgeagent.cli import main
-from edgeagent.credentials import CredentialStore, mosquitto_hash, verify_mosquitto_hash
-from edgeagent.errors import ConfigError
-from edgeagent.homeassistant import discovery_configs
 from edgeagent.protocol.topics import Family, Topics
 
 T = Topics("site")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from edgeagent.homeassistant import check_prefix, discovery_configs, node_id
+from edgeagent.ops.homeassistant import check_prefix, discovery_configs, node_id
 from edgeagent.protocol.topics import Topics
 
 NODE = "homeassistant/sensor/edgeagent_lab"

@@ -14,6 +14,19 @@ import torch
 from edgeagent.config import CentralConfig, WorkerConfig
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
 from edgeagent.planner.profiler import profile_layers
+from edgeagent.protocol.limits import (
+    MALFORMED,
+    OVERSIZE,
+    QUEUE,
+    RATE,
+    SENDER,
+    TOPIC_QUEUE,
+    InboxGate,
+    InboxLimits,
+    activation_problem,
+    gradient_problem,
+    sender_problem,
+)
 from edgeagent.protocol.messages import (
     Activation,
     Assign,
@@ -29,19 +42,6 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.roles.base import Inbound, LinkProbes, Role
 from edgeagent.roles.central import Central
-from edgeagent.roles.limits import (
-    MALFORMED,
-    OVERSIZE,
-    QUEUE,
-    RATE,
-    SENDER,
-    TOPIC_QUEUE,
-    InboxGate,
-    InboxLimits,
-    activation_problem,
-    gradient_problem,
-    sender_problem,
-)
 from edgeagent.roles.worker import Worker, stage_input
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from edgeagent.errors import EdgeAgentError
-from edgeagent.monitor import LEFT_GRACE, ClusterState, run_monitor, subscriptions, summarize
+from edgeagent.ops.monitor import LEFT_GRACE, ClusterState, run_monitor, subscriptions, summarize
 from edgeagent.protocol.messages import (
     Announce,
     ErrorReport,

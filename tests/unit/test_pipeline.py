@@ -234,8 +234,8 @@ def test_switch_accepts_layers_without_tensors() -> None:
     from edgeagent.models import num_layers
     from edgeagent.pipeline.build import make_stage
     from edgeagent.protocol.messages import Repartition
-    from edgeagent.roles.replicas import WeightStore
-    from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
+    from edgeagent.replication.store import WeightStore
+    from edgeagent.replication.switch import Switch, TrainOptions, serve_fetch
 
     spec = ModelSpec("cnn", (1, 8, 8), 10)  # layers 1, 3, 5 are max-pools: no parameters
     total = num_layers(spec)

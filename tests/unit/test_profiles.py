@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgeagent.errors import ConfigError
-from edgeagent.profiles import DeviceProfile, load_profile, load_profiles, parse_profile
+from edgeagent.ops.profiles import DeviceProfile, load_profile, load_profiles, parse_profile
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "devices"
 

@@ -11,8 +11,8 @@ from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.recovery import choose_recovery_point, holders_of, new_worker_list, respipe_points
 from edgeagent.protocol.messages import Repartition
-from edgeagent.roles.replicas import WeightStore, replica_message, seeded
-from edgeagent.roles.switch import Switch, TrainOptions, serve_fetch
+from edgeagent.replication.store import WeightStore, replica_message, seeded
+from edgeagent.replication.switch import Switch, TrainOptions, serve_fetch
 
 OLD = ["c", "a", "b"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from edgeagent.report import recovery_times
+from edgeagent.ops.report import recovery_times
 
 STEP = 0.5  # seconds per batch before and after the fault
 

@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from edgeagent.report import _last_done, _per_batch, _recoveries, _splits, _throughput, _timeline, write_plots
+from edgeagent.ops.report import (
+    _last_done,
+    _per_batch,
+    _recoveries,
+    _splits,
+    _throughput,
+    _timeline,
+    write_plots,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KINDS = ("loss", "throughput", "partition")

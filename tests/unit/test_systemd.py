@@ -12,8 +12,8 @@ import pytest
 
 from edgeagent.broker import EmbeddedBroker
 from edgeagent.config import WorkerConfig
+from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.roles.worker import Worker
-from edgeagent.systemd import Notifier, Watchdog, watchdog_interval
 
 
 class FakeSystemd:

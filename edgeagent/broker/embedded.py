@@ -58,7 +58,7 @@ def broker_config(
 
     Anonymous clients are allowed only on a loopback listener without ``credentials``. With
     ``credentials`` (a directory made by ``edgeagent credentials``), every client must log in with a
-    password and gets the topic rights of its role (:mod:`edgeagent.broker_security`).
+    password and gets the topic rights of its role (:mod:`edgeagent.broker.security`).
     """
     if not is_loopback(host) and credentials is None:
         raise ConfigError(
@@ -72,7 +72,7 @@ def broker_config(
         # Our own plugin, not amqtt's FileAuthPlugin + AnonymousAuthPlugin: it refuses a client without
         # a username (amqtt's anonymous plugin with allow_anonymous false admits any username) and
         # enforces the topic rights of each user.
-        plugins["edgeagent.broker_security.SecurityPlugin"] = {"credentials": str(credentials)}
+        plugins["edgeagent.broker.security.SecurityPlugin"] = {"credentials": str(credentials)}
     listener: dict[str, Any] = {"type": "tcp", "bind": f"{host}:{port}", "max_connections": 256}
     if tls is not None:
         _check_tls_files(tls)

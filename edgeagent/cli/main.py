@@ -17,7 +17,7 @@ import yaml
 
 from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
 from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, TrainingError
-from edgeagent.logs import console, setup_logging
+from edgeagent.ops.logs import console, setup_logging
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -345,7 +345,7 @@ def main() -> None:
 )
 def demo(**kw: Any) -> None:
     """Broker + central node + local workers: the whole job on this machine."""
-    from edgeagent.demo import run_demo
+    from edgeagent.cli.demo import run_demo
 
     setup_logging(kw["log_level"], device="central")
     source = kw["config_file"] or "<arguments>"
@@ -502,7 +502,7 @@ def monitor(
     broker: str, cluster: str | None, refresh: float, duration: float | None, show_left: bool, **kw: Any
 ) -> None:
     """A live dashboard of the cluster: devices, stages, throughput, heartbeats and events."""
-    from edgeagent.monitor import run_monitor
+    from edgeagent.ops.monitor import run_monitor
 
     setup_logging("WARNING")
     url, tls = _access(broker, kw, "monitor")
@@ -548,7 +548,7 @@ def profile_options(f: F) -> F:
 @click.argument("ids", nargs=-1)
 def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...], **kw: Any) -> None:
     """Validate the profiles (all of DIR, or the IDS) and push them to their devices."""
-    from edgeagent import profiles as profiles_module
+    from edgeagent.ops import profiles as profiles_module
 
     if not Path(directory).is_dir():
         raise ConfigError(f"--dir {directory}: no such directory; give the directory of <id>.yaml profiles")
@@ -569,7 +569,7 @@ def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...]
 @click.argument("device_id")
 def profile_show(broker: str, cluster: str, directory: str, device_id: str, **kw: Any) -> None:
     """Print the profile the broker holds for DEVICE_ID."""
-    from edgeagent import profiles as profiles_module
+    from edgeagent.ops import profiles as profiles_module
 
     transport, topics = _profile_transport(broker, cluster, kw)
     try:
@@ -589,7 +589,7 @@ def profile_diff(broker: str, cluster: str, directory: str, device_id: str, **kw
     """Compare DIR/DEVICE_ID.yaml with the profile the broker holds."""
     import difflib
 
-    from edgeagent import profiles as profiles_module
+    from edgeagent.ops import profiles as profiles_module
 
     local = profiles_module.load_profile(Path(directory) / f"{device_id}.yaml")
     transport, topics = _profile_transport(broker, cluster, kw)
@@ -605,7 +605,7 @@ def profile_diff(broker: str, cluster: str, directory: str, device_id: str, **kw
 
 
 def _register_certs() -> None:
-    from edgeagent.certs import certs_command
+    from edgeagent.broker.certs import certs_command
 
     main.add_command(certs_command)
 
@@ -666,8 +666,8 @@ def credentials_add(
     home_assistant_prefix: str,
 ) -> None:
     """Add logins NAMES (or re-key existing ones) with random passwords."""
-    from edgeagent.credentials import CredentialStore
-    from edgeagent.profiles import load_profiles
+    from edgeagent.broker.credentials import CredentialStore
+    from edgeagent.ops.profiles import load_profiles
 
     store = CredentialStore(directory)
     wanted = [(n, role) for n in names]
@@ -702,7 +702,7 @@ def credentials_add(
 @click.argument("names", nargs=-1, required=True)
 def credentials_remove(directory: str, names: tuple[str, ...]) -> None:
     """Remove logins NAMES (connected clients keep their session until they reconnect)."""
-    from edgeagent.credentials import CredentialStore
+    from edgeagent.broker.credentials import CredentialStore
 
     store = CredentialStore(directory)
     for name in names:
@@ -714,8 +714,8 @@ def credentials_remove(directory: str, names: tuple[str, ...]) -> None:
 @_credentials_dir
 def credentials_list(directory: str) -> None:
     """List the logins, their roles and clusters (never passwords)."""
-    from edgeagent.credentials import CredentialStore
-    from edgeagent.homeassistant import DEFAULT_PREFIX
+    from edgeagent.broker.credentials import CredentialStore
+    from edgeagent.ops.homeassistant import DEFAULT_PREFIX
 
     users = CredentialStore(directory).users()
     if not users:
@@ -750,7 +750,7 @@ def _finish_report(report: Any, path: str | None) -> None:
         Path(path).write_text(json.dumps(data, indent=2))
         console.print(f"report written to {path}")
         try:
-            from edgeagent.report import write_plots
+            from edgeagent.ops.report import write_plots
 
             plots = write_plots(data, path)
         except Exception as exc:  # a plotting problem must never cost the user the JSON report

@@ -658,7 +658,7 @@ def run_monitor(
     ``connect_timeout``, :class:`~edgeagent.errors.ConfigError` for a malformed broker URL and
     :class:`~edgeagent.errors.ProtocolError` for an invalid cluster name.
     """
-    from edgeagent.logs import console as default_console
+    from edgeagent.ops.logs import console as default_console
     from edgeagent.transport.mqtt import BrokerUrl, MqttTransport
 
     if not refresh > 0:

@@ -5,8 +5,8 @@ sensor under ``<prefix>/sensor/edgeagent_<cluster>/<object id>/config``; Home As
 states straight from edgeagent's own JSON status and metrics topics. Nothing else changes on the wire.
 
 The ``edgeagent_<cluster>`` level is Home Assistant's optional node id. It is there for the broker's
-topic rights (:mod:`edgeagent.acl`): a cluster's central login may publish discovery configs of its own
-node only, so it cannot rewrite the configs of the other things in the house.
+topic rights (:mod:`edgeagent.protocol.acl`): a cluster's central login may publish discovery configs
+of its own node only, so it cannot rewrite the configs of the other things in the house.
 """
 
 from __future__ import annotations

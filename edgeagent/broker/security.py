@@ -4,7 +4,7 @@ Every client must send a user name and the right password (argon2 hashes from a 
 ``edgeagent credentials``). A client without a user name is refused: amqtt's own anonymous plugin
 with ``allow_anonymous: false`` lets in anyone who sends *some* user name, so it is not used.
 
-Topic rights come from :mod:`edgeagent.acl`, including those on Home Assistant's discovery topics
+Topic rights come from :mod:`edgeagent.protocol.acl`, including those on Home Assistant's discovery topics
 (outside ``edgeagent/``, under each login's discovery prefix). Stage ownership follows the run: the
 plugin reads the assignments and re-partition orders the central node publishes on
 ``device/<id>/control`` (only a central login may publish there) and keeps the newest plan per cluster
@@ -29,9 +29,9 @@ from amqtt.contexts import Action, BaseContext
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
 
-from edgeagent.acl import Grant, PlanTracker, client_id_ok, may_publish, may_receive, may_subscribe
-from edgeagent.credentials import PASSWD, USERS, CredentialStore, verify_password
+from edgeagent.broker.credentials import PASSWD, USERS, CredentialStore, verify_password
 from edgeagent.errors import EdgeAgentError
+from edgeagent.protocol.acl import Grant, PlanTracker, client_id_ok, may_publish, may_receive, may_subscribe
 from edgeagent.protocol.chunking import Reassembler, is_chunk
 from edgeagent.protocol.messages import Assign, Repartition, decode
 from edgeagent.protocol.topics import Family, Topics

@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from edgeagent.acl import ROLES, Grant, mosquitto_acl
 from edgeagent.errors import ConfigError, ProtocolError
-from edgeagent.homeassistant import DEFAULT_PREFIX, check_prefix
+from edgeagent.ops.homeassistant import DEFAULT_PREFIX, check_prefix
+from edgeagent.protocol.acl import ROLES, Grant, mosquitto_acl
 from edgeagent.protocol.topics import check_name
 
 USERS = "users.yaml"

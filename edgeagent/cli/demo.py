@@ -23,10 +23,10 @@ from rich.progress import (
 )
 
 from edgeagent.broker import BrokerTls, EmbeddedBroker
-from edgeagent.certs import init_site
+from edgeagent.broker.certs import init_site
+from edgeagent.broker.credentials import CredentialStore
 from edgeagent.config import CentralConfig
-from edgeagent.credentials import CredentialStore
-from edgeagent.logs import console
+from edgeagent.ops.logs import console
 from edgeagent.roles.central import Central, ProgressHook, RunReport
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.partition import stage_of_layer
 from edgeagent.planner.redistribute import DevicePlan, redistribution_plan
 from edgeagent.protocol.messages import FetchRequest, Repartition, Weights
-from edgeagent.roles.replicas import WeightStore, layer_of
+from edgeagent.replication.store import WeightStore, layer_of
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Home Assistant discovery lives outside edgeagent's tree, under the grant's disco
 (``homeassistant`` unless ``edgeagent credentials add --home-assistant-prefix`` says otherwise):
 
 * ``central`` may publish its cluster's discovery configs, ``<prefix>/<component>/edgeagent_<cluster>/
-  <object>/config`` (:mod:`edgeagent.homeassistant`), and nothing else of Home Assistant's.
+  <object>/config`` (:mod:`edgeagent.ops.homeassistant`), and nothing else of Home Assistant's.
 * ``observer`` (Home Assistant's own login) reads everything under the prefix and may publish
   ``<prefix>/status``: Home Assistant's birth message and last will, which it sends by default and
   without which the embedded broker would refuse its connection (a will is checked like a publish).
@@ -34,7 +34,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from edgeagent.homeassistant import DEFAULT_PREFIX, node_id
+from edgeagent.ops.homeassistant import DEFAULT_PREFIX, node_id
 from edgeagent.protocol.topics import DEVICE_PUBLISHED, PROTOCOL_VERSION, ROOT, Family, Topics
 
 RoleName = Literal["central", "device", "observer"]
@@ -55,7 +55,7 @@ HomeAssistantTopic = Literal["config", "status", "other"]
 @dataclass(frozen=True)
 class Grant:
     """One login's role, the cluster it belongs to (``*``: all clusters) and its Home Assistant
-    discovery prefix (validated by :func:`edgeagent.homeassistant.check_prefix` where logins are made)."""
+    discovery prefix (validated by :func:`edgeagent.ops.homeassistant.check_prefix` where logins are made)."""
 
     role: RoleName
     cluster: str = "default"

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print our figures beside the papers'."""
