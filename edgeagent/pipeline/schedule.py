@@ -2,8 +2,12 @@
 
 An :class:`Action` is ``(stage, kind, batch)`` written ``"1F0"`` (stage 1 forwards batch 0). The
 runtime does not replay a precomputed list (messages arrive when they arrive); it applies the same
-two rules the generated schedule follows, :func:`admit` on stage 0 and :func:`next_kind` on every
-stage, and the tests check that those rules reproduce :func:`one_f_one_b` in the simulator.
+two rules the generated schedule follows on every stage, :func:`admit` with the stage's own bound
+(:func:`stage_bound`) and :func:`next_kind`, and the tests check that those rules reproduce
+:func:`one_f_one_b` in a tick simulation (``tests/unit/test_pipeline.py``): for every bound up to the
+number of stages with equal stages, and for bound 1 whatever the timing. With unequal stages a
+backward that arrives early is taken early (still a valid 1F1B order); with more batches in flight
+than stages the last stage, whose backward is ready as soon as its forward is done, never warms up.
 """
 
 from __future__ import annotations
@@ -39,8 +43,14 @@ Schedule = dict[int, list[Action]]
 
 
 def admit(in_flight: int, bound: int) -> bool:
-    """Stage 0 forwards a new batch only while fewer than ``bound`` batches are in flight."""
+    """A stage forwards a new batch only while fewer than ``bound`` batches are in flight on it."""
     return in_flight < bound
+
+
+def stage_bound(bound: int, stage: int) -> int:
+    """Batches stage ``stage`` may hold between forward and backward when stage 0 holds ``bound``:
+    1F1B's warm-up, ``bound - stage``, at least one (PipeDream; the DP's memory model assumes it)."""
+    return max(1, bound - stage)
 
 
 def next_kind(last: Kind | None, forward_ready: bool, backward_ready: bool) -> Kind | None:

@@ -23,7 +23,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.ops.profiles import DeviceProfile, parse_profile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.pipeline.build import make_stage
-from edgeagent.pipeline.schedule import Kind, next_kind
+from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
 from edgeagent.pipeline.stage import Stage
 from edgeagent.protocol.limits import InboxLimits, TensorMeta, activation_problem, gradient_problem
 from edgeagent.protocol.messages import (
@@ -265,7 +265,10 @@ class Worker(Role):
     def _ready(self, run: _Run) -> Kind | None:
         if run.switch is not None:
             return None  # drained for a re-partition; nothing should arrive, and nothing runs
-        fwd = run.next_forward in run.forwards
+        held = run.next_forward - run.next_backward  # batches forwarded here whose backward is due
+        fwd = run.next_forward in run.forwards and (
+            run.is_last or admit(held, stage_bound(run.in_flight, run.index))
+        )
         bwd = (not run.is_last) and run.next_backward in run.backwards
         return next_kind(run.last, fwd, bwd)
 
