@@ -159,3 +159,34 @@ def link_bits(bandwidth_bytes_per_s: float, tensor_bytes: int, compute_seconds: 
     forward = auto_bits(bandwidth_bytes_per_s, tensor_bytes, compute_seconds)
     backward = auto_bits(bandwidth_bytes_per_s, tensor_bytes, compute_seconds, choices=(4, 8))
     return forward, backward
+
+
+def stage_bits(
+    mode: str,
+    stages: int,
+    *,
+    epoch: int,
+    epochs: int,
+    links: Sequence[tuple[float, int]] = (),
+    compute_seconds: float = 0.0,
+) -> tuple[list[int], list[int]]:
+    """Bit widths per stage (forward: its activations; backward: its gradients; 32 = none).
+
+    ``mode``: ``none``, ``2``/``3``/``4`` (fixed, 8-bit gradients), ``adaptive`` (the paper's schedule
+    over ``epochs``) or ``auto``: per link ``k`` (``links[k]`` = bandwidth in bytes/s and the bytes of the
+    activation crossing it), the widest widths whose transfers hide behind ``compute_seconds``.
+    """
+    none = [NO_COMPRESSION] * stages
+    if mode == "none" or stages < 2:
+        return none, list(none)
+    if mode in ("2", "3", "4"):
+        return [int(mode)] * stages, [8] * stages
+    if mode == "adaptive":
+        schedule = adaptive_schedule(epochs)
+        return [schedule.forward_bits(epoch)] * stages, [schedule.backward_bits(epoch)] * stages
+    if mode != "auto":
+        raise ConfigError(f"compression {mode!r}: expected none, 2, 3, 4, adaptive or auto")
+    forward, backward = list(none), list(none)
+    for k, (bandwidth, size) in enumerate(links):
+        forward[k], backward[k + 1] = link_bits(bandwidth, size, compute_seconds)
+    return forward, backward

@@ -13,6 +13,24 @@ from edgeagent.errors import TrainingError
 
 
 @dataclass(frozen=True)
+class ProbeOutcome:
+    """What the probe after a fault found: the recovery case of Sec. III-F and who is where."""
+
+    case: int  # 1: everybody answered; 2: some restarted with their ids; 3: some are gone
+    restarted: frozenset[str]
+    missing: frozenset[str]
+
+
+def classify_probe(workers: Collection[str], alive: Collection[str], idle: Collection[str]) -> ProbeOutcome:
+    """``workers``: the run's workers; ``alive``: those that answered the ping from within the run;
+    ``idle``: devices that announced themselves idle (a worker of the run among them restarted)."""
+    restarted = frozenset(d for d in idle if d in workers) - frozenset(alive)
+    missing = frozenset(workers) - frozenset(alive) - restarted
+    case = 1 if not missing and not restarted else 2 if not missing else 3
+    return ProbeOutcome(case, restarted, missing)
+
+
+@dataclass(frozen=True)
 class RecoveryPoint:
     """Roll every stage back to ``version``; old stage i's weights come from ``sources[i]``."""
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from edgeagent.compression import CompressionError, adaptive_schedule, link_bits
+from edgeagent.compression import CompressionError
+from edgeagent.compression.schedule import stage_bits
 from edgeagent.compression.stage import NONE, StageCodecs, restore
 from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batch_indices, batches_per_epoch, load_dataset
@@ -40,10 +41,16 @@ from edgeagent.pipeline.schedule import admit
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.capacity import capacities
 from edgeagent.planner.deadlines import Deadlines
-from edgeagent.planner.dp import Link, Problem, compute_time, predict, repartition_gain, solve
+from edgeagent.planner.dp import Link, Problem, compute_time, predict, solve
 from edgeagent.planner.partition import balanced_partition
+from edgeagent.planner.policy import RepartitionPolicy, choose_plan
 from edgeagent.planner.profiler import LayerProfile, profile_layers
-from edgeagent.planner.recovery import choose_recovery_point, new_worker_list, respipe_points
+from edgeagent.planner.recovery import (
+    choose_recovery_point,
+    classify_probe,
+    new_worker_list,
+    respipe_points,
+)
 from edgeagent.protocol.limits import InboxLimits, TensorMeta, gradient_problem
 from edgeagent.protocol.messages import (
     Announce,
@@ -117,18 +124,6 @@ class _Worker:
     slowdown: float = 1.0
     memory_limit: float = 0.0
     online: bool = True
-
-
-@dataclass
-class RepartitionPolicy:
-    """When to re-split (pure): after ``first`` batches of epoch 0, then every ``every`` batches."""
-
-    first: int = 10
-    every: int = 100
-
-    def due(self, done: int) -> bool:
-        """``done`` = batches whose backward pass has finished."""
-        return done == self.first or (done > self.first and (done - self.first) % self.every == 0)
 
 
 def _where(transport: Transport) -> str:
@@ -696,37 +691,19 @@ class Central(Role):
         return capacities(times, profile.seconds, self.points)
 
     def _plan(self, caps: list[float], current: list[int], workers: list[str]) -> Plan:
-        """The planning job (runs on the scheduler's thread): DP, then is the move worth it?"""
-        joining = len(workers) > len(self.worker_list)
+        """The planning job (runs on the scheduler's thread): planner.policy.choose_plan."""
         problem = self._problem(caps, workers=workers, links=self._links_for(workers))
-        proposed = self._solve(problem)
-        predicted = predict(problem, proposed)
-        caps_text = ", ".join(f"{c:.2f}" for c in caps)
-        if joining:
-            # A device joined (or came back after it was dropped): it takes part from this split on.
-            return Plan(
-                proposed,
-                predicted,
-                f"{workers[len(self.worker_list) :]} joined; capacities {caps_text}",
-                workers,
-            )
-        move_bw = min((lk.bandwidth for lk in self.links), default=1e9)
-        worth, gain, cost = repartition_gain(
-            problem, current, proposed, horizon_batches=self.policy.every, move_bandwidth=move_bw
-        )
-        if not worth:
-            return Plan(
+        try:
+            choice = choose_plan(
+                problem,
                 current,
-                predict(problem, current),
-                f"kept (capacities {caps_text}; gain {gain:.2f} s <= cost {cost:.2f} s)",
-                workers,
+                joiners=workers[len(self.worker_list) :],
+                horizon_batches=self.policy.every,
+                move_bandwidth=min((lk.bandwidth for lk in self.links), default=1e9),
             )
-        return Plan(
-            proposed,
-            predicted,
-            f"capacities {caps_text}; predicted gain {gain:.2f} s > move cost {cost:.2f} s",
-            workers,
-        )
+        except ValueError as exc:
+            raise PlanningError(f"{exc}; the split stays as it is") from None
+        return Plan(choice.points, choice.predicted, choice.reason, workers)
 
     def _start_planning(self) -> None:
         caps = self._measured_capacities()
@@ -1109,28 +1086,20 @@ class Central(Role):
         self._notify(epoch=epoch, accuracy=acc)
 
     def _compression_bits(self, epoch: int) -> tuple[list[int], list[int]]:
-        """Bit widths per stage (forward: its activations; backward: its gradients); 32 = none."""
+        """Bit widths per stage (compression.stage_bits) from the mode, the epoch and the links."""
         n = len(self.worker_list)
-        mode = self.config.compression
-        if mode == "none" or n < 2:
-            return [NONE] * n, [NONE] * n
-        if mode in ("2", "3", "4"):
-            return [int(mode)] * n, [8] * n
-        if mode == "adaptive":
-            schedule = adaptive_schedule(self.train.epochs)
-            return [schedule.forward_bits(epoch)] * n, [schedule.backward_bits(epoch)] * n
-        # auto: per link, the widest bits whose transfer hides behind the pipeline's step time.
-        assert self._profile is not None
-        caps = self._measured_capacities() or [1.0] * n
-        problem = self._problem(caps)
-        # The compute a transfer can hide behind: the slowest stage's (not the predicted step, which
-        # already contains the slow link itself).
-        step = max(compute_time(problem, k, self.points[k], self.points[k + 1]) for k in range(n))
-        forward, backward = [NONE] * n, [NONE] * n
-        for k, link in enumerate(self.links):
-            size = self._profile.output_bytes[self.points[k + 1] - 1]
-            forward[k], backward[k + 1] = link_bits(link.bandwidth, size, step)
-        return forward, backward
+        links: list[tuple[float, int]] = []
+        step = 0.0
+        if self.config.compression == "auto" and n > 1:
+            assert self._profile is not None
+            problem = self._problem(self._measured_capacities() or [1.0] * n)
+            # The compute a transfer can hide behind: the slowest stage's (not the predicted step, which
+            # already contains the slow link itself).
+            step = max(compute_time(problem, k, self.points[k], self.points[k + 1]) for k in range(n))
+            sizes = [self._profile.output_bytes[self.points[k + 1] - 1] for k in range(n - 1)]
+            links = [(lk.bandwidth, size) for lk, size in zip(self.links, sizes, strict=False)]
+        mode, epochs = self.config.compression, self.train.epochs
+        return stage_bits(mode, n, epoch=epoch, epochs=epochs, links=links, compute_seconds=step)
 
     def _apply_compression(self, epoch: int) -> None:
         """Tell every stage its codecs when they change (start, epoch, new split, new links)."""
@@ -1317,11 +1286,9 @@ class Central(Role):
             if item is not None:
                 self._handle_background(item)
         alive = set(self._alive)
-        restarted = {
-            d for d, a in self._announced.items() if d in self.worker_list and not a.busy_with
-        } - alive
-        missing = set(self.worker_list[1:]) - alive - restarted
-        case = 1 if not missing and not restarted else 2 if not missing else 3
+        idle = [d for d, a in self._announced.items() if not a.busy_with]
+        outcome = classify_probe(self.worker_list[1:], alive, idle)
+        case, restarted, missing = outcome.case, set(outcome.restarted), set(outcome.missing)
         holdings: dict[str, dict[str, list[int]]] = {d: r.holdings for d, r in self._alive.items()}
         holdings[self.device_id] = self.store.holdings()
         # Version 0 rebuilt from the seed is the run's start only for a fresh run without pre-trained
