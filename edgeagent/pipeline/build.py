@@ -2,11 +2,66 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec, build_layers
 from edgeagent.pipeline.stage import Stage, StageModule, StageOptions
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """What every stage of a run shares for building its optimizer (``Assign`` carries them)."""
+
+    learning_rate: float
+    momentum: float
+    weight_decay: float
+    aggregation: bool
+    aggregation_interval: int
+
+
+def build_stage(
+    spec: ModelSpec,
+    *,
+    seed: int,
+    options: TrainOptions,
+    points: Sequence[int],
+    index: int,
+    weights: dict[str, torch.Tensor] | None = None,
+    momentum_buffers: dict[str, torch.Tensor] | None = None,
+    version: int = 0,
+) -> Stage:
+    """Stage ``index`` of the split ``points``; of ``weights`` and ``momentum_buffers`` (whole-model or
+    partial state, keys ``layers.<j>.<name>``) it takes the layers it owns."""
+    start, end = points[index], points[index + 1]
+    return make_stage(
+        spec,
+        seed=seed,
+        start=start,
+        end=end,
+        index=index,
+        num_stages=len(points) - 1,
+        learning_rate=options.learning_rate,
+        momentum=options.momentum,
+        weight_decay=options.weight_decay,
+        aggregation=options.aggregation,
+        aggregation_interval=options.aggregation_interval,
+        weights=layer_slice(weights, start, end) or None,
+        momentum_buffers=layer_slice(momentum_buffers, start, end) or None,
+        version=version,
+    )
+
+
+def layer_slice(
+    state: dict[str, torch.Tensor] | None, start: int, end: int
+) -> dict[str, torch.Tensor] | None:
+    """The entries of layers ``[start, end)`` of a state dict with ``layers.<j>.`` keys."""
+    if state is None:
+        return None
+    return {k: v for k, v in state.items() if start <= int(k.split(".")[1]) < end}
 
 
 def make_stage(

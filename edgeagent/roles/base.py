@@ -24,7 +24,7 @@ from edgeagent.protocol.limits import (
     Verdict,
     sender_problem,
 )
-from edgeagent.protocol.messages import Activation, Heartbeat, Message, Metrics, Probe, Status, decode, encode
+from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Probe, Status, decode, encode
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.transport.base import Transport
 
@@ -196,33 +196,6 @@ class Role:
         self.transport.publish(topic, payload, qos=qos, retain=retain)
         self.times.communication += time.perf_counter() - started
         return len(payload)
-
-    def send_activation(
-        self,
-        *,
-        run_id: str,
-        plan_id: int,
-        stage: int,
-        batch_id: int,
-        version: int,
-        mode: str,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        xc: dict[str, Any] | None = None,
-    ) -> int:
-        """Stage ``stage``'s output for one batch, on that stage's activation topic; returns its bytes."""
-        msg = Activation(
-            run_id=run_id,
-            plan_id=plan_id,
-            stage=stage,
-            batch_id=batch_id,
-            version=version,
-            mode=mode,
-            x=x,
-            y=y,
-            xc=xc,
-        )
-        return self.send(self.topics.activations(stage), msg)
 
     def set_status(self, state: str, *, run_id: str = "", stage: int = -1, detail: str = "") -> None:
         self._status = Status(

@@ -12,7 +12,6 @@ pipeline drains and every device fetches the layers it lacks before a commit bar
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
@@ -20,7 +19,6 @@ import os
 import pickle  # only for its exception: torch.load(weights_only=True) raises it
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -28,15 +26,15 @@ from typing import Any
 
 import torch
 
-from edgeagent.compression import CompressionError
 from edgeagent.compression.schedule import stage_bits
-from edgeagent.compression.stage import NONE, StageCodecs, restore
+from edgeagent.compression.stage import NONE, StageCodecs
 from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batch_indices, batches_per_epoch, load_dataset
 from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
 from edgeagent.models import ModelSpec, build_model, num_layers
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
-from edgeagent.pipeline.build import make_stage
+from edgeagent.pipeline.build import TrainOptions, build_stage, layer_slice
+from edgeagent.pipeline.runner import StageRunner
 from edgeagent.pipeline.schedule import admit
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.capacity import capacities
@@ -51,7 +49,7 @@ from edgeagent.planner.recovery import (
     new_worker_list,
     respipe_points,
 )
-from edgeagent.protocol.limits import InboxLimits, TensorMeta, gradient_problem
+from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     Announce,
     Assign,
@@ -73,9 +71,8 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.replication.store import WeightStore
-from edgeagent.replication.switch import Switch, TrainOptions, serve_fetch
+from edgeagent.replication.switch import Switch, serve_fetch
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
-from edgeagent.roles.worker import STAGE_TIME_WINDOW
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -230,18 +227,15 @@ class Central(Role):
         self._links: dict[str, LinkReport] = {}
         self._ready: dict[int, dict[str, str]] = {}  # plan id -> device -> phase
         self._sent_at: dict[int, float] = {}
-        self._outputs: dict[int, TensorMeta] = {}  # stage 0's output of each batch whose gradient is due
         self._eval_ids: set[int] = set()  # evaluation batches whose results are due
         self._stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
-        self._own_recent: deque[float] = deque(maxlen=STAGE_TIME_WINDOW)  # stage 0's latest batch times
-        self._own_step = 0.0
         self._plan_job: Future[Plan] | None = None
         self.codecs = StageCodecs()
         self._per_epoch = 0
         self._bits: tuple[list[int], list[int]] | None = None
         self._joiners: list[str] = []
         self._switch: Switch | None = None
-        self._stage: Stage | None = None
+        self._runner: StageRunner | None = None  # stage 0 and its data path (pipeline/runner.py)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -299,7 +293,7 @@ class Central(Role):
                         "checkpoint": self.config.resume,
                     }
                 )
-            self._stage = self._setup(spec)
+            self._runner = StageRunner(self._setup(spec), 0, codecs=self.codecs)
             if self.config.home_assistant:
                 self._announce_to_home_assistant()
             self.links = self._measure_links()
@@ -342,8 +336,12 @@ class Central(Role):
 
     @property
     def stage(self) -> Stage:
-        assert self._stage is not None
-        return self._stage
+        return self.runner.stage
+
+    @property
+    def runner(self) -> StageRunner:
+        assert self._runner is not None
+        return self._runner
 
     def _finish(self) -> None:
         if self._watchdog is not None:
@@ -468,8 +466,8 @@ class Central(Role):
                 in_flight=self._bound(),
                 aggregation=self.train.aggregation,
                 aggregation_interval=self.train.aggregation_interval,
-                weights=self._layer_slice(weights, points[index], points[index + 1]),
-                momentum_buffers=self._layer_slice(momentum, points[index], points[index + 1]),
+                weights=layer_slice(weights, points[index], points[index + 1]),
+                momentum_buffers=layer_slice(momentum, points[index], points[index + 1]),
                 chain_every=self.config.chain_every,
                 global_every=self.config.global_every,
                 replicas=self.config.replicas,
@@ -487,34 +485,22 @@ class Central(Role):
         version = self._start_version
         for device in self.worker_list[1:]:
             self._assign(device, weights=initial, momentum=momentum, committed=version - 1)
-        stage = self._build_own_stage(spec, self._layer_slice(initial, 0, self.points[1]), version=version)
-        if momentum:
-            stage.load_momentum(self._layer_slice(momentum, 0, self.points[1]) or {})
+        stage = build_stage(
+            spec,
+            seed=self.train.seed,
+            options=self.options,
+            points=self.points,
+            index=0,
+            weights=initial,
+            momentum_buffers=momentum,
+            version=version,
+        )
         # A replica at the starting version: no rollback ever goes past the weights the run started from
         # (the workers send theirs before "built"; see Worker._assign).
         self.store.snapshot(stage)
         self._subscribe_stage()
         self._wait_ready(self.plan_id, "built", set(self.worker_list[1:]))
         return stage
-
-    def _build_own_stage(
-        self, spec: ModelSpec, weights: dict[str, torch.Tensor] | None, version: int
-    ) -> Stage:
-        return make_stage(
-            spec,
-            seed=self.train.seed,
-            start=0,
-            end=self.points[1],
-            index=0,
-            num_stages=len(self.points) - 1,
-            learning_rate=self.train.learning_rate,
-            momentum=self.train.momentum,
-            weight_decay=self.train.weight_decay,
-            aggregation=self.train.aggregation,
-            aggregation_interval=self.train.aggregation_interval,
-            weights=weights,
-            version=version,
-        )
 
     def _stage_topics(self) -> list[str]:
         n = len(self.worker_list)
@@ -533,14 +519,6 @@ class Central(Role):
     def _unsubscribe_stage(self) -> None:
         for topic in self._stage_topics():
             self.stop_listening(topic)
-
-    @staticmethod
-    def _layer_slice(
-        state: dict[str, torch.Tensor] | None, start: int, end: int
-    ) -> dict[str, torch.Tensor] | None:
-        if state is None:
-            return None
-        return {k: v for k, v in state.items() if start <= int(k.split(".")[1]) < end}
 
     def _initial_weights(self) -> dict[str, torch.Tensor] | None:
         """Pre-trained weights (continuous learning), renamed to the stage modules' ``layers.<j>.`` keys."""
@@ -685,9 +663,10 @@ class Central(Role):
 
     def _measured_capacities(self) -> list[float] | None:
         profile = self._profile
-        if profile is None or len(self._stage_times) != len(self.worker_list) - 1 or not self._own_recent:
+        own = self._runner.recent if self._runner is not None else ()
+        if profile is None or len(self._stage_times) != len(self.worker_list) - 1 or not own:
             return None
-        times = [sum(self._own_recent) / len(self._own_recent), *self._stage_times]
+        times = [sum(own) / len(own), *self._stage_times]
         return capacities(times, profile.seconds, self.points)
 
     def _plan(self, caps: list[float], current: list[int], workers: list[str]) -> Plan:
@@ -772,7 +751,8 @@ class Central(Role):
         )
         for device in new_list[1:]:
             self.send(self.topics.device(Family.CONTROL, device), order)
-        switch = Switch.start(self.device_id, order, self.store, self._stage, self._spec, self.train.seed)
+        live = self._runner.stage if self._runner is not None else None
+        switch = Switch.start(self.device_id, order, self.store, live, self._spec, self.train.seed)
         assert switch is not None
         self._switch = switch
         for holder in switch.holders:
@@ -791,7 +771,8 @@ class Central(Role):
                 self._handle_background(item)
         self._wait_ready(order.plan_id, "fetched", set(new_list[1:]))
         self.send(self.topics.fixed(Family.COMMIT), Commit(run_id=self.run_id, plan_id=order.plan_id))
-        self._stage = switch.build(self._spec, self.train.seed, self.options)
+        built = switch.build(self._spec, self.train.seed, self.options)
+        self._runner = StageRunner(built, 0, codecs=self.codecs)
         for holder in switch.plan.fetch:
             self.stop_listening(self.topics.device(Family.REPLICA, holder))
         self._switch = None
@@ -804,7 +785,6 @@ class Central(Role):
         self.store.snapshot(self.stage)
         self._wait_ready(order.plan_id, "built", set(new_list[1:]))
         self._stage_times = []
-        self._own_recent.clear()
         self._bits = None  # a new split: tell every stage its codecs again
         self._apply_compression(epoch=version // max(1, self._per_epoch))
         self._refresh_deadline()
@@ -932,13 +912,11 @@ class Central(Role):
                             loss, correct = grad.loss, grad.correct
                             self._stage_times = list(grad.stage_times)
                             self._refresh_deadline()
-                        self._own_recent.append(
-                            self._own_step + emulate_slowdown(started, self.config.slowdown, self.times)
-                        )
-                        self._own_step = 0.0
+                        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
+                        self.runner.batch_done()
                         committed_b = bid
                         self._sent_at.pop(bid, None)
-                        self._outputs.pop(bid, None)
+                        self.runner.gradient_arrived(bid)
                         losses.append(loss)
                         window_batches += 1
                         elapsed = self._last_progress = self._clock()
@@ -968,23 +946,20 @@ class Central(Role):
                         out, version = stage.forward(next_f, x)
                         # Forward of this batch; its backward comes after other batches' forwards: the
                         # window pairs each backward with the latest forward, which averages the same.
-                        self._own_step = emulate_slowdown(started, self.config.slowdown, self.times)
+                        self.runner.step_seconds = emulate_slowdown(started, self.config.slowdown, self.times)
                         if not stage.is_last:
-                            sent, packed = self.codecs.activation(out, epoch=next_f // per_epoch)
-                            size = self.send_activation(
+                            activation = self.runner.activation(
+                                out,
+                                y,
                                 run_id=self.run_id,
                                 plan_id=self.plan_id,
-                                stage=0,
                                 batch_id=next_f,
                                 version=version,
                                 mode="train",
-                                x=sent,
-                                y=y,
-                                xc=packed,
+                                epoch=next_f // per_epoch,
                             )
-                            self.codecs.message_sent(size)
+                            self.codecs.message_sent(self.send(self.topics.activations(0), activation))
                             self._sent_at[next_f] = time.monotonic()
-                            self._outputs[next_f] = (tuple(out.shape), out.dtype)
                         next_f += 1
                         continue
                     self._wait_for_messages(next_batch=committed_b + 1)
@@ -1333,7 +1308,7 @@ class Central(Role):
             self.workers.pop(device, None)
         self._gradients.clear()
         self._sent_at.clear()
-        self._outputs.clear()
+        self.runner.outputs.clear()
         self._results.clear()
         self._refresh_deadline()
         self.status = 0
@@ -1437,19 +1412,11 @@ class Central(Role):
         msg = item.message
         if isinstance(msg, Gradient):
             if msg.run_id == self.run_id and msg.plan_id == self.plan_id:
-                if msg.gc is not None:
-                    try:
-                        msg = dataclasses.replace(msg, g=restore(msg.g, msg.gc), gc=None)
-                    except CompressionError as exc:
-                        self.discard(item, f"gradient of batch {msg.batch_id}: {exc}")
-                        return
-                # Only for a batch in flight, with stage 0's output shape: stage.backward would raise
-                # (and stop the run) on anything else.
-                problem = gradient_problem(msg.g, self._outputs.get(msg.batch_id))
-                if problem is not None:
-                    self.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
+                grad, problem = self.runner.take_gradient(msg)
+                if grad is None:
+                    self.discard(item, problem or "")
                     return
-                self._gradients[msg.batch_id] = msg
+                self._gradients[grad.batch_id] = grad
         elif isinstance(msg, EvalResult):
             if msg.run_id == self.run_id and msg.plan_id == self.plan_id:
                 if msg.batch_id not in self._eval_ids:
@@ -1474,7 +1441,7 @@ class Central(Role):
             if msg.run_id == self.run_id and msg.owner == self.device_id and self._spec is not None:
                 try:
                     reply = serve_fetch(
-                        self.store, self._stage, msg, self._spec, self.train.seed, self.run_id
+                        self.store, self.runner.stage, msg, self._spec, self.train.seed, self.run_id
                     )
                 except TrainingError as exc:
                     log.error("cannot serve %s's fetch of layers %s: %s", msg.requester, msg.layers, exc)
@@ -1588,19 +1555,10 @@ class Central(Role):
         started = Clock()
         out = self.stage.evaluate(x)
         emulate_slowdown(started, self.config.slowdown, self.times)
-        sent, packed = self.codecs.activation(out, epoch=0, train=False)
-        size = self.send_activation(
-            run_id=self.run_id,
-            plan_id=self.plan_id,
-            stage=0,
-            batch_id=eid,
-            version=0,
-            mode="eval",
-            x=sent,
-            y=y,
-            xc=packed,
+        activation = self.runner.activation(
+            out, y, run_id=self.run_id, plan_id=self.plan_id, batch_id=eid, version=0, mode="eval", epoch=0
         )
-        self.codecs.message_sent(size)
+        self.codecs.message_sent(self.send(self.topics.activations(0), activation))
 
     # -- the trained model ---------------------------------------------------------------------
 

@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from edgeagent import __version__
-from edgeagent.compression import CompressionError
-from edgeagent.compression.stage import NONE, StageCodecs, restore
+from edgeagent.compression.stage import NONE, StageCodecs
 from edgeagent.config import WorkerConfig
 from edgeagent.errors import ConfigError, EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec
 from edgeagent.ops.profiles import DeviceProfile, parse_profile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
-from edgeagent.pipeline.build import make_stage
+from edgeagent.pipeline.build import TrainOptions, build_stage
+from edgeagent.pipeline.runner import StageRunner
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
 from edgeagent.pipeline.stage import Stage
-from edgeagent.protocol.limits import InboxLimits, TensorMeta, activation_problem, gradient_problem
+from edgeagent.protocol.limits import InboxLimits, TensorMeta
 from edgeagent.protocol.messages import (
     Activation,
     Announce,
@@ -46,13 +44,12 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.replication.store import WeightStore, replica_message
-from edgeagent.replication.switch import Switch, TrainOptions, serve_fetch
+from edgeagent.replication.switch import Switch, serve_fetch
 from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)
 
-STAGE_TIME_WINDOW = 10
 EVAL_QUEUE_LIMIT = 4096  # evaluation batches waiting here (a test set of 1M samples in batches of 256)
 
 
@@ -82,7 +79,7 @@ class _Run:
     points: list[int]
     worker_list: list[str]
     index: int
-    stage: Stage
+    runner: StageRunner  # the stage and its data path (pipeline/runner.py)
     subscriptions: list[str] = field(default_factory=list)
     forwards: dict[int, Activation] = field(default_factory=dict)
     backwards: dict[int, Gradient] = field(default_factory=dict)
@@ -92,10 +89,6 @@ class _Run:
     last: Kind | None = None
     batches: int = 0  # backward passes done under this plan
     samples: int = 0  # training samples through this stage in the run (all plans)
-    # Emulated compute (forward + backward) of the latest batches: a moving window, so that the
-    # capacity estimate follows a device that slows down (the paper reports "the average").
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=STAGE_TIME_WINDOW))
-    step_seconds: float = 0.0  # of the batch in progress
     switch: Switch | None = None
     chain_every: int = 50
     global_every: int = 100
@@ -103,12 +96,18 @@ class _Run:
     batches_per_epoch: int = 0
     batch_size: int = 0  # of the latest training batch here
     run_bits: int = 32  # the central node's choice of activation bits for this stage (a profile may override)
-    codecs: StageCodecs = field(default_factory=StageCodecs)
     in_flight: int = 4  # the central node's bound on batches in flight (Assign.in_flight)
     sample: TensorMeta | None = None  # one sample of this stage's input (see stage_input)
     layer_shapes: list[list[int]] = field(default_factory=list)  # Assign.layer_shapes
     layer_dtypes: list[str] = field(default_factory=list)
-    outputs: dict[int, TensorMeta] = field(default_factory=dict)  # of batches whose gradient is due
+
+    @property
+    def stage(self) -> Stage:
+        return self.runner.stage
+
+    @property
+    def codecs(self) -> StageCodecs:
+        return self.runner.codecs
 
     @property
     def window(self) -> int:
@@ -260,7 +259,7 @@ class Worker(Role):
                 f"more than {run.window} batches ahead of the next one here ({run.next_forward}); "
                 "no such batch can be in flight"
             )
-        return activation_problem(msg.x, msg.y, sample=run.sample, num_classes=run.spec.num_classes)
+        return None  # the tensors are checked by the stage's runner (after decompression)
 
     def _ready(self, run: _Run) -> Kind | None:
         if run.switch is not None:
@@ -280,35 +279,28 @@ class Worker(Role):
                 return  # a stale batch from an earlier run or plan
             if msg.mode == "train" and msg.batch_id < run.next_forward:
                 return  # a duplicate delivery (QoS 1)
-            if msg.xc is not None:
-                try:
-                    msg = dataclasses.replace(msg, x=restore(msg.x, msg.xc), xc=None)
-                except CompressionError as exc:  # bad input, as the central node treats it
-                    self.discard(item, f"activation of batch {msg.batch_id}: {exc}")
-                    return
             problem = self._activation_problem(run, msg)
+            taken: Activation | None = None
             if problem is not None:
-                self.discard(item, f"activation of batch {msg.batch_id}: {problem}")
-            elif msg.mode == "eval":
-                run.evals.append(msg)
+                problem = f"activation of batch {msg.batch_id}: {problem}"
             else:
-                run.forwards[msg.batch_id] = msg
+                taken, problem = run.runner.take_activation(
+                    msg, sample=run.sample, num_classes=run.spec.num_classes
+                )
+            if taken is None:
+                self.discard(item, problem or "")
+            elif taken.mode == "eval":
+                run.evals.append(taken)
+            else:
+                run.forwards[taken.batch_id] = taken
         elif isinstance(msg, Gradient):
             if run is None or not run.matches(msg.run_id, msg.plan_id) or msg.batch_id < run.next_backward:
                 return
-            if msg.gc is not None:
-                try:
-                    msg = dataclasses.replace(msg, g=restore(msg.g, msg.gc), gc=None)
-                except CompressionError as exc:
-                    self.discard(item, f"gradient of batch {msg.batch_id}: {exc}")
-                    return
-            # Only for a batch forwarded here and not yet back, with its output's shape: anything else
-            # would make the backward pass raise after it took the batch out of flight (and lose it).
-            problem = gradient_problem(msg.g, run.outputs.get(msg.batch_id))
-            if problem is not None:
-                self.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
+            grad, problem = run.runner.take_gradient(msg)
+            if grad is None:
+                self.discard(item, problem or "")
                 return
-            run.backwards[msg.batch_id] = msg
+            run.backwards[grad.batch_id] = grad
 
         elif isinstance(msg, Assign):
             self._assign(msg)
@@ -368,11 +360,16 @@ class Worker(Role):
         try:
             spec = ModelSpec.from_dict(msg.model)
             # A resumed or recovering run starts at the version after the committed backward id.
-            stage = self._build(
-                spec, msg.seed, options, msg.points, index, msg.weights, version=msg.committed_backward_id + 1
+            stage = build_stage(
+                spec,
+                seed=msg.seed,
+                options=options,
+                points=msg.points,
+                index=index,
+                weights=msg.weights,
+                momentum_buffers=msg.momentum_buffers,
+                version=msg.committed_backward_id + 1,
             )
-            if msg.momentum_buffers:
-                stage.load_momentum(msg.momentum_buffers)
         except (ValueError, EdgeAgentError) as exc:
             self._report_error("assign", f"cannot build stage {index}: {exc}", msg.run_id)
             return
@@ -389,7 +386,7 @@ class Worker(Role):
             list(msg.points),
             list(msg.worker_list),
             index,
-            stage,
+            StageRunner(stage, index),
             next_forward=start_id,
             next_backward=start_id,
             chain_every=msg.chain_every,
@@ -407,51 +404,20 @@ class Worker(Role):
         self._subscribe_stage(run)
         self.times.reset()
         self.set_status("training", run_id=msg.run_id, stage=index)
+        log.info(
+            "%s: stage %d of %d, layers [%d, %d), %d parameters",
+            self.device_id,
+            index,
+            run.num_stages,
+            run.points[index],
+            run.points[index + 1],
+            sum(p.numel() for p in stage.module.parameters()),
+        )
         if msg.status == 0 and (msg.weights is not None or start_id > 0):
             # The run starts from given weights (--resume, --init-weights): replicate them before
             # "built", so that a rollback never goes past them to the seeded model (Sec. III-E).
             self._replicate_now(run)
         self._say_ready(run, "built")
-
-    def _build(
-        self,
-        spec: ModelSpec,
-        seed: int,
-        options: TrainOptions,
-        points: list[int],
-        index: int,
-        weights: dict[str, torch.Tensor] | None,
-        version: int,
-    ) -> Stage:
-        start, end = points[index], points[index + 1]
-        if weights:
-            weights = {k: v for k, v in weights.items() if start <= int(k.split(".")[1]) < end}
-        stage = make_stage(
-            spec,
-            seed=seed,
-            start=start,
-            end=end,
-            index=index,
-            num_stages=len(points) - 1,
-            learning_rate=options.learning_rate,
-            momentum=options.momentum,
-            weight_decay=options.weight_decay,
-            aggregation=options.aggregation,
-            aggregation_interval=options.aggregation_interval,
-            weights=weights or None,
-            version=version,
-        )
-        n_params = sum(p.numel() for p in stage.module.parameters())
-        log.info(
-            "%s: stage %d of %d, layers [%d, %d), %d parameters",
-            self.device_id,
-            index,
-            len(points) - 1,
-            start,
-            end,
-            n_params,
-        )
-        return stage
 
     def _subscribe_stage(self, run: _Run) -> None:
         """Listen to the stage's inputs: activations of the stage before, gradients of the stage after."""
@@ -539,14 +505,14 @@ class Worker(Role):
             self.stop_listening(self.topics.device(Family.REPLICA, holder))
         order = switch.order
         run.plan_id, run.points, run.worker_list = order.plan_id, list(order.points), list(order.worker_list)
-        run.index, run.stage, run.switch = switch.plan.stage, stage, None
+        run.index, run.switch = switch.plan.stage, None
+        # A new stage, a new data path; the codecs stay until the central node names the new ones.
+        run.runner = StageRunner(stage, run.index, codecs=run.codecs)
         run.forwards.clear()
         run.backwards.clear()
         run.evals.clear()
-        run.outputs.clear()
         run.next_forward = run.next_backward = order.version
-        run.last, run.batches, run.step_seconds = None, 0, 0.0
-        run.recent.clear()
+        run.last, run.batches = None, 0
         self._subscribe_stage(run)
         self._replicate_now(run)
         self.set_status("training", run_id=run.run_id, stage=run.index)
@@ -746,40 +712,37 @@ class Worker(Role):
         run.batch_size = int(msg.y.shape[0])
         run.last = "F"
         started = Clock()
-        stage = run.stage
-        out, version = stage.forward(msg.batch_id, msg.x, msg.version)
+        runner = run.runner
+        out, version = runner.stage.forward(msg.batch_id, msg.x, msg.version)
         if run.is_last:
             self._fault_injection(msg.batch_id)
-            result = stage.backward(msg.batch_id, labels=msg.y)
+            result = runner.stage.backward(msg.batch_id, labels=msg.y)
             run.next_backward = msg.batch_id + 1
-            run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
+            runner.add_compute(emulate_slowdown(started, self.slowdown, self.times))
             self._batch_done(run, msg.batch_id)
             self._send_gradient(run, msg.batch_id, result.grad_input, result.loss, result.correct, [])
             return
-        run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
-        run.outputs[msg.batch_id] = (tuple(out.shape), out.dtype)  # what its gradient must look like
-        x, xc = run.codecs.activation(out, epoch=msg.batch_id // max(1, run.batches_per_epoch))
-        size = self.send_activation(
+        runner.add_compute(emulate_slowdown(started, self.slowdown, self.times))
+        activation = runner.activation(
+            out,
+            msg.y,
             run_id=msg.run_id,
             plan_id=msg.plan_id,
-            stage=run.index,
             batch_id=msg.batch_id,
             version=version,
             mode="train",
-            x=x,
-            y=msg.y,
-            xc=xc,
+            epoch=msg.batch_id // max(1, run.batches_per_epoch),
         )
-        run.codecs.message_sent(size)
+        run.codecs.message_sent(self.send(self.topics.activations(run.index), activation))
 
     def _backward(self, run: _Run, msg: Gradient) -> None:
         run.next_backward = msg.batch_id + 1
-        run.outputs.pop(msg.batch_id, None)
+        run.runner.gradient_arrived(msg.batch_id)
         run.last = "B"
         self._fault_injection(msg.batch_id)
         started = Clock()
         result = run.stage.backward(msg.batch_id, grad_output=msg.g)
-        run.step_seconds += emulate_slowdown(started, self.slowdown, self.times)
+        run.runner.add_compute(emulate_slowdown(started, self.slowdown, self.times))
         self._batch_done(run, msg.batch_id)
         self._send_gradient(run, msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
 
@@ -819,8 +782,7 @@ class Worker(Role):
         """A batch's forward and backward are both done here: record its time; replicate at the points."""
         run.batches += 1
         run.samples += run.batch_size
-        run.recent.append(run.step_seconds)
-        run.step_seconds = 0.0
+        run.runner.batch_done()
         done = batch_id + 1
         chain = run.chain_every > 0 and done % run.chain_every == 0
         full = run.global_every > 0 and done % run.global_every == 0
@@ -864,23 +826,16 @@ class Worker(Role):
         if grad is None:
             raise TrainingError(f"stage {run.index} produced no input gradient for batch {batch_id}")
         # The average time per batch rides with the gradients to the central node (Sec. III-D).
-        g_sent, gc = run.codecs.gradient(grad)
-        per_batch = sum(run.recent) / max(1, len(run.recent))
-        size = self.send(
-            self.topics.gradients(run.index),
-            Gradient(
-                run_id=run.run_id,
-                plan_id=run.plan_id,
-                stage=run.index,
-                batch_id=batch_id,
-                g=g_sent,
-                gc=gc,
-                loss=loss,
-                correct=correct,
-                stage_times=[per_batch, *downstream],
-            ),
+        gradient = run.runner.gradient(
+            grad,
+            run_id=run.run_id,
+            plan_id=run.plan_id,
+            batch_id=batch_id,
+            loss=loss,
+            correct=correct,
+            downstream=downstream,
         )
-        run.codecs.message_sent(size)
+        run.codecs.message_sent(self.send(self.topics.gradients(run.index), gradient))
 
     def _evaluate(self, run: _Run, msg: Activation) -> None:
         self._eval_batches += 1
@@ -904,19 +859,17 @@ class Worker(Role):
                 ),
             )
         else:
-            x, xc = run.codecs.activation(out, epoch=0, train=False)
-            size = self.send_activation(
+            activation = run.runner.activation(
+                out,
+                msg.y,
                 run_id=msg.run_id,
                 plan_id=msg.plan_id,
-                stage=run.index,
                 batch_id=msg.batch_id,
                 version=msg.version,
                 mode="eval",
-                x=x,
-                y=msg.y,
-                xc=xc,
+                epoch=0,
             )
-            run.codecs.message_sent(size)
+            run.codecs.message_sent(self.send(self.topics.activations(run.index), activation))
 
 
 __all__ = ["Worker"]

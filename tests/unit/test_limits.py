@@ -13,6 +13,8 @@ import torch
 
 from edgeagent.config import CentralConfig, WorkerConfig
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
+from edgeagent.pipeline.build import TrainOptions, build_stage
+from edgeagent.pipeline.runner import StageRunner
 from edgeagent.planner.profiler import profile_layers
 from edgeagent.protocol.limits import (
     MALFORMED,
@@ -592,14 +594,14 @@ def test_worker_drops_gradients_that_do_not_fit_and_keeps_the_batch(broker: Memo
     run = w.worker.run_state
     assert run is not None
     w.activation(0, torch.randn(4, 128))
-    assert run.outputs == {0: ((4, 64), torch.float32)}
+    assert run.runner.outputs == {0: ((4, 64), torch.float32)}
     w.gradient(0, torch.zeros(4, 65))  # wrong shape: backward would raise after taking the batch
     w.gradient(0, torch.zeros(4, 64, dtype=torch.float64))  # wrong dtype
     w.gradient(5, torch.zeros(4, 64))  # a batch that is not in flight here
     assert w.worker.dropped == 3
     assert run.backwards == {} and run.next_backward == 0 and run.stage.in_flight == [0]
     w.gradient(0, torch.randn(4, 64))  # the real one
-    assert run.next_backward == 1 and run.stage.in_flight == [] and run.outputs == {}
+    assert run.next_backward == 1 and run.stage.in_flight == [] and run.runner.outputs == {}
     assert w.outputs(TOPICS.gradients(1)) == 1
 
 
@@ -615,7 +617,12 @@ def test_central_takes_only_gradients_and_results_it_waits_for(broker: MemoryBro
         msg = Gradient(run_id=central.run_id, plan_id=central.plan_id, stage=1, batch_id=batch, g=g, loss=1.0)
         return Inbound(info, "w1", msg, wire_topic=TOPICS.gradients(1))
 
-    central._outputs[3] = ((4, 128), torch.float32)
+    options = TrainOptions(
+        learning_rate=0.1, momentum=0.0, weight_decay=0.0, aggregation=False, aggregation_interval=1
+    )
+    stage = build_stage(SPEC, seed=0, options=options, points=[0, 1, 2, 3], index=0)
+    central._runner = StageRunner(stage, 0)
+    central.runner.outputs[3] = ((4, 128), torch.float32)
     central._handle_background(grad(3, torch.zeros(4, 7)))
     central._handle_background(grad(3, torch.zeros(4, 128, dtype=torch.float16)))
     central._handle_background(grad(4, torch.zeros(4, 128)))

@@ -359,10 +359,10 @@ def test_rule_driven_orders_validate_and_simulate(stages: int, batches: int, bou
 def test_switch_accepts_layers_without_tensors() -> None:
     """Pooling and flatten layers have no tensors; fetching them must still complete."""
     from edgeagent.models import num_layers
-    from edgeagent.pipeline.build import make_stage
+    from edgeagent.pipeline.build import TrainOptions, make_stage
     from edgeagent.protocol.messages import Repartition
     from edgeagent.replication.store import WeightStore
-    from edgeagent.replication.switch import Switch, TrainOptions, serve_fetch
+    from edgeagent.replication.switch import Switch, serve_fetch
 
     spec = ModelSpec("cnn", (1, 8, 8), 10)  # layers 1, 3, 5 are max-pools: no parameters
     total = num_layers(spec)

@@ -9,15 +9,9 @@ from typing import Any
 
 import pytest
 
-from edgeagent.ops.report import (
-    _last_done,
-    _per_batch,
-    _recoveries,
-    _splits,
-    _throughput,
-    _timeline,
-    write_plots,
-)
+from edgeagent.ops.report import write_plots
+from edgeagent.ops.report.derived import _per_batch, _throughput
+from edgeagent.ops.report.parse import _last_done, _recoveries, _splits, _timeline
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 KINDS = ("loss", "throughput", "partition")
