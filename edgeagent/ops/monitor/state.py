@@ -1,5 +1,5 @@
 """What the monitor knows: the JSON messages of any number of clusters folded into a view. Pure: no I/O,
-no threads, no rendering (that is :mod:`.view`).
+no threads, no drawing (that is :mod:`.view`'s; :meth:`ClusterState.render` hands the state to it).
 
 A device that shuts down cleanly publishes the retained state ``left``; that is not a problem, so such
 a device never makes its cluster look alive. A device seen leaving while the monitor watches stays
@@ -299,7 +299,7 @@ class ClusterState:
 
     def render(self) -> RenderableType:
         """The whole screen: a header, the devices table, the run panel and recent events."""
-        # The view reads this module's types: imported here so that the state needs no rich.
+        # Imported here, not at the top: the view imports this module, and the state needs no rich.
         from edgeagent.ops.monitor.view import screen
 
         return screen(self, now=self._clock(), wall=self._wall())

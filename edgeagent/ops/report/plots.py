@@ -332,10 +332,11 @@ def _mark_batches(
         if "re-partition decided" not in labels:
             handles.append(line)
             labels.append("re-partition decided")
-    resumed = next((r for r in recoveries if r.central and r.batch is not None), None)
-    if resumed is not None:
-        handles.append(ax.axvline(resumed.batch, color=RESUME_COLOR, lw=1.6, ls="--"))
-        labels.append(f"central resumed from batch {resumed.batch}")
+    for r in recoveries:
+        if r.central and r.batch is not None:
+            handles.append(ax.axvline(r.batch, color=RESUME_COLOR, lw=1.6, ls="--"))
+            labels.append(f"central resumed from batch {r.batch}")
+            break
     return handles, labels
 
 

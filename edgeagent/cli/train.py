@@ -1,0 +1,387 @@
+"""The training commands: ``edgeagent demo`` (everything on this machine), ``central`` and ``worker``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from edgeagent.cli.options import ACCESS_KEYS, F, access_options
+from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
+from edgeagent.errors import ConfigError
+from edgeagent.ops.logs import console, setup_logging
+
+__all__ = ["central", "demo", "worker"]
+
+log = logging.getLogger("edgeagent")
+
+
+def _floats(text: str | None) -> list[float]:
+    if not text:
+        return []
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers like 1,1,6; got {text!r}") from None
+
+
+def train_options(f: F) -> F:
+    """Flags shared by ``demo`` and ``central``; each one overrides the YAML file's value."""
+    options = [
+        click.option(
+            "--config", "config_file", type=click.Path(dir_okay=False), help="YAML file (see configs/)."
+        ),
+        click.option("--epochs", type=int, help="Epochs to train."),
+        click.option("--model", help="mlp | cnn | mobilenetv2 | pkg.module:function."),
+        click.option(
+            "--model-option",
+            "model_option",
+            multiple=True,
+            help="KEY=VALUE for the model (YAML value), e.g. width_mult=0.25 or hidden=[256,128].",
+        ),
+        click.option("--dataset", help="digits | synthetic[:N:CxHxW:K] | FILE.npz"),
+        click.option("--batch-size", type=int),
+        click.option("--lr", "learning_rate", type=float, help="Learning rate."),
+        click.option("--seed", type=int),
+        click.option("--in-flight", type=int, help="Batches in flight (0: one per stage; 1: no pipelining)."),
+        click.option("--aggregation/--no-aggregation", default=None, help="FTPipeHD weight aggregation."),
+        click.option("--max-batches", type=int, help="Stop after this many batches."),
+        click.option(
+            "--init-weights",
+            type=click.Path(exists=True, dir_okay=False),
+            help="Pre-trained weights to continue from (a state_dict saved by --save-model).",
+        ),
+        click.option("--broker", help="mqtt://[user:pass@]host:port or mqtts://..."),
+        click.option("--cluster", help="Cluster name: the topic root edgeagent/v1/<cluster>/."),
+        click.option("--report", type=click.Path(dir_okay=False), help="Write a JSON run report here."),
+        click.option("--save-model", type=click.Path(dir_okay=False), help="Save the trained model here."),
+        click.option(
+            "--partition",
+            type=click.Choice(["uniform", "dynamic", "oracle"]),
+            help="uniform: PipeDream's even split; dynamic: FTPipeHD (default); oracle: DP on true speeds.",
+        ),
+        click.option(
+            "--repartition-first", type=int, help="Batches of epoch 0 before the first re-split (10)."
+        ),
+        click.option("--repartition-every", type=int, help="Batches between later re-splits (100)."),
+        click.option(
+            "--change-slowdown",
+            "slowdown_changes",
+            multiple=True,
+            help="DEVICE@BATCH=F: from that batch on, DEVICE emulates an F-times slower device.",
+        ),
+        click.option(
+            "--compression",
+            type=click.Choice(["none", "2", "3", "4", "adaptive", "auto"]),
+            help="AccEPT compression: k-bit activations, 8-bit gradients; adaptive; auto (from the links).",
+        ),
+        click.option(
+            "--recovery",
+            type=click.Choice(["ftpipehd", "respipe"]),
+            help="ftpipehd: re-split over the survivors (default); respipe: the next worker takes over.",
+        ),
+        click.option("--chain-every", type=int, help="Batches between chain replications (50; 0: off)."),
+        click.option("--global-every", type=int, help="Batches between global replications (100; 0: off)."),
+        click.option("--replicas", type=int, help="Chain successors holding a replica (ResPipe's z; 1)."),
+        click.option(
+            "--timeout-multiplier",
+            type=float,
+            help="Deadlines (batch timer, evaluation, probe) = this x the predicted time of the work (4).",
+        ),
+        click.option(
+            "--batch-timeout", type=float, help="Floor of the batch timer and evaluation deadline (10 s)."
+        ),
+        click.option("--probe-timeout", type=float, help="Floor of the probe window after a fault (1 s)."),
+        click.option(
+            "--restart-window",
+            type=float,
+            help="After a fault, seconds a missing device may take to restart with its id (recovery case 2; "
+            "30, a Pi's service restart; 0: recover at once).",
+        ),
+        click.option(
+            "--unmeasured-slowdown",
+            type=float,
+            help="Until a device has run a batch, take it as this many times slower than the central (50).",
+        ),
+        click.option(
+            "--checkpoint",
+            type=click.Path(dir_okay=False),
+            help="Write a checkpoint here at every global replication.",
+        ),
+        click.option(
+            "--home-assistant/--no-home-assistant",
+            default=None,
+            help="Publish Home Assistant MQTT discovery for every device (off by default).",
+        ),
+        click.option("--log-level", default="INFO", show_default=True),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+_TRAIN_KEYS = (
+    "epochs",
+    "model",
+    "dataset",
+    "batch_size",
+    "learning_rate",
+    "seed",
+    "in_flight",
+    "aggregation",
+    "max_batches",
+    "init_weights",
+)
+_CENTRAL_KEYS = (
+    "home_assistant",
+    "compression",
+    "recovery",
+    "chain_every",
+    "global_every",
+    "replicas",
+    "timeout_multiplier",
+    "batch_timeout",
+    "probe_timeout",
+    "restart_window",
+    "unmeasured_slowdown",
+    "checkpoint",
+    "broker",
+    "cluster",
+    "report",
+    "save_model",
+    "partition",
+    "repartition_first",
+    "repartition_every",
+    *ACCESS_KEYS,
+)
+
+
+def _kills(items: tuple[str, ...]) -> dict[str, int | str]:
+    """``ID@BATCH`` (SIGKILL at that batch's backward) or ``ID@evalN`` (at its N-th evaluation batch)."""
+    kills: dict[str, int | str] = {}
+    for item in items:
+        device, sep, at = item.partition("@")
+        evaluation = at.startswith("eval") and at[4:].isdigit() and int(at[4:]) >= 1
+        if not sep or not (at.isdigit() or evaluation):
+            raise click.BadParameter(
+                f"expected ID@BATCH like worker-1@205 or ID@evalN like worker-2@eval1, got {item!r}",
+                param_hint="--kill",
+            )
+        kills[device] = at if evaluation else int(at)
+    return kills
+
+
+def _model_options(items: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--model-option")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
+
+
+def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
+    train = {k: kw[k] for k in _TRAIN_KEYS if kw.get(k) is not None}
+    if kw.get("model_option"):
+        train["model_options"] = _model_options(kw["model_option"])
+    central = {k: kw[k] for k in _CENTRAL_KEYS if kw.get(k) is not None}
+    if kw.get("slowdown_changes"):
+        central["slowdown_changes"] = list(kw["slowdown_changes"])
+    return {**central, "train": train} if train else central
+
+
+def _check_writable(flag: str, path: str) -> None:
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; give a file name")
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{flag} {path}: the directory {folder} does not exist; create it or pick another path"
+        )
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ConfigError(f"{flag} {path}: not writable by this user; pick another path")
+
+
+def _check_loadable(flag: str, path: str, what: str) -> None:
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # whatever torch says, the file cannot be used: name it and the flag
+        if isinstance(exc, pickle.UnpicklingError):  # torch's text here is a page about weights_only
+            reason = "not written by torch.save, or it holds more than tensors and plain data"
+        else:
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            reason = lines[0][:120]
+        raise ConfigError(f"{flag} {path}: cannot read it ({reason}); give {what}") from exc
+    if not isinstance(state, dict):
+        raise ConfigError(f"{flag} {path} holds a {type(state).__name__}, not {what}")
+
+
+def _preflight(config: CentralConfig) -> None:
+    """The files a run reads and writes, checked before it starts: a typo in --report must not cost the
+    whole run. (Loading --init-weights and --resume twice costs a second at start-up; the central node
+    loads them again because it is also started without the CLI.)"""
+    for flag, path in (
+        ("--report", config.report),
+        ("--save-model", config.save_model),
+        ("--checkpoint", config.checkpoint),
+    ):
+        if path:
+            _check_writable(flag, path)
+    if config.train.init_weights:
+        _check_loadable("--init-weights", config.train.init_weights, "a state dict saved with --save-model")
+    if config.resume:
+        _check_loadable("--resume", config.resume, "a checkpoint written with --checkpoint")
+
+
+@click.command()
+@train_options
+@click.option("--workers", type=int, help="Local worker processes to start (default 2).")
+@click.option("--slowdowns", help="Compute slowdown per device, central first, e.g. 1,1,6.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="Throw-away logins, topic rights and mutual TLS: the embedded broker as deployed on a LAN.",
+)
+@click.option(
+    "--link-mbps",
+    "link_mbps",
+    help="Emulated uplink in Mbit/s: one value, or one per device (central first), e.g. 0.5 or 4,1,1.",
+)
+@click.option(
+    "--kill",
+    "kills",
+    multiple=True,
+    help="ID@BATCH: SIGKILL worker ID when BATCH starts its backward pass; ID@evalN: when it takes its "
+    "N-th evaluation batch (fault injection).",
+)
+def demo(**kw: Any) -> None:
+    """Broker + central node + local workers: the whole job on this machine."""
+    from edgeagent.cli.demo import run_demo
+
+    setup_logging(kw["log_level"], device="central")
+    source = kw["config_file"] or "<arguments>"
+    base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
+    section = build(DemoConfig, base.pop("demo", None) or {}, source=f"{source} (demo:)")
+    config = build(CentralConfig, merge(base, _central_overrides({**kw, "broker": None})), source=source)
+    _preflight(config)
+    workers = kw["workers"] if kw["workers"] is not None else section.workers
+    slowdowns = _floats(kw["slowdowns"]) or list(section.slowdowns)
+    report = run_demo(
+        config,
+        workers=workers,
+        slowdowns=slowdowns,
+        broker=kw["broker"],
+        show_progress=not kw["no_progress"],
+        kills=_kills(kw["kills"]),
+        links=_floats(kw["link_mbps"]),
+        secure=kw["secure"],
+    )
+    _finish_report(report, config.report)
+
+
+@click.command()
+@train_options
+@access_options
+@click.option("--workers", type=int, help="Workers to wait for.")
+@click.option("--id", "device_id", help="This node's device id (default central).")
+@click.option("--slowdown", type=float, help="Emulate a device this many times slower (>= 1).")
+@click.option("--threads", type=int, help="Torch threads.")
+@click.option(
+    "--resume",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Continue the run of this checkpoint (written with --checkpoint) after a central failure.",
+)
+def central(**kw: Any) -> None:
+    """The central node: holds the data, runs stage 0 and drives the run."""
+    from edgeagent.roles.central import Central
+
+    setup_logging(kw["log_level"], device=kw["device_id"] or "central")
+    overrides = _central_overrides(kw)
+    for key in ("workers", "device_id", "slowdown", "threads", "resume"):
+        if kw.get(key) is not None:
+            overrides[key] = kw[key]
+    config = load(CentralConfig, kw["config_file"], overrides)
+    _preflight(config)
+    report = Central(config).run()
+    _finish_report(report, config.report)
+
+
+@click.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file (see configs/).")
+@click.option("--id", "device_id", help="Device id (default: the host name).")
+@click.option("--broker", help="mqtt://[user:pass@]host:port or mqtts://...")
+@access_options
+@click.option("--cluster")
+@click.option("--slowdown", type=float, help="Emulate a device this many times slower (>= 1).")
+@click.option("--threads", type=int, help="Torch threads.")
+@click.option("--heartbeat-interval", type=float)
+@click.option("--memory-limit-mb", type=float, help="Memory the stage may use here; the DP respects it.")
+@click.option("--link-mbps", type=float, help="Emulated uplink in Mbit/s (what this device sends).")
+@click.option(
+    "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
+)
+@click.option(
+    "--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th evaluation batch."
+)
+@click.option("--once", is_flag=True, default=None, help="Exit after one run.")
+@click.option("--log-level", default=None)
+def worker(**kw: Any) -> None:
+    """A worker: runs whichever stage the central node assigns it."""
+    from edgeagent.roles.worker import Worker
+
+    overrides = {k: v for k, v in kw.items() if v is not None and k not in ("config_file", "log_level")}
+    if "device_id" not in overrides:
+        overrides["device_id"] = os.uname().nodename.split(".")[0]
+    level = kw["log_level"] or os.environ.get("EDGEAGENT_LOG_LEVEL", "INFO")
+    setup_logging(level, device=overrides["device_id"])
+    config = load(WorkerConfig, kw["config_file"], overrides)
+    w = Worker(config)
+    signal.signal(signal.SIGTERM, lambda *_: w.stop())
+    try:
+        sys.exit(w.serve())
+    except KeyboardInterrupt:
+        w.stop()
+
+
+def _finish_report(report: Any, path: str | None) -> None:
+    data = report.to_dict()
+    acc = ", ".join(f"{100 * a:.1f}" for a in data["test_accuracy_per_epoch"])
+    console.print(
+        f"[bold green]done[/]: final test accuracy {100 * data['final_accuracy']:.2f}% "
+        f"after {data['batches']} batches / {data['epochs']} epochs; "
+        f"{data['samples_per_second']:.1f} samples/s; wall {data['wall_seconds']:.1f} s\n"
+        f"  accuracy per epoch (%): {acc}\n  partition points: {data['partitions'][-1]['points']}"
+    )
+    for rec in data["recoveries"]:
+        if rec.get("case") == "central":
+            console.print(f"  resumed from the checkpoint of batch {rec['resumed_from']}")
+            continue
+        console.print(
+            f"  recovery (case {rec['case']}) at batch {rec['batch']}: lost {rec['lost'] or 'none'}, "
+            f"restarted {rec['restarted'] or 'none'}; {rec['resumed_at'] - rec['detected_at']:.2f} s after "
+            f"detection; rolled back to batch {rec['rolled_back_to']} ({rec['batches_replayed']} replayed)"
+        )
+    if path:
+        Path(path).write_text(json.dumps(data, indent=2))
+        console.print(f"report written to {path}")
+        try:
+            from edgeagent.ops.report import write_plots
+
+            plots = write_plots(data, path)
+        except Exception as exc:  # a plotting problem must never cost the user the JSON report
+            log.warning("report plots not written: %s", exc)
+        else:
+            console.print("plots: " + ", ".join(str(p) for p in plots))
