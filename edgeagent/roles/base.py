@@ -405,8 +405,10 @@ class LinkProbes:
         trial = self._round_trip(target, _PROBE_SIZES[0], timeout) - self._round_trip(target, small, timeout)
         rate = _PROBE_SIZES[0] / max(trial, 1e-6)
         big = next((size for size in _PROBE_SIZES if size / rate >= 0.15), _PROBE_SIZES[-1])
+        # All the rounds where they are quick (a fast link); three where each takes 0.15 s or more.
+        quick = big / rate < 0.15
         smalls, bigs = [], []
-        for _ in range(rounds if big < _PROBE_SIZES[-1] else min(rounds, 3)):
+        for _ in range(rounds if quick else min(rounds, 3)):
             smalls.append(self._round_trip(target, small, timeout))
             bigs.append(self._round_trip(target, big, timeout))
         rtt_small, rtt_big = min(smalls), min(bigs)
