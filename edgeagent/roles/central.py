@@ -1252,11 +1252,23 @@ class Central(Role):
         # slowest step and a round trip); one that restarted with its id (case 2) announces itself idle,
         # which on a Pi takes a systemd restart and Python's start-up: a device that is really gone costs
         # the whole restart window (``--restart-window``; 0 recovers at once without it).
+        # A device known to be down (last will, missed heartbeats) cannot answer before it restarts: it
+        # gets the restart window; the others the probe window.
         expected = set(self.worker_list[1:])
-        window = max(self._probe_window(), self.config.restart_window)
-        log.info("waiting up to %.1f s for %s to answer or come back", window, sorted(expected))
-        deadline = time.monotonic() + window
-        while time.monotonic() < deadline and not expected <= set(self._alive) | set(self._announced):
+        down = {d for d in expected if (w := self.workers.get(d)) is not None and not w.online}
+        started = time.monotonic()
+        probe = self._probe_window()
+        until = {d: started + (self.config.restart_window if d in down else probe) for d in expected}
+        log.info(
+            "waiting up to %.1f s for %s to answer or come back",
+            max(until.values(), default=started) - started,
+            sorted(expected),
+        )
+        while True:
+            pending = expected - set(self._alive) - set(self._announced)
+            now = time.monotonic()
+            if not any(now < until[d] for d in pending):
+                break
             item = self.next_message(0.05)
             if item is not None:
                 self._handle_background(item)
