@@ -229,22 +229,83 @@ class EvalResult(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Command(Message):
-    """Central -> devices. ``name`` is one of ``COMMANDS``; JSON so users can send it by hand."""
+    """Central -> devices: one subclass per command, told apart by ``NAME``.
+
+    On the wire a command stays ``{"run_id": ..., "name": NAME, "args": {field: value}}`` (JSON, so users
+    can send one by hand); :func:`decode` picks the subclass by ``name`` and checks every argument's type,
+    so a role never sees an unknown command or a missing argument.
+    """
 
     KIND = MessageKind.COMMAND
     ENCODING = "json"
+    NAME: ClassVar[str] = ""
     run_id: str
-    name: str
-    args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    COMMANDS: ClassVar[tuple[str, ...]] = (
-        "stop",
-        "collect",
-        "probe",
-        "emulate",
-        "ping",
-        "compression",
-    )
+
+@dataclasses.dataclass(frozen=True)
+class Stop(Command):
+    """The run is over: leave it."""
+
+    NAME = "stop"
+
+
+@dataclasses.dataclass(frozen=True)
+class Collect(Command):
+    """Send the stage's weights to the central node (the trained model)."""
+
+    NAME = "collect"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ping(Command):
+    """Say you are alive and which weight versions you hold (a recovery's probe)."""
+
+    NAME = "ping"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureLink(Command):
+    """``source`` measures its link to ``target`` through the broker and reports it."""
+
+    NAME = "probe"
+    source: str
+    target: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Emulate(Command):
+    """``device`` emulates a device ``slowdown`` times slower from now on."""
+
+    NAME = "emulate"
+    device: str
+    slowdown: float
+
+    def __post_init__(self) -> None:
+        if self.slowdown < 1:
+            raise ProtocolError(f"emulate needs slowdown >= 1, got {self.slowdown}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SetCompression(Command):
+    """Bit widths per stage for plan ``plan_id``: a worker ignores another plan's, and leaves the run when
+    a newer plan goes on without it."""
+
+    NAME = "compression"
+    plan_id: int
+    forward: list[int]
+    backward: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.forward) != len(self.backward):
+            raise ProtocolError(
+                f"compression needs bits per stage both ways: {len(self.forward)} forward, "
+                f"{len(self.backward)} backward"
+            )
+
+
+COMMAND_TYPES: dict[str, type[Command]] = {
+    cls.NAME: cls for cls in (Stop, Collect, Ping, MeasureLink, Emulate, SetCompression)
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,6 +474,9 @@ MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
 def encode(msg: Message, *, sender: str) -> bytes:
     """Serialise a message into its envelope (CBOR or JSON, by the message's kind)."""
     body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    if isinstance(msg, Command):
+        run_id = body.pop("run_id")
+        body = {"run_id": run_id, "name": msg.NAME, "args": body}
     envelope = {"v": FORMAT_VERSION, "k": msg.KIND.value, "s": sender, "b": body}
     if msg.ENCODING == "json":
         try:
@@ -456,7 +520,26 @@ def decode(payload: bytes) -> tuple[str, Message]:
     sender, body = envelope.get("s"), envelope.get("b")
     if not isinstance(sender, str) or not isinstance(body, dict):
         raise ProtocolError(f"{kind.value} envelope lacks a sender string or a body map")
+    if kind is MessageKind.COMMAND:
+        return sender, _build_command(body)
     return sender, _build(MESSAGE_TYPES[kind], body)
+
+
+def _build_command(body: dict[str, Any]) -> Command:
+    name, args = body.get("name"), body.get("args", {})
+    cls = COMMAND_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown command {name!r}; known: {sorted(COMMAND_TYPES)}")
+    if not isinstance(args, dict):
+        raise ProtocolError(f"command.args: expected a map, got {type(args).__name__}")
+    unknown = set(body) - {"run_id", "name", "args"}
+    if unknown:
+        raise ProtocolError(f"command {name!r} has unknown fields {sorted(unknown)}")
+    if "run_id" in args:
+        raise ProtocolError(f"command {name!r}: run_id belongs in the body, not in args")
+    command = _build(cls, {**args, "run_id": body.get("run_id")})
+    assert isinstance(command, Command)
+    return command
 
 
 _SCHEMAS: dict[type[Message], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}

@@ -53,9 +53,10 @@ from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     Announce,
     Assign,
-    Command,
+    Collect,
     Commit,
     Discover,
+    Emulate,
     ErrorReport,
     EvalResult,
     Event,
@@ -63,10 +64,14 @@ from edgeagent.protocol.messages import (
     Gradient,
     Heartbeat,
     LinkReport,
+    MeasureLink,
     Message,
+    Ping,
     Ready,
     Repartition,
+    SetCompression,
     Status,
+    Stop,
     Weights,
 )
 from edgeagent.protocol.topics import Family, Topics
@@ -172,9 +177,7 @@ class Central(Role):
         topics = Topics(config.cluster)
         self._owns_transport = transport is None
         if transport is None:
-            transport = Role.mqtt_transport(
-                topics, config.device_id, config, link_mbps=config.link_mbps
-            )
+            transport = Role.mqtt_transport(topics, config.device_id, config, link_mbps=config.link_mbps)
         super().__init__(transport, topics, config.device_id, limits=limits)
         self._notifier = Notifier()
         self._watchdog: Watchdog | None = None
@@ -350,7 +353,7 @@ class Central(Role):
         self.publish_metrics()  # the final figures of this run
         self.report_drops()
         if self.worker_list[1:]:
-            self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="stop"))
+            self.send(self.topics.fixed(Family.COMMAND), Stop(run_id=self.run_id))
         self.set_status("idle")  # the run is over (workers leave a run whose central node is idle)
         self.stop_heartbeats()
         self.probes.unwatch_all()
@@ -556,11 +559,7 @@ class Central(Role):
         for k in range(1, n - 1):
             self.send(
                 self.topics.fixed(Family.COMMAND),
-                Command(
-                    run_id=self.run_id,
-                    name="probe",
-                    args={"source": self.worker_list[k], "target": self.worker_list[k + 1]},
-                ),
+                MeasureLink(run_id=self.run_id, source=self.worker_list[k], target=self.worker_list[k + 1]),
             )
         bandwidth, latency = self.probes.measure(self.worker_list[1])
         links = {self.device_id: Link(bandwidth, latency)}
@@ -821,6 +820,7 @@ class Central(Role):
         pending: Plan | None = None
         window_start, window_batches = time.perf_counter(), 0
         changes = list(self.changes)
+
         # The committed id whose epoch-end evaluation is due: an evaluation a fault interrupted is due
         # again after the recovery, also when the rollback replays no batch of that epoch.
         def evaluation_missing(committed: int) -> bool:
@@ -931,11 +931,7 @@ class Central(Role):
                         while changes and changes[0][1] <= bid + 1:
                             device, at, factor = changes.pop(0)
                             self._emulate(device, factor, at)
-                        if (
-                            self._resplits
-                            and self.policy.due(bid + 1)
-                            and bid + 1 < total
-                        ):
+                        if self._resplits and self.policy.due(bid + 1) and bid + 1 < total:
                             self._start_planning()
                         if committed_b + 1 == epoch_end:
                             eval_due = committed_b
@@ -1087,11 +1083,7 @@ class Central(Role):
         if len(self.worker_list) > 1:
             self.send(
                 self.topics.fixed(Family.COMMAND),
-                Command(
-                    run_id=self.run_id,
-                    name="compression",
-                    args={"forward": forward, "backward": backward, "plan_id": self.plan_id},
-                ),
+                SetCompression(run_id=self.run_id, plan_id=self.plan_id, forward=forward, backward=backward),
             )
         log.info(
             "compression %s: forward bits %s, backward bits %s", self.config.compression, forward, backward
@@ -1105,7 +1097,7 @@ class Central(Role):
         else:
             self.send(
                 self.topics.fixed(Family.COMMAND),
-                Command(run_id=self.run_id, name="emulate", args={"device": device, "slowdown": factor}),
+                Emulate(run_id=self.run_id, device=device, slowdown=factor),
             )
         self._event("slowdown", device=device, slowdown=factor, batch=batch)
 
@@ -1246,7 +1238,7 @@ class Central(Role):
         self._event("fault", batch=fault_batch, reason=fault.reason, devices=fault.dead)
         self._alive.clear()
         self._announced.clear()
-        self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="ping"))
+        self.send(self.topics.fixed(Family.COMMAND), Ping(run_id=self.run_id))
         self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
         # Wait for every device of the run: in-run devices answer the ping within the probe window (their
         # slowest step and a round trip); one that restarted with its id (case 2) announces itself idle,
@@ -1578,7 +1570,7 @@ class Central(Role):
         """The whole model's state, gathered from every stage (keys ``<layer>.<name>``)."""
         self._weights.clear()
         if len(self.worker_list) > 1:
-            self.send(self.topics.fixed(Family.COMMAND), Command(run_id=self.run_id, name="collect"))
+            self.send(self.topics.fixed(Family.COMMAND), Collect(run_id=self.run_id))
         deadline = time.monotonic() + self.config.startup_timeout
         while len(self._weights) < len(self.worker_list) - 1:
             if time.monotonic() > deadline:

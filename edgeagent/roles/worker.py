@@ -28,18 +28,24 @@ from edgeagent.protocol.messages import (
     Activation,
     Announce,
     Assign,
+    Collect,
     Command,
     Commit,
     Discover,
+    Emulate,
     ErrorReport,
     EvalResult,
     FetchRequest,
     Gradient,
     LinkReport,
+    MeasureLink,
+    Ping,
     Profile,
     Ready,
     Repartition,
+    SetCompression,
     Status,
+    Stop,
     Weights,
 )
 from edgeagent.protocol.topics import Family, Topics
@@ -140,9 +146,7 @@ class Worker(Role):
         self.slowdown = config.slowdown
         self._owns_transport = transport is None
         if transport is None:
-            transport = Role.mqtt_transport(
-                topics, config.device_id, config, link_mbps=config.link_mbps
-            )
+            transport = Role.mqtt_transport(topics, config.device_id, config, link_mbps=config.link_mbps)
         super().__init__(transport, topics, config.device_id, limits=limits)
         self.run_state: _Run | None = None
         self.completed_runs = 0
@@ -575,49 +579,15 @@ class Worker(Role):
         run = self.run_state
         if run is None or msg.run_id != run.run_id:
             return  # commands belong to a run: another run's (or a forged one's) are not ours
-        if msg.name not in Command.COMMANDS:
-            self._report_error(
-                "command", f"unknown command {msg.name!r}; known: {Command.COMMANDS}", msg.run_id
-            )
-            return
-        if msg.name == "emulate":
-            if msg.args.get("device") != self.device_id:
-                return
-            factor = msg.args.get("slowdown")
-            if isinstance(factor, (int, float)) and factor >= 1:
-                log.info("%s: slowdown %.1f -> %.1f", self.device_id, self.slowdown, factor)
-                self.slowdown = float(factor)
-            else:
-                self._report_error("command", f"emulate needs slowdown >= 1, got {factor!r}", msg.run_id)
-            return
-        if msg.name == "collect":
+        if isinstance(msg, Emulate):
+            if msg.device == self.device_id:
+                log.info("%s: slowdown %.1f -> %.1f", self.device_id, self.slowdown, msg.slowdown)
+                self.slowdown = msg.slowdown
+        elif isinstance(msg, Collect):
             self._send_weights(run, purpose="collect")
-        elif msg.name == "compression":
-            plan = msg.args.get("plan_id")
-            if isinstance(plan, int) and plan != run.plan_id:
-                if plan > run.plan_id and run.switch is None:
-                    # The central node moved on to a plan without this device (it took it for dead).
-                    log.warning(
-                        "%s: the run went on to plan %d without this device; leaving run %s",
-                        self.device_id,
-                        plan,
-                        run.run_id,
-                    )
-                    self._end_run(run, rejoin=True)
-                return
-            forward, backward = msg.args.get("forward"), msg.args.get("backward")
-            if not (
-                isinstance(forward, list)
-                and isinstance(backward, list)
-                and len(forward) == len(backward) == run.num_stages
-            ):
-                self._report_error(
-                    "command", f"compression needs forward and backward bits per stage: {msg.args}"
-                )
-                return
-            run.run_bits = int(forward[run.index])
-            run.codecs.set_bits(self._forward_bits(run.run_bits), int(backward[run.index]))
-        elif msg.name == "ping":
+        elif isinstance(msg, SetCompression):
+            self._set_compression(run, msg)
+        elif isinstance(msg, Ping):
             self.send(
                 self.topics.device(Family.REPLY, self.device_id),
                 Ready(
@@ -630,12 +600,30 @@ class Worker(Role):
                     holdings=self.store.holdings(),
                 ),
             )
-        elif msg.name == "probe" and msg.args.get("source") == self.device_id:
-            target = msg.args.get("target")
-            if isinstance(target, str):
-                threading.Thread(target=self._probe, args=(run.run_id, target), daemon=True).start()
-        elif msg.name == "stop":
+        elif isinstance(msg, MeasureLink) and msg.source == self.device_id:
+            threading.Thread(target=self._probe, args=(run.run_id, msg.target), daemon=True).start()
+        elif isinstance(msg, Stop):
             self._end_run(run)
+
+    def _set_compression(self, run: _Run, msg: SetCompression) -> None:
+        if msg.plan_id != run.plan_id:
+            if msg.plan_id > run.plan_id and run.switch is None:
+                # The central node moved on to a plan without this device (it took it for dead).
+                log.warning(
+                    "%s: the run went on to plan %d without this device; leaving run %s",
+                    self.device_id,
+                    msg.plan_id,
+                    run.run_id,
+                )
+                self._end_run(run, rejoin=True)
+            return
+        if len(msg.forward) != run.num_stages:
+            self._report_error(
+                "command", f"compression for {len(msg.forward)} stages, the run has {run.num_stages}"
+            )
+            return
+        run.run_bits = msg.forward[run.index]
+        run.codecs.set_bits(self._forward_bits(run.run_bits), msg.backward[run.index])
 
     def _end_run(self, run: _Run, *, rejoin: bool = False) -> None:
         """The run is over (its ``stop``, or the central node gone idle) or went on without this device

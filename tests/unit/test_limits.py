@@ -32,11 +32,11 @@ from edgeagent.protocol.limits import (
 from edgeagent.protocol.messages import (
     Activation,
     Assign,
-    Command,
     EvalResult,
     Gradient,
     Heartbeat,
     Message,
+    Ping,
     Probe,
     Status,
     encode,
@@ -381,11 +381,11 @@ def test_a_forged_sender_on_another_devices_topic_is_dropped(
     good = Heartbeat(device_id="w1", seq=2)
     pub.publish(HB, encode(good, sender="w1"))
     control = TOPICS.device(Family.CONTROL, "w1")
-    pub.publish(control, encode(Command(run_id="r", name="ping"), sender="central"))
+    pub.publish(control, encode(Ping(run_id="r"), sender="central"))
     got = drain(role)
     assert [(i.sender, i.message) for i in got] == [
         ("w1", good),
-        ("central", Command(run_id="r", name="ping")),
+        ("central", Ping(run_id="r")),
     ]
     assert [i.wire_topic for i in got] == [HB, control]
     assert role.dropped == 2
