@@ -29,7 +29,8 @@ LINK = NetnsLink("ea-bench-ns", "ea-bench-h", "ea-bench-n", f"{NS_IP}/30", host_
 PROBE = """
 import sys, threading
 from edgeagent.protocol.topics import Topics
-from edgeagent.roles.base import LinkProbes, Role
+from edgeagent.runtime.probes import LinkProbes
+from edgeagent.runtime.role import Role
 from edgeagent.transport.mqtt import MqttTransport
 url, mbps = sys.argv[1], float(sys.argv[2])
 topics = Topics("netns")

@@ -82,7 +82,7 @@ from edgeagent.data import Dataset, batch_indices, batches_per_epoch, load_datas
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.ops.logs import setup_logging
 from edgeagent.pipeline.schedule import one_f_one_b, simulate
-from edgeagent.roles.base import Clock, emulate_slowdown
+from edgeagent.runtime.compute import Clock, emulate_slowdown
 
 # Part 1: six 1024-wide layers and a small head split 2/2/2+head: three equal stages whose cost is
 # real matrix work, not per-call overhead.
@@ -234,7 +234,7 @@ class Slowed(nn.Module):
     """``inner`` made ``factor`` times slower the way edgeagent's ``--slowdown`` does it.
 
     After each forward and each backward, sleep until the step has taken ``factor`` times the CPU time
-    it used (``edgeagent.roles.base.emulate_slowdown``). The backward of one micro-batch runs whole
+    it used (``edgeagent.runtime.compute.emulate_slowdown``). The backward of one micro-batch runs whole
     before the next one's starts (one thread per process), so one mark per forward suffices.
     """
 

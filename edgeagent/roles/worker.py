@@ -51,7 +51,9 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.replication.store import WeightStore, replica_message
 from edgeagent.replication.switch import Switch, serve_fetch
-from edgeagent.roles.base import Clock, Inbound, LinkProbes, Role, configure_threads, emulate_slowdown
+from edgeagent.runtime.compute import Clock, configure_threads, emulate_slowdown
+from edgeagent.runtime.probes import LinkProbes
+from edgeagent.runtime.role import Inbound, Role
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)

@@ -550,7 +550,7 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
     for reason in ("malformed", "sender", "oversize", "rate", "topic", "invalid"):
         assert drops[reason] > 0, f"the central node dropped no {reason!r} message: {dict(drops)}"
     assert central.dropped >= sum(drops.values())
-    central_lines = [r.getMessage() for r in caplog.records if r.name == "edgeagent.roles.base"]
+    central_lines = [r.getMessage() for r in caplog.records if r.name == "edgeagent.runtime.role"]
     assert 0 < len(central_lines) < 400, "drops are logged, and a flood does not flood the log"
     for w, proc in procs.items():
         text = logs[w].read_text()

@@ -22,7 +22,7 @@ from edgeagent.broker import EmbeddedBroker, free_port
 from edgeagent.protocol.chunking import split_payload
 from edgeagent.protocol.messages import Activation, Heartbeat, Status, decode, encode
 from edgeagent.protocol.topics import Family, Topics
-from edgeagent.roles.base import Role
+from edgeagent.runtime.role import Role
 from edgeagent.transport.mqtt import MqttTransport
 
 CONNECT_TIMEOUT = 10.0
@@ -181,7 +181,7 @@ def test_corrupted_chunk_stream_is_dropped(broker_url: str, cluster: str) -> Non
 def test_role_drops_malformed_messages_and_keeps_going(
     broker_url: str, cluster: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="edgeagent.roles.base")
+    caplog.set_level(logging.WARNING, logger="edgeagent.runtime.role")
     topics = Topics(cluster)
     hb_topic = topics.device(Family.HEARTBEAT, "w1")
     with transports(broker_url, "role", "pub") as (role_transport, pub):
@@ -216,7 +216,7 @@ def test_role_drops_malformed_messages_and_keeps_going(
         assert role.next_message(timeout=0.2) is None  # nothing malformed slipped into the inbox
 
     warnings = [
-        r for r in caplog.records if r.levelno == logging.WARNING and r.name == "edgeagent.roles.base"
+        r for r in caplog.records if r.levelno == logging.WARNING and r.name == "edgeagent.runtime.role"
     ]
     text = "\n".join(r.getMessage() for r in warnings)
     assert len(warnings) == 3, text

@@ -42,9 +42,10 @@ from edgeagent.protocol.messages import (
     encode,
 )
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
-from edgeagent.roles.base import Inbound, LinkProbes, Role
 from edgeagent.roles.central import Central
 from edgeagent.roles.worker import Worker, stage_input
+from edgeagent.runtime.probes import LinkProbes
+from edgeagent.runtime.role import Inbound, Role
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 
 TOPICS = Topics("lim")
@@ -365,7 +366,7 @@ def drain(role: Role) -> list[Inbound]:
 def test_a_forged_sender_on_another_devices_topic_is_dropped(
     broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="edgeagent.roles.base")
+    caplog.set_level(logging.WARNING, logger="edgeagent.runtime.role")
     role, _ = make_role(broker)
     pub = MemoryTransport(broker, "pub")
     pub.publish(HB, encode(Heartbeat(device_id="w1", seq=1), sender="w2"))
@@ -430,7 +431,7 @@ def test_role_caps_its_inbox_and_next_message_gives_the_slot_back(broker: Memory
 def test_role_flood_of_garbage_logs_a_bounded_number_of_lines(
     broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="edgeagent.roles.base")
+    caplog.set_level(logging.WARNING, logger="edgeagent.runtime.role")
     role, clock = make_role(broker, InboxLimits(data_rate=1e9, data_burst=1e9))
     pub = MemoryTransport(broker, "pub")
     for i in range(2000):

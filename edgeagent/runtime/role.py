@@ -1,16 +1,15 @@
-"""What the central node and the workers share: the inbox, typed messages out, status and heartbeats."""
+"""The role runtime every role and every training mode shares: the inbox and its limits, typed messages
+out, handlers per message type and one waiting primitive, status, heartbeats and metrics."""
 
 from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from edgeagent.errors import ProtocolError, TrainingError
@@ -24,8 +23,9 @@ from edgeagent.protocol.limits import (
     Verdict,
     sender_problem,
 )
-from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Probe, Status, decode, encode
+from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, decode, encode
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
+from edgeagent.runtime.compute import TimeAccount
 from edgeagent.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -33,27 +33,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+M = TypeVar("M", bound=Message)
+F = TypeVar("F")
+
 
 def _a(word: str) -> str:
     return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
-
-
-@dataclass
-class TimeAccount:
-    """Where a role's time went: compute (emulated), communication (encoding and publishing), idle."""
-
-    compute: float = 0.0
-    communication: float = 0.0
-    idle: float = 0.0
-    started: float = field(default_factory=time.perf_counter)
-
-    def reset(self) -> None:
-        self.compute = self.communication = self.idle = 0.0
-        self.started = time.perf_counter()
-
-    def summary(self) -> dict[str, float]:
-        wall = time.perf_counter() - self.started
-        return {"wall": wall, "compute": self.compute, "communication": self.communication, "idle": self.idle}
 
 
 @dataclass(frozen=True)
@@ -65,6 +50,9 @@ class Inbound:
     message: Message
     wire_topic: str = field(default="", compare=False)
     size: int = field(default=0, compare=False)
+
+
+Handler = Callable[[Inbound], None]
 
 
 class Role:
@@ -93,6 +81,7 @@ class Role:
         self._status = Status(device_id=device_id, state="online")
         self.times = TimeAccount()
         self._metrics_snapshot: Callable[[], dict[str, Any] | None] | None = None
+        self._handlers: dict[type[Message], Handler] = {}
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -186,6 +175,62 @@ class Role:
                 self.times.idle += time.perf_counter() - started
         self.gate.release(item.wire_topic, item.size)
         return item
+
+    # -- handling: one handler per message type, one way to wait ------------------------------
+
+    def on(self, kind: type[M], handler: Callable[[Inbound], None]) -> None:
+        """Handle every message of type ``kind`` (and of its subclasses: each command) with ``handler``.
+
+        A later registration for the same type replaces the earlier one: a training mode installs its
+        data plane's handlers over the role's own.
+        """
+        self._handlers[kind] = handler
+
+    def dispatch(self, item: Inbound) -> None:
+        """Give ``item`` to the handler of its type (the most specific registered); ignore it if none."""
+        for cls in type(item.message).__mro__:
+            handler = self._handlers.get(cls)
+            if handler is not None:
+                handler(item)
+                return
+        log.debug("%s ignores %s on %s", self.device_id, item.message.KIND.value, item.wire_topic)
+
+    def pump(self, timeout: float) -> bool:
+        """Handle every queued message, waiting up to ``timeout`` s for the first; True if any came."""
+        item = self.next_message(timeout)
+        if item is None:
+            return False
+        while item is not None:
+            self.dispatch(item)
+            item = self.next_message(0)
+        return True
+
+    def wait_until(
+        self,
+        done: Callable[[], bool],
+        timeout: float,
+        what: str | Callable[[], str],
+        *,
+        fault: Callable[[], F | None] | None = None,
+        poll: float = 0.2,
+    ) -> F | None:
+        """Handle messages until ``done()`` holds (returns None) or ``fault()`` finds one (returns it).
+
+        The one waiting primitive of every role: handlers change the state that ``done`` and ``fault``
+        look at. After ``timeout`` seconds a :class:`TrainingError` says ``what`` (or what ``what()``
+        returns then) did not happen; callers derive ``timeout`` from what was measured.
+        """
+        deadline = time.monotonic() + timeout
+        while not done():
+            if fault is not None:
+                found = fault()
+                if found is not None:
+                    return found
+            if time.monotonic() > deadline:
+                told = what() if callable(what) else what
+                raise TrainingError(f"{told} within {timeout:.0f} s")
+            self.pump(poll)
+        return None
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -314,138 +359,3 @@ class Role:
             self._scheduler = None
 
 
-class Clock:
-    """Start of a compute step: wall time and this thread's CPU time."""
-
-    __slots__ = ("cpu", "wall")
-
-    def __init__(self) -> None:
-        self.wall = time.perf_counter()
-        self.cpu = time.thread_time()
-
-
-MAX_BANDWIDTH = 10e9  # bytes/s; a measurement above this is noise (the transfer time vanished in jitter)
-
-
-_PROBE_SIZES = (64 * 1024, 256 * 1024, 1024 * 1024)  # bytes of the big probe, smallest first
-
-
-class LinkProbes:
-    """Measures the real path to a peer (device -> broker -> peer) and echoes the peers' probes.
-
-    Echoes are sent from the network thread, so a busy training loop does not distort a peer's
-    measurement. Bandwidth = (big - small bytes) / (rtt(big) - rtt(small)); latency = rtt(small) / 2.
-    """
-
-    def __init__(self, role: Role) -> None:
-        self.role = role
-        self._waiters: dict[int, threading.Event] = {}
-        self._nonce = 0
-        self._lock = threading.Lock()
-        self._topics: set[str] = set()
-
-    def watch(self, peer: str) -> None:
-        """Listen to ``peer``'s probe topic: its probes to us and its echoes of ours."""
-        topic = self.role.topics.device(Family.PROBE, peer)
-        if topic not in self._topics:
-            self._topics.add(topic)
-            self.role.transport.subscribe(topic, self._on_probe)
-
-    def unwatch_all(self) -> None:
-        for topic in self._topics:
-            self.role.transport.unsubscribe(topic)
-        self._topics.clear()
-
-    def _on_probe(self, topic: str, payload: bytes) -> None:
-        # The role's limits apply here too (size, rate, sender), except the inbox: probes are not queued.
-        accepted = self.role._accept(topic, payload, queued=False)
-        if accepted is None:
-            return
-        msg = accepted[2]
-        if not isinstance(msg, Probe) or msg.target != self.role.device_id:
-            return
-        if msg.reply:
-            with self._lock:
-                event = self._waiters.get(msg.nonce)
-            if event is not None:
-                event.set()
-            return
-        echo = Probe(source=self.role.device_id, target=msg.source, nonce=msg.nonce, reply=True)
-        self.role.send(self.role.topics.device(Family.PROBE, self.role.device_id), echo)
-
-    def _round_trip(self, target: str, size: int, timeout: float) -> float:
-        with self._lock:
-            self._nonce += 1
-            nonce = self._nonce
-            event = self._waiters[nonce] = threading.Event()
-        probe = Probe(source=self.role.device_id, target=target, nonce=nonce, padding=bytes(size))
-        started = time.perf_counter()
-        self.role.send(self.role.topics.device(Family.PROBE, self.role.device_id), probe)
-        ok = event.wait(timeout)
-        elapsed = time.perf_counter() - started
-        with self._lock:
-            del self._waiters[nonce]
-        if not ok:
-            raise TrainingError(f"no probe echo from {target} within {timeout:.0f} s")
-        return elapsed
-
-    def measure(
-        self, target: str, *, rounds: int = 5, small: int = 64, timeout: float = 30.0
-    ) -> tuple[float, float]:
-        """Return ``(bandwidth bytes/s, latency s)`` of the path to ``target``.
-
-        The fastest of ``rounds`` round trips of each size is used: queueing behind other traffic only
-        ever adds time. The big probe is the smallest of 64 KiB, 256 KiB and 1 MiB whose transfer takes
-        at least 0.15 s at the rate a 64 KiB trial suggests (1 MiB at most): well above loopback jitter
-        and the stalls of a CPU quota (a quarter-core cgroup stops a process for 75 ms of every 100 ms),
-        without minutes of probing on a slow link.
-        """
-        self.watch(target)
-        self._warm_up(target, small, timeout)
-        trial = self._round_trip(target, _PROBE_SIZES[0], timeout) - self._round_trip(target, small, timeout)
-        rate = _PROBE_SIZES[0] / max(trial, 1e-6)
-        big = next((size for size in _PROBE_SIZES if size / rate >= 0.15), _PROBE_SIZES[-1])
-        # All the rounds where they are quick (a fast link); three where each takes 0.15 s or more.
-        quick = big / rate < 0.15
-        smalls, bigs = [], []
-        for _ in range(rounds if quick else min(rounds, 3)):
-            smalls.append(self._round_trip(target, small, timeout))
-            bigs.append(self._round_trip(target, big, timeout))
-        rtt_small, rtt_big = min(smalls), min(bigs)
-        bandwidth = (big - small) / max(rtt_big - rtt_small, (big - small) / MAX_BANDWIDTH)
-        return bandwidth, rtt_small / 2
-
-    def _warm_up(self, target: str, size: int, timeout: float) -> None:
-        """The first round trip, retried: the echo of a probe sent before our subscription to the peer's
-        probe topic (or the peer's to ours) was active at the broker is lost, not late."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                self._round_trip(target, size, min(2.0, max(0.1, left)))
-                return
-            except TrainingError:
-                if time.monotonic() >= deadline:
-                    raise TrainingError(f"no probe echo from {target} within {timeout:.0f} s") from None
-
-
-def emulate_slowdown(started: Clock, factor: float, account: TimeAccount | None = None) -> float:
-    """Make a compute step take ``factor`` times the CPU time it really used; return its emulated duration.
-
-    CPU time, not wall time, is scaled: several emulated devices share this machine's cores, and
-    waiting for a core is not part of a device's compute time. (Torch runs with one thread per role,
-    so the calling thread's CPU time is the step's compute.)
-    """
-    cpu = time.thread_time() - started.cpu
-    target = cpu * factor
-    wall = time.perf_counter() - started.wall
-    if factor > 1.0 and target > wall:
-        time.sleep(target - wall)
-    duration = max(target, wall) if factor > 1.0 else wall
-    if account is not None:
-        account.compute += duration
-    return duration
-
-
-def configure_threads(threads: int) -> None:
-    torch.set_num_threads(threads)
