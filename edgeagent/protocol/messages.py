@@ -156,6 +156,7 @@ class Assign(Message):
     # takes layer_shapes[j - 1]; activations that do not fit are dropped on receipt. Empty: unchecked.
     layer_shapes: list[list[int]] = dataclasses.field(default_factory=list)
     layer_dtypes: list[str] = dataclasses.field(default_factory=list)  # "float32", ... per layer output
+    mode: str = "pipeline"  # the training mode (edgeagent.modes) whose worker session takes this run
 
 
 @dataclasses.dataclass(frozen=True)
