@@ -45,6 +45,7 @@ class TrainConfig(_Frozen):
 
 
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
+TrainingModeName = Literal["pipeline"]  # edgeagent.modes.MODES: the training modes
 
 
 class BrokerAccess(_Frozen):
@@ -89,6 +90,8 @@ class CentralConfig(BrokerAccess):
     report: str | None = None
     save_model: str | None = None
     progress: bool = True
+    # The training mode (edgeagent.modes): pipeline is FTPipeHD's asynchronous pipeline.
+    mode: TrainingModeName = "pipeline"
     # uniform: PipeDream's even split, never changes; dynamic: FTPipeHD (re-split from measurements);
     # oracle: the DP fed the true slowdowns, the limit to measure against.
     partition: PartitionMode = "dynamic"

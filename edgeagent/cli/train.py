@@ -64,6 +64,11 @@ def train_options(f: F) -> F:
         click.option("--report", type=click.Path(dir_okay=False), help="Write a JSON run report here."),
         click.option("--save-model", type=click.Path(dir_okay=False), help="Save the trained model here."),
         click.option(
+            "--mode",
+            type=click.Choice(["pipeline"]),
+            help="Training mode: pipeline (FTPipeHD's asynchronous pipeline, the default).",
+        ),
+        click.option(
             "--partition",
             type=click.Choice(["uniform", "dynamic", "oracle"]),
             help="uniform: PipeDream's even split; dynamic: FTPipeHD (default); oracle: DP on true speeds.",
@@ -157,6 +162,7 @@ _CENTRAL_KEYS = (
     "cluster",
     "report",
     "save_model",
+    "mode",
     "partition",
     "repartition_first",
     "repartition_every",

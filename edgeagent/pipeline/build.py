@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec, build_layers
-from edgeagent.pipeline.stage import Stage, StageModule, StageOptions
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """What every stage of a run shares for building its optimizer (``Assign`` carries them)."""
-
-    learning_rate: float
-    momentum: float
-    weight_decay: float
-    aggregation: bool
-    aggregation_interval: int
+from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
 
 
 def build_stage(
@@ -44,11 +32,7 @@ def build_stage(
         end=end,
         index=index,
         num_stages=len(points) - 1,
-        learning_rate=options.learning_rate,
-        momentum=options.momentum,
-        weight_decay=options.weight_decay,
-        aggregation=options.aggregation,
-        aggregation_interval=options.aggregation_interval,
+        options=options,
         weights=layer_slice(weights, start, end) or None,
         momentum_buffers=layer_slice(momentum_buffers, start, end) or None,
         version=version,
@@ -72,11 +56,7 @@ def make_stage(
     end: int,
     index: int,
     num_stages: int,
-    learning_rate: float,
-    momentum: float,
-    weight_decay: float,
-    aggregation: bool,
-    aggregation_interval: int,
+    options: TrainOptions,
     weights: dict[str, torch.Tensor] | None = None,
     momentum_buffers: dict[str, torch.Tensor] | None = None,
     version: int = 0,
@@ -93,15 +73,14 @@ def make_stage(
             module.load_state_dict(weights, strict=True)
         except RuntimeError as exc:
             raise TrainingError(f"weights for layers [{start}, {end}) do not fit: {exc}") from exc
-    options = StageOptions(
-        learning_rate=learning_rate,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        aggregation=aggregation,
+    stage = Stage(
+        module,
+        options,
+        is_first=index == 0,
+        is_last=index == num_stages - 1,
+        version=version,
         aggregation_window=num_stages - index,
-        aggregation_interval=aggregation_interval,
     )
-    stage = Stage(module, options, is_first=index == 0, is_last=index == num_stages - 1, version=version)
     if momentum_buffers:
         stage.load_momentum(momentum_buffers)
     return stage

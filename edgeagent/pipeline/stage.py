@@ -62,25 +62,40 @@ class BackwardResult:
 
 
 @dataclass(frozen=True)
-class StageOptions:
+class TrainOptions:
+    """The optimizer settings every stage of a run shares: the one type for them, from the run's
+    ``TrainConfig`` (:meth:`of`) to ``Assign`` and every stage built."""
+
     learning_rate: float
     momentum: float = 0.0
     weight_decay: float = 0.0
     aggregation: bool = False
-    # Versions concurrently used on this stage: n - i for stage i of n (papers/000 Sec. III-C).
-    aggregation_window: int = 1
     # Aggregate every window * interval updates (the paper: "an interval which is a multiple of n - i").
     aggregation_interval: int = 1
+
+    @classmethod
+    def of(cls, source: object) -> TrainOptions:
+        """The options of a run's training settings (``TrainConfig``) or of an ``Assign``."""
+        return cls(**{name: getattr(source, name) for name in cls.__dataclass_fields__})
 
 
 class Stage:
     """A stage's sub-model, optimizer, stash of weight versions and batches in flight."""
 
     def __init__(
-        self, module: StageModule, options: StageOptions, *, is_first: bool, is_last: bool, version: int = 0
+        self,
+        module: StageModule,
+        options: TrainOptions,
+        *,
+        is_first: bool,
+        is_last: bool,
+        version: int = 0,
+        aggregation_window: int = 1,
     ) -> None:
         self.module = module
         self.options = options
+        # Versions concurrently used on this stage: n - i for stage i of n (papers/000 Sec. III-C).
+        self.aggregation_window = aggregation_window
         self.is_first = is_first
         self.is_last = is_last
         params = list(module.parameters())
@@ -191,7 +206,7 @@ class Stage:
         self._prune()
 
     def _maybe_aggregate(self) -> None:
-        window = self.options.aggregation_window
+        window = self.aggregation_window
         if not self.options.aggregation or window <= 1:
             return
         self._recent.append(self._snapshot())

@@ -228,7 +228,7 @@ class Role:
                     return found
             if time.monotonic() > deadline:
                 told = what() if callable(what) else what
-                raise TrainingError(f"{told} within {timeout:.0f} s")
+                raise TrainingError(f"{told} (waited {timeout:.0f} s)")
             self.pump(poll)
         return None
 
@@ -346,6 +346,14 @@ class Role:
             func(*args)
         else:
             self._scheduler.add_job(func, args=args)
+
+    def background(self, func: Callable[[], object], job_id: str) -> bool:
+        """Run ``func`` on the scheduler's thread (a planning job), replacing a pending job of the same id;
+        False (and nothing runs) if the role has no scheduler."""
+        if self._scheduler is None:
+            return False
+        self._scheduler.add_job(func, id=job_id, replace_existing=True)
+        return True
 
     def healthy(self) -> bool:
         """For systemd's watchdog: the MQTT loop is connected and the scheduler runs."""

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from edgeagent.config import CentralConfig, WorkerConfig
+from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
-from edgeagent.pipeline.build import TrainOptions, build_stage
-from edgeagent.pipeline.runner import StageRunner
 from edgeagent.planner.profiler import profile_layers
 from edgeagent.protocol.limits import (
     MALFORMED,
@@ -42,7 +41,7 @@ from edgeagent.protocol.messages import (
     encode,
 )
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
-from edgeagent.roles.central import Central
+from edgeagent.roles.central import Central, PipelineRun
 from edgeagent.roles.worker import Worker, stage_input
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Inbound, Role
@@ -611,40 +610,42 @@ def test_worker_drops_gradients_that_do_not_fit_and_keeps_the_batch(broker: Memo
 
 
 def test_central_takes_only_gradients_and_results_it_waits_for(broker: MemoryBroker) -> None:
-    central = Central(CentralConfig(cluster="lim", progress=False), transport=MemoryTransport(broker, "c"))
+    config = CentralConfig(cluster="lim", progress=False, workers=2)
+    central = Central(config, transport=MemoryTransport(broker, "c"))
+    data = load_dataset("synthetic:200:64:10", seed=0, test_fraction=0.2)
+    assert data.in_shape == SPEC.in_shape
+    run = PipelineRun(central, config, data, SPEC, ["c", "w1", "w2"])  # stage 0: layer 0, 64 -> 128
+    assert run.points == [0, 1, 2, 3]
+    for kind, handler in run.handlers().items():
+        central.on(kind, handler)
     info = TopicInfo(Family.GRADIENTS, stage=1)
 
     def grad(batch: int, g: torch.Tensor) -> Inbound:
-        msg = Gradient(run_id=central.run_id, plan_id=central.plan_id, stage=1, batch_id=batch, g=g, loss=1.0)
+        msg = Gradient(run_id=central.run_id, plan_id=run.plan_id, stage=1, batch_id=batch, g=g, loss=1.0)
         return Inbound(info, "w1", msg, wire_topic=TOPICS.gradients(1))
 
-    options = TrainOptions(
-        learning_rate=0.1, momentum=0.0, weight_decay=0.0, aggregation=False, aggregation_interval=1
-    )
-    stage = build_stage(SPEC, seed=0, options=options, points=[0, 1, 2, 3], index=0)
-    central._runner = StageRunner(stage, 0)
-    central.runner.outputs[3] = ((4, 128), torch.float32)
-    central._handle_background(grad(3, torch.zeros(4, 7)))
-    central._handle_background(grad(3, torch.zeros(4, 128, dtype=torch.float16)))
-    central._handle_background(grad(4, torch.zeros(4, 128)))
-    assert central._gradients == {} and central.dropped == 3
-    central._handle_background(grad(3, torch.zeros(4, 128)))
-    assert list(central._gradients) == [3]
+    run.runner.outputs[3] = ((4, 128), torch.float32)
+    central.dispatch(grad(3, torch.zeros(4, 7)))
+    central.dispatch(grad(3, torch.zeros(4, 128, dtype=torch.float16)))
+    central.dispatch(grad(4, torch.zeros(4, 128)))
+    assert run.inbox.gradients == {} and central.dropped == 3
+    central.dispatch(grad(3, torch.zeros(4, 128)))
+    assert list(run.inbox.gradients) == [3]
 
     def result(batch: int) -> Inbound:
         msg = EvalResult(
-            run_id=central.run_id, plan_id=central.plan_id, batch_id=batch, correct=1, count=1, loss_sum=0.0
+            run_id=central.run_id, plan_id=run.plan_id, batch_id=batch, correct=1, count=1, loss_sum=0.0
         )
         return Inbound(TopicInfo(Family.RESULTS, stage=2), "w2", msg, wire_topic=TOPICS.results(2))
 
-    central._eval_ids = {0, 1}
-    central._handle_background(result(7))
-    assert central._results == {} and central.dropped == 4
-    central._handle_background(result(1))
-    assert list(central._results) == [1]
-    central._eval_ids = set()
-    central._handle_background(result(0))  # no evaluation out: a late duplicate, ignored quietly
-    assert list(central._results) == [1] and central.dropped == 4
+    run.inbox.eval_ids = {0, 1}
+    central.dispatch(result(7))
+    assert run.inbox.results == {} and central.dropped == 4
+    central.dispatch(result(1))
+    assert list(run.inbox.results) == [1]
+    run.inbox.eval_ids = set()
+    central.dispatch(result(0))  # no evaluation out: a late duplicate, ignored quietly
+    assert list(run.inbox.results) == [1] and central.dropped == 4
 
 
 def test_worker_leaves_a_run_when_the_central_node_goes_idle_without_its_stop(broker: MemoryBroker) -> None:

@@ -20,19 +20,19 @@ from edgeagent.pipeline.schedule import (
     stage_bound,
     validate,
 )
-from edgeagent.pipeline.stage import Stage, StageModule, StageOptions
+from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
 
 SPEC = ModelSpec("cnn", (1, 8, 8), 10)
 POINTS = [0, 2, 4, 8]
 
 
-def make_stages(options: StageOptions, points: list[int] = POINTS) -> list[Stage]:
+def make_stages(options: TrainOptions, points: list[int] = POINTS, *, window: int = 1) -> list[Stage]:
     n = len(points) - 1
     stages = []
     for i in range(n):
         layers = build_layers(SPEC, points[i], points[i + 1], seed=0)
         module = StageModule({points[i] + k: layer for k, layer in enumerate(layers)})
-        stages.append(Stage(module, options, is_first=i == 0, is_last=i == n - 1))
+        stages.append(Stage(module, options, is_first=i == 0, is_last=i == n - 1, aggregation_window=window))
     return stages
 
 
@@ -98,7 +98,7 @@ def merged_state(stages: list[Stage]) -> dict[str, torch.Tensor]:
 def test_pipeline_matches_stale_sgd(in_flight: int) -> None:
     torch.manual_seed(0)
     xs, ys = torch.randn(9, 4, 1, 8, 8), torch.randint(0, 10, (9, 4))
-    stages = make_stages(StageOptions(learning_rate=0.1))
+    stages = make_stages(TrainOptions(learning_rate=0.1))
     versions = drive(stages, xs, ys, in_flight)
     # Vertical sync: batch b was forwarded with the version after b - in_flight + 1 updates.
     assert versions == {b: max(0, b - in_flight + 1) for b in range(9)}
@@ -111,7 +111,7 @@ def test_pipeline_matches_stale_sgd(in_flight: int) -> None:
 def test_stash_is_bounded_and_pruned() -> None:
     torch.manual_seed(0)
     xs, ys = torch.randn(12, 4, 1, 8, 8), torch.randint(0, 10, (12, 4))
-    stages = make_stages(StageOptions(learning_rate=0.1))
+    stages = make_stages(TrainOptions(learning_rate=0.1))
     drive(stages, xs, ys, in_flight=3)
     for stage in stages:
         assert stage.in_flight == []
@@ -122,7 +122,7 @@ def test_stash_is_bounded_and_pruned() -> None:
 
 
 def test_stash_does_not_alias_live_weights() -> None:
-    stage = make_stages(StageOptions(learning_rate=0.5), [0, 8])[0]
+    stage = make_stages(TrainOptions(learning_rate=0.5), [0, 8])[0]
     x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
     before = {k: v.clone() for k, v in stage.module.named_parameters()}
     stage.forward(0, x)
@@ -135,7 +135,7 @@ def test_stash_does_not_alias_live_weights() -> None:
 
 
 def test_unknown_version_and_batch_raise() -> None:
-    stages = make_stages(StageOptions(learning_rate=0.1))
+    stages = make_stages(TrainOptions(learning_rate=0.1))
     with pytest.raises(TrainingError, match="version 7"):
         stages[1].forward(0, torch.randn(4, 8, 4, 4), version=7)
     with pytest.raises(TrainingError, match="not in flight"):
@@ -146,7 +146,7 @@ def test_unknown_version_and_batch_raise() -> None:
 
 
 def test_drop_in_flight_forgets_batches() -> None:
-    stage = make_stages(StageOptions(learning_rate=0.1), [0, 8])[0]
+    stage = make_stages(TrainOptions(learning_rate=0.1), [0, 8])[0]
     stage.forward(0, torch.randn(2, 1, 8, 8))
     stage.drop_in_flight()
     assert stage.in_flight == []
@@ -157,8 +157,8 @@ def test_drop_in_flight_forgets_batches() -> None:
 def test_aggregation_averages_the_window() -> None:
     torch.manual_seed(0)
     xs, ys = torch.randn(6, 4, 1, 8, 8), torch.randint(0, 10, (6, 4))
-    plain = make_stages(StageOptions(learning_rate=0.1), [0, 8])[0]
-    agg = make_stages(StageOptions(learning_rate=0.1, aggregation=True, aggregation_window=3), [0, 8])[0]
+    plain = make_stages(TrainOptions(learning_rate=0.1), [0, 8])[0]
+    agg = make_stages(TrainOptions(learning_rate=0.1, aggregation=True), [0, 8], window=3)[0]
     snapshots = []
     for b in range(3):
         for stage in (plain, agg):
@@ -174,8 +174,8 @@ def test_aggregation_averages_the_window() -> None:
 def test_aggregation_off_or_window_one_changes_nothing() -> None:
     torch.manual_seed(0)
     xs, ys = torch.randn(4, 4, 1, 8, 8), torch.randint(0, 10, (4, 4))
-    a = make_stages(StageOptions(learning_rate=0.1), [0, 8])[0]
-    b = make_stages(StageOptions(learning_rate=0.1, aggregation=True, aggregation_window=1), [0, 8])[0]
+    a = make_stages(TrainOptions(learning_rate=0.1), [0, 8])[0]
+    b = make_stages(TrainOptions(learning_rate=0.1, aggregation=True), [0, 8], window=1)[0]
     for i in range(4):
         for stage in (a, b):
             stage.forward(i, xs[i])
@@ -373,11 +373,7 @@ def test_switch_accepts_layers_without_tensors() -> None:
         end=total,
         index=2,
         num_stages=3,
-        learning_rate=0.1,
-        momentum=0.9,
-        weight_decay=0.0,
-        aggregation=False,
-        aggregation_interval=1,
+        options=TrainOptions(learning_rate=0.1, momentum=0.9),
     )
     order = Repartition(
         run_id="r",
@@ -395,20 +391,14 @@ def test_switch_accepts_layers_without_tensors() -> None:
         end=4,
         index=1,
         num_stages=3,
-        learning_rate=0.1,
-        momentum=0.9,
-        weight_decay=0.0,
-        aggregation=False,
-        aggregation_interval=1,
+        options=TrainOptions(learning_rate=0.1, momentum=0.9),
     )
     switch = Switch.start("a", order, WeightStore("a"), mine, spec, 0)
     assert switch is not None and switch.pending == {("b", "b"): {4, 5}}
     (request,) = switch.requests()
     assert switch.accept(serve_fetch(WeightStore("b"), owner_stage, request, spec, 0, "r"))
     assert switch.complete
-    options = TrainOptions(
-        learning_rate=0.1, momentum=0.9, weight_decay=0.0, aggregation=False, aggregation_interval=1
-    )
+    options = TrainOptions(learning_rate=0.1, momentum=0.9)
     built = switch.build(spec, 0, options)
     assert (built.module.start, built.module.end) == (2, 6)
     torch.testing.assert_close(built.state()["layers.4.0.weight"], owner_stage.state()["layers.4.0.weight"])

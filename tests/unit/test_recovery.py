@@ -91,11 +91,7 @@ def stage_of(start: int, end: int, index: int, n: int, version: int = 0) -> Stag
         end=end,
         index=index,
         num_stages=n,
-        learning_rate=0.1,
-        momentum=0.9,
-        weight_decay=0.0,
-        aggregation=False,
-        aggregation_interval=1,
+        options=TrainOptions(learning_rate=0.1, momentum=0.9),
         version=version,
     )
 
@@ -149,9 +145,7 @@ def test_recovery_switch_takes_the_dead_stage_from_its_chain_replica() -> None:
     )
     switch = Switch.start("b", order, b_store, b_stage, SPEC, 0)
     assert switch is not None and switch.complete  # everything from its own store: nothing to fetch
-    options = TrainOptions(
-        learning_rate=0.1, momentum=0.9, weight_decay=0.0, aggregation=False, aggregation_interval=1
-    )
+    options = TrainOptions(learning_rate=0.1, momentum=0.9)
     built = switch.build(SPEC, 0, options)
     assert (built.module.start, built.module.end, built.version) == (2, total, 50)
     torch.testing.assert_close(built.state()["layers.2.0.weight"], dead.state()["layers.2.0.weight"])

@@ -1,0 +1,100 @@
+"""Checkpoints of the whole run (at global replication points), the trained model, and reading both."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle  # only for its exception: torch.load(weights_only=True) raises it
+from typing import Any
+
+import torch
+
+from edgeagent.errors import TrainingError
+from edgeagent.models import num_layers
+from edgeagent.protocol.messages import Collect, Weights
+from edgeagent.protocol.topics import Family
+from edgeagent.roles.central.context import RunState
+
+log = logging.getLogger("edgeagent.roles.central")
+
+_HISTORY = ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch")
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """A checkpoint written by the central node; only tensors and plain data (``weights_only=True``)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        raise TrainingError(f"cannot read the checkpoint {path}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != 1:
+        raise TrainingError(f"{path} is not an edgeagent checkpoint (format 1)")
+    return state
+
+
+class Checkpoints(RunState):
+    """Replication rounds seen complete, checkpoints written from them, the trained model collected."""
+
+    def _replicated(self, msg: Weights) -> None:
+        """Tell monitors when a replication round is complete (all global replicas, or the last chain one)."""
+        held = self.store.holdings()
+        if msg.purpose == "global" and all(msg.version in held.get(d, []) for d in self.worker_list[1:]):
+            self.event("replication", kind="global", version=msg.version, devices=self.worker_list[1:])
+        elif msg.purpose == "chain" and msg.device_id == self.worker_list[-1]:
+            self.event("replication", kind="chain", version=msg.version, device=msg.device_id)
+
+    def _maybe_checkpoint(self, version: int) -> None:
+        """At a global replication point, once every stage's replica of it is in, write a checkpoint."""
+        path = self.config.checkpoint
+        if not path or not self.config.global_every or version % self.config.global_every:
+            return
+        held = self.store.holdings()
+        if not all(version in held.get(d, []) for d in self.worker_list):
+            return
+        weights: dict[str, torch.Tensor] = {}
+        momentum: dict[str, torch.Tensor] = {}
+        for device in self.worker_list:
+            snap = self.store.snapshots[device][version]
+            weights.update(snap.weights)
+            momentum.update(snap.momentum)
+        state = {
+            "format": 1,
+            "run_id": self.run_id,
+            "version": version,
+            "points": list(self.points),
+            "worker_list": list(self.worker_list),
+            "weights": weights,
+            "momentum": momentum,
+            "config": self.config.model_dump_json(),
+            "plan_id": self.plan_id,
+            "history": {key: list(getattr(self.report, key)) for key in _HISTORY},
+        }
+        tmp = f"{path}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint whole
+        log.info("checkpoint of version %d written to %s", version, path)
+
+    def collect_weights(self) -> dict[str, torch.Tensor]:
+        """The whole model's state, gathered from every stage (keys ``<layer>.<name>``)."""
+        self.inbox.weights.clear()
+        if len(self.worker_list) > 1:
+            self.send(self.topics.fixed(Family.COMMAND), Collect(run_id=self.run_id))
+        self.node.wait_until(
+            lambda: len(self.inbox.weights) >= len(self.worker_list) - 1,
+            self.config.startup_timeout,
+            lambda: (
+                f"workers {sorted(set(self.worker_list[1:]) - set(self.inbox.weights))} did not send "
+                "their weights"
+            ),
+        )
+        state: dict[str, torch.Tensor] = {}
+        for part in [self.stage.state(), *(w.tensors for w in self.inbox.weights.values())]:
+            for key, value in part.items():
+                state[key.removeprefix("layers.")] = value
+        return state
+
+    def save_model(self, path: str) -> None:
+        state = self.collect_weights()
+        torch.save(state, path)
+        log.info(
+            "saved the trained model (%d layers, %d tensors) to %s", num_layers(self.spec), len(state), path
+        )

@@ -1,0 +1,279 @@
+"""The run context: everything one pipeline run on the central node knows, built once and complete.
+
+:class:`RunState` is constructed after discovery, when the devices, the data and the model are known:
+its constructor profiles the layers, makes the initial split and builds stage 0, so no attribute is
+ever half-initialised. The modules of this package add behaviour to it as a chain of classes (setup,
+planning, liveness, switching, evaluation, recovery, the trainer); the node (:mod:`.node`) owns the
+runtime (transport, inbox, heartbeats) and hands it to the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from edgeagent.compression.stage import StageCodecs
+from edgeagent.config import CentralConfig, parse_slowdown_change
+from edgeagent.data import Dataset, batches_per_epoch
+from edgeagent.models import ModelSpec, build_model
+from edgeagent.pipeline.build import TrainOptions, build_stage
+from edgeagent.pipeline.runner import StageRunner
+from edgeagent.pipeline.stage import Stage
+from edgeagent.planner.deadlines import Deadlines
+from edgeagent.planner.dp import Link
+from edgeagent.planner.policy import RepartitionPolicy
+from edgeagent.planner.profiler import LayerProfile, profile_layers
+from edgeagent.protocol.messages import (
+    Announce,
+    EvalResult,
+    Event,
+    Gradient,
+    LinkReport,
+    Message,
+    Ready,
+    Weights,
+)
+from edgeagent.protocol.topics import Family
+from edgeagent.replication.store import WeightStore
+from edgeagent.replication.switch import Switch
+from edgeagent.roles.central.report import RunReport
+
+if TYPE_CHECKING:
+    from edgeagent.roles.central.node import Central
+
+log = logging.getLogger("edgeagent.roles.central")
+
+
+@dataclass
+class DeviceState:
+    """What the central node knows of one worker: liveness (stamped on the network thread) and what it
+    announced (emulated slowdown, memory limit)."""
+
+    device_id: str
+    last_heartbeat: float
+    slowdown: float = 1.0
+    memory_limit: float = 0.0
+    online: bool = True
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault the run detected (Sec. III-F): returned to the training loop, which recovers."""
+
+    dead: list[str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the planning job proposes: a split over a worker list (longer than now if devices joined)."""
+
+    points: list[int]
+    predicted: float
+    reason: str
+    workers: list[str]
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass
+class Inbox:
+    """What the handlers collected for the run's waits (the training loop, evaluation, switches)."""
+
+    gradients: dict[int, Gradient] = field(default_factory=dict)
+    results: dict[int, EvalResult] = field(default_factory=dict)
+    weights: dict[str, Weights] = field(default_factory=dict)  # answers to "collect"
+    links: dict[str, LinkReport] = field(default_factory=dict)
+    ready: dict[int, dict[str, str]] = field(default_factory=dict)  # plan id -> device -> phase
+    alive: dict[str, Ready] = field(default_factory=dict)  # answers to a recovery's ping
+    eval_ids: set[int] = field(default_factory=set)  # evaluation batches whose results are due
+    error: str = ""  # the latest error a worker of the run reported ("" for none)
+
+
+class RunState:
+    """One run's state; see the module's docstring. ``resume`` is a loaded checkpoint (or None)."""
+
+    def __init__(
+        self,
+        node: Central,
+        config: CentralConfig,
+        data: Dataset,
+        spec: ModelSpec,
+        worker_list: list[str],
+        *,
+        resume: dict[str, Any] | None = None,
+    ) -> None:
+        self.node = node
+        self.topics = node.topics
+        self.device_id = node.device_id
+        self.times = node.times
+        self.config = config
+        self.train = config.train
+        self.run_id = node.run_id
+        self.data = data
+        self.spec = spec
+        self.resume = resume
+        self.start_version = int(resume["version"]) if resume else 0
+        # Plan ids above the dead central node's, so that no stale message of its plans is taken.
+        self.plan_id = int(resume["plan_id"]) + 1 if resume else 0
+        self.plan_counter = self.plan_id
+        self.workers: dict[str, DeviceState] = node.workers  # shared: the network thread stamps liveness
+        self.announced: dict[str, Announce] = node.announced
+        self.worker_list = list(worker_list)
+        self.per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
+        total = self.per_epoch * self.train.epochs
+        self.total = min(total, self.train.max_batches) if self.train.max_batches else total
+        self.store = WeightStore(config.device_id)
+        self.inbox = Inbox()
+        self.status = 0  # Table I: 1 while recovering from a fault
+        self.grace_until = 0.0
+        self.train_started = 0.0  # perf_counter at the first batch; 0 during set-up
+        self.eval_seconds = 0.0
+        self.last_progress = 0.0
+        self.policy = RepartitionPolicy(config.repartition_first, config.repartition_every)
+        self.deadlines = Deadlines(config.timeout_multiplier, config.batch_timeout, config.probe_timeout)
+        self.batch_deadline = config.batch_timeout  # from the measured step: see refresh_deadline
+        self.known_caps: dict[str, float] = {}  # the latest measured capacity of every device
+        self.options = TrainOptions.of(self.train)
+        self.changes = sorted((parse_slowdown_change(c) for c in config.slowdown_changes), key=lambda c: c[1])
+        self.sent_at: dict[int, float] = {}
+        self.batch_orders: dict[int, list[torch.Tensor]] = {}  # the current epoch's batch order
+        self.stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
+        self.plan_job: Future[Plan] | None = None
+        self.codecs = StageCodecs()
+        self.bits: tuple[list[int], list[int]] | None = None
+        self.joiners: list[str] = []
+        self.switch: Switch | None = None
+        self.links: list[Link] = []  # measured once the workers are built (setup)
+        model = build_model(spec, seed=self.train.seed)
+        self.param_bytes = tuple(
+            sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in model
+        )
+        self.profile = self._profile(model)
+        self.points = self.initial_points()
+        if resume is not None and len(resume["points"]) == len(self.worker_list) + 1:
+            self.points = list(resume["points"])
+        self.report = self._new_report()
+        self.initial, self.initial_momentum = self._start_weights()
+        stage = build_stage(
+            spec,
+            seed=self.train.seed,
+            options=self.options,
+            points=self.points,
+            index=0,
+            weights=self.initial,
+            momentum_buffers=self.initial_momentum,
+            version=self.start_version,
+        )
+        self.runner = StageRunner(stage, 0, codecs=self.codecs)  # stage 0's data path (pipeline/runner.py)
+
+    # -- what every part of the run uses -------------------------------------------------------
+
+    def initial_points(self) -> list[int]:  # planning.Planning gives the real one
+        raise NotImplementedError
+
+    @property
+    def stage(self) -> Stage:
+        return self.runner.stage
+
+    @property
+    def resplits(self) -> bool:
+        """Whether the split follows measurements (FTPipeHD). ResPipe, the baseline, never re-splits: the
+        next worker takes a dead one's layers and keeps them (papers/002)."""
+        return self.config.partition == "dynamic" and self.config.recovery != "respipe"
+
+    def bound(self) -> int:
+        return self.train.in_flight or len(self.worker_list)
+
+    def send(self, topic: str, message: Message, *, retain: bool = False) -> int:
+        return self.node.send(topic, message, retain=retain)
+
+    def listen(self, topic: str) -> None:
+        self.node.listen(topic)
+
+    def stop_listening(self, topic: str) -> None:
+        self.node.stop_listening(topic)
+
+    def event(self, name: str, **details: Any) -> None:
+        self.send(self.topics.fixed(Family.EVENTS), Event(name=name, run_id=self.run_id, details=details))
+
+    def notify(self, **values: Any) -> None:
+        if self.node.progress is not None:
+            self.node.progress(values)
+
+    def clock(self) -> float:
+        """Training seconds so far (evaluation excluded): the time axis of the report."""
+        return time.perf_counter() - self.train_started - self.eval_seconds
+
+    def metrics(self) -> dict[str, Any] | None:
+        """What the central node publishes on its metrics topic (docs/protocol.md)."""
+        report = self.report
+        if not self.train_started:
+            return None
+        t = self.times.summary()
+        last = report.timeline[-1] if report.timeline else None
+        done = len(report.timeline)
+        return {
+            "stage": 0,
+            "batches": done,
+            "samples_per_second": done * self.train.batch_size / max(1e-9, self.clock()),
+            "compute_s": round(t["compute"], 3),
+            "communication_s": round(t["communication"], 3),
+            "idle_s": round(t["idle"], 3),
+            "wall_s": round(t["wall"], 3),
+            "loss": last["loss"] if last else None,
+            "accuracy": report.test_accuracy_per_epoch[-1] if report.test_accuracy_per_epoch else None,
+            "points": list(self.points),
+            "workers": list(self.worker_list[1:]),
+            "status": self.status,
+            "compression_ratio": round(self.codecs.ratio, 3),
+            "slowdown": self.config.slowdown,
+            "link_mbps": self.config.link_mbps,
+        }
+
+    # -- built once --------------------------------------------------------------------------
+
+    def _profile(self, model: torch.nn.Sequential) -> LayerProfile:
+        sample = self.data.x_train[: self.train.batch_size]
+        profile = profile_layers(list(model), sample, runs=10)
+        log.info(
+            "profiled %d layers: %.2f ms per batch in all", len(profile.seconds), 1e3 * sum(profile.seconds)
+        )
+        return profile
+
+    def _new_report(self) -> RunReport:
+        report = RunReport(
+            run_id=self.run_id,
+            model=self.train.model,
+            dataset=self.data.name,
+            workers=self.worker_list[1:],
+            in_flight=self.bound(),
+            aggregation=self.train.aggregation,
+            layer_profile=self.profile.to_dict(),
+            partition_mode=self.config.partition,
+        )
+        if self.resume is not None:
+            for key in ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch"):
+                getattr(report, key).extend(self.resume["history"][key])
+            report.recoveries.append(
+                {"case": "central", "resumed_from": self.resume["version"], "checkpoint": self.config.resume}
+            )
+        return report
+
+    def _start_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
+        """(weights, momentum) the run starts from: a checkpoint's, pre-trained weights (continuous
+        learning, renamed to the stage modules' ``layers.<j>.`` keys), or none (the seed's)."""
+        if self.resume is not None:
+            return self.resume["weights"], self.resume["momentum"]
+        if not self.train.init_weights:
+            return None, None
+        state = torch.load(self.train.init_weights, map_location="cpu", weights_only=True)
+        return {k if k.startswith("layers.") else f"layers.{k}": v for k, v in state.items()}, None

@@ -1,0 +1,230 @@
+"""The central node: holds the data, runs stage 0, drives the run (papers/000 Sec. III).
+
+:class:`Central` is the node's lasting part on the role runtime: connection, status, heartbeats,
+systemd, liveness stamped on arrival, and discovery of the devices (Sec. III-B). Once the devices are
+known it builds the run's context (:class:`~edgeagent.roles.central.trainer.PipelineRun`, complete from
+its constructor), installs the run's handlers and lets it train; the run's parts live in this package:
+``setup``, ``planning``, ``liveness``, ``switching``, ``evaluation``, ``recovery``, ``checkpoint``,
+``trainer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from edgeagent.config import CentralConfig
+from edgeagent.data import Dataset, load_dataset
+from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
+from edgeagent.models import ModelSpec, num_layers
+from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
+from edgeagent.protocol.limits import InboxLimits
+from edgeagent.protocol.messages import Announce, Discover, Heartbeat, Message, Status, Stop
+from edgeagent.protocol.topics import Family, Topics
+from edgeagent.roles.central.checkpoint import load_checkpoint
+from edgeagent.roles.central.context import DeviceState, new_run_id
+from edgeagent.roles.central.report import RunReport
+from edgeagent.roles.central.trainer import PipelineRun
+from edgeagent.runtime.compute import configure_threads
+from edgeagent.runtime.probes import LinkProbes
+from edgeagent.runtime.role import Inbound, Role
+from edgeagent.transport.base import Transport
+
+log = logging.getLogger("edgeagent.roles.central")
+_MAX_ANNOUNCED = 1024  # devices remembered from their announcements (the run's own are never dropped)
+
+ProgressHook = Callable[[dict[str, Any]], None]
+
+
+def _where(transport: Transport) -> str:
+    url = getattr(transport, "url", None)
+    return url.redacted() if url is not None and hasattr(url, "redacted") else str(url or "?")
+
+
+class Central(Role):
+    """Runs one training run to its end: ``Central(config).run()`` returns the :class:`RunReport`."""
+
+    def __init__(
+        self,
+        config: CentralConfig,
+        transport: Transport | None = None,
+        progress: ProgressHook | None = None,
+        *,
+        limits: InboxLimits | None = None,
+    ) -> None:
+        topics = Topics(config.cluster)
+        self._owns_transport = transport is None
+        if transport is None:
+            transport = Role.mqtt_transport(topics, config.device_id, config, link_mbps=config.link_mbps)
+        super().__init__(transport, topics, config.device_id, limits=limits)
+        self.notifier = Notifier()
+        self.resume = load_checkpoint(config.resume) if config.resume else None
+        if self.resume is not None:
+            # The run goes on where the checkpoint left it: same run, same training settings.
+            config = config.model_copy(
+                update={"train": CentralConfig.model_validate_json(self.resume["config"]).train}
+            )
+        self.config = config
+        self.run_id = self.resume["run_id"] if self.resume else new_run_id()
+        self.progress = progress
+        self.probes = LinkProbes(self)
+        self.workers: dict[str, DeviceState] = {}  # the run's devices; liveness stamped on arrival
+        self.announced: dict[str, Announce] = {}  # what devices announced (joins, restarts)
+        self.pipeline: PipelineRun | None = None  # the run, once its devices are known
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self) -> RunReport:
+        started = time.perf_counter()
+        configure_threads(self.config.threads)
+        torch.manual_seed(self.config.train.seed)
+        # The user's choices first (data, model, enough layers): a typo is reported before any wait.
+        try:
+            data, spec = self._load()
+        except (EdgeAgentError, ValueError):
+            if self._owns_transport:
+                self.transport.close()
+            raise
+        self.listen(self.topics.fixed(Family.ANNOUNCE))
+        for family in (Family.HEARTBEAT, Family.STATUS, Family.REPLY, Family.REQUEST):
+            self.listen(self.topics.devices(family))
+        if not self.transport.wait_connected(self.config.startup_timeout):
+            raise TrainingError(
+                f"no broker at {_where(self.transport)} after "
+                f"{self.config.startup_timeout:.0f} s; start one or pass --broker"
+            )
+        self.set_status("training", run_id=self.run_id, stage=0)
+        self.start_heartbeats(self.config.heartbeat_interval)
+        self.start_metrics(self.config.metrics_interval, self._metrics)
+        # Under systemd (Type=notify): ready once connected; the watchdog is petted only while the MQTT
+        # loop and the scheduler are healthy, as on the workers.
+        self.notifier.ready(f"{self.device_id} running {self.run_id} on {self.topics.base}")
+        interval = watchdog_interval()
+        watchdog = Watchdog(self.notifier, self.healthy, interval).start() if interval else None
+        try:
+            worker_list = [self.device_id, *self._discover(self.config.workers)]
+            run = PipelineRun(self, self.config, data, spec, worker_list, resume=self.resume)
+            self.pipeline = run
+            for kind, handler in run.handlers().items():
+                self.on(kind, handler)
+            report = run.execute()
+            report.wall_seconds = time.perf_counter() - started
+            if self.config.save_model:
+                run.save_model(self.config.save_model)
+            return report
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
+            self._finish()
+
+    def _load(self) -> tuple[Dataset, ModelSpec]:
+        """The data set and the model, checked against the number of devices before anything waits."""
+        train = self.config.train
+        data = load_dataset(train.dataset, seed=train.seed, test_fraction=train.test_fraction)
+        spec = ModelSpec(
+            train.model, data.in_shape, data.num_classes, tuple(sorted(train.model_options.items()))
+        )
+        layers = num_layers(spec)
+        if self.config.workers + 1 > layers:
+            raise PlanningError(
+                f"model {spec.name!r} has {layers} layers: it cannot be split over the central node and "
+                f"{self.config.workers} workers (at most {layers - 1}); start fewer workers "
+                "(--workers) or pick a deeper model (--model, --model-option)"
+            )
+        return data, spec
+
+    def _finish(self) -> None:
+        self.notifier.send("STOPPING=1")
+        self.publish_metrics()  # the final figures of this run
+        self.report_drops()
+        if self.pipeline is not None and self.pipeline.worker_list[1:]:
+            self.send(self.topics.fixed(Family.COMMAND), Stop(run_id=self.run_id))
+        self.set_status("idle")  # the run is over (workers leave a run whose central node is idle)
+        self.stop_heartbeats()
+        self.probes.unwatch_all()
+        if self._owns_transport:
+            self.set_status("left")  # and the process leaves: monitors stop listing it as a live device
+            self.transport.close()
+
+    def _metrics(self) -> dict[str, Any] | None:
+        return self.pipeline.metrics() if self.pipeline is not None else None
+
+    def collect_weights(self) -> dict[str, torch.Tensor]:
+        """The whole trained model's state, gathered from every stage (keys ``<layer>.<name>``)."""
+        if self.pipeline is None:
+            raise TrainingError("no run: collect_weights needs a run that has started")
+        return self.pipeline.collect_weights()
+
+    # -- devices -------------------------------------------------------------------------------
+
+    def _discover(self, wanted: int) -> list[str]:
+        """Ask devices to announce themselves until ``wanted`` idle workers answered."""
+        if wanted == 0:
+            return []
+        found: dict[str, Announce] = {}
+
+        def on_announce(item: Inbound) -> None:
+            msg = item.message
+            assert isinstance(msg, Announce)
+            # Idle devices, or (after the central node itself restarted) devices still in this run.
+            if msg.busy_with in ("", self.run_id) and msg.device_id != self.device_id:
+                found.setdefault(msg.device_id, msg)
+
+        next_ask = 0.0
+
+        def enough() -> bool:
+            nonlocal next_ask
+            if len(found) >= wanted:
+                return True
+            if time.monotonic() >= next_ask:
+                self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
+                next_ask = time.monotonic() + 2.0
+            return False
+
+        log.info("waiting for %d worker(s) on %s", wanted, self.topics.base)
+        self.on(Announce, on_announce)
+        self.wait_until(
+            enough,
+            self.config.startup_timeout,
+            lambda: (
+                f"only {len(found)} of {wanted} workers announced themselves ({sorted(found)}); start "
+                f"more with `edgeagent worker --broker URL --cluster {self.topics.cluster}`"
+            ),
+        )
+        # The worker list is ordered by device id so that a re-run gives the same pipeline.
+        chosen = sorted(found)[:wanted]
+        now = time.monotonic()
+        for d in chosen:
+            self.workers[d] = DeviceState(
+                d, now, slowdown=found[d].slowdown, memory_limit=found[d].memory_limit
+            )
+        log.info("workers: %s", ", ".join(chosen))
+        return chosen
+
+    def remember(self, msg: Announce, *, keep: list[str]) -> None:
+        """Keep ``msg`` as the device's latest announcement; bounded (forged ids must not grow it forever),
+        never forgetting the devices in ``keep``."""
+        self.announced.pop(msg.device_id, None)
+        self.announced[msg.device_id] = msg
+        while len(self.announced) > _MAX_ANNOUNCED:
+            oldest = next(d for d in self.announced if d not in keep)
+            del self.announced[oldest]
+
+    def on_arrival(self, sender: str, message: Message) -> None:
+        # Network thread: liveness is stamped on arrival (see Role.on_arrival). Any message from a
+        # worker is a sign of life, not only heartbeats: on a saturated slow uplink its heartbeats
+        # wait behind the activations in the same TCP stream.
+        w = self.workers.get(sender)
+        if isinstance(message, Status) and message.state == "offline":
+            if w is not None:
+                w.online = False
+            return
+        if w is not None and (
+            isinstance(message, Heartbeat) or getattr(message, "run_id", None) == self.run_id
+        ):
+            w.last_heartbeat = time.monotonic()
+            w.online = True

@@ -1,0 +1,39 @@
+"""What a run returns and ``--report`` writes (JSON): :class:`RunReport`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunReport:
+    """What ``--report`` writes (JSON)."""
+
+    run_id: str
+    model: str
+    dataset: str
+    workers: list[str]
+    final_accuracy: float = 0.0
+    test_accuracy_per_epoch: list[float] = field(default_factory=list)
+    test_loss_per_epoch: list[float] = field(default_factory=list)
+    train_loss_per_epoch: list[float] = field(default_factory=list)
+    samples_per_second: float = 0.0
+    batches: int = 0
+    epochs: int = 0
+    wall_seconds: float = 0.0
+    train_seconds: float = 0.0
+    partitions: list[dict[str, Any]] = field(default_factory=list)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    partition_mode: str = "dynamic"
+    in_flight: int = 0
+    aggregation: bool = True
+    links: list[dict[str, float]] = field(default_factory=list)
+    compression: str = "none"
+    compression_ratio: float = 1.0  # uncompressed / sent bytes of stage 0's activation messages (envelope in)
+    compression_ratio_tensors: float = 1.0  # the same for the tensors alone (codec parameters in)
+    layer_profile: dict[str, Any] = field(default_factory=dict)
+    timeline: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)

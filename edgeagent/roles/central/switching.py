@@ -1,0 +1,113 @@
+"""Switching to a new split (papers/000 Sec. III-D, Algorithm 1): devices fetch the layers they lack,
+then a commit barrier; joiners are admitted the same way. Used by re-splits and by recoveries."""
+
+from __future__ import annotations
+
+import logging
+
+from edgeagent.pipeline.runner import StageRunner
+from edgeagent.protocol.messages import Commit, Repartition
+from edgeagent.protocol.topics import Family
+from edgeagent.replication.switch import Switch
+from edgeagent.roles.central.context import Fault, Plan
+from edgeagent.roles.central.liveness import Liveness
+
+log = logging.getLogger("edgeagent.roles.central")
+
+
+class Switching(Liveness):
+    """Moves the pipeline to a new split; every wait returns a :class:`Fault` if a device stops."""
+
+    def _admit_joiners(self, plan: Plan, version: int) -> Fault | None:
+        """Give joining devices the run's state for the new split; they fetch their layers in the switch."""
+        joiners = [d for d in plan.workers if d not in self.worker_list]
+        for device in joiners:
+            self.inbox.ready.get(self.plan_id, {}).pop(device, None)
+            self._assign(device, committed=version - 1, worker_list=plan.workers, points=plan.points)
+            self.workers[device] = self._worker_from(device)
+        fault = self._wait_ready(self.plan_id, "built", set(joiners))
+        if fault is not None:
+            return fault
+        for device in joiners:
+            self.joiners.remove(device)
+            log.info("%s joined the run at batch %d", device, version)
+            self.event("join", device=device, batch=version)
+        return None
+
+    def _switch_to(
+        self,
+        points: list[int],
+        *,
+        version: int,
+        workers: list[str] | None = None,
+        sources: list[str] | None = None,
+        recovery: bool = False,
+        reason: str = "",
+    ) -> Fault | None:
+        """Move layers to a new split: fetch, commit, build (the pipeline is drained or stopped).
+
+        For a recovery every stage rolls back to ``version`` and ``sources`` says who serves each old
+        stage's weights; ``workers`` is the new worker list (survivors, in their old order). A device
+        that stops meanwhile is returned as a :class:`Fault`.
+        """
+        new_list = workers or self.worker_list
+        # Plan ids are never reused: a switch that a fault interrupted must not lend its replies to the next.
+        self.plan_counter = max(self.plan_counter, self.plan_id) + 1
+        order = Repartition(
+            run_id=self.run_id,
+            plan_id=self.plan_counter,
+            points=points,
+            worker_list=new_list,
+            previous_points=self.points,
+            previous_workers=self.worker_list,
+            version=version,
+            reason=reason,
+            recovery=recovery,
+            sources=sources or [],
+        )
+        for device in new_list[1:]:
+            self.send(self.topics.device(Family.CONTROL, device), order)
+        switch = Switch.start(self.device_id, order, self.store, self.stage, self.spec, self.train.seed)
+        assert switch is not None
+        self.switch = switch
+        for holder in switch.holders:
+            self.listen(self.topics.device(Family.REPLICA, holder))
+        for request in switch.requests():
+            self.send(self.topics.device(Family.REQUEST, self.device_id), request)
+
+        def holder_gone() -> Fault | None:
+            gone = sorted(h for h in switch.holders if h in self.workers and not self.workers[h].online)
+            return (
+                Fault(gone, f"{gone} stopped while serving layers for plan {order.plan_id}") if gone else None
+            )
+
+        fault = self.node.wait_until(
+            lambda: switch.complete,
+            self.config.startup_timeout,
+            lambda: f"layers {switch.pending} never arrived for plan {order.plan_id}",
+            fault=holder_gone,
+        ) or self._wait_ready(order.plan_id, "fetched", set(new_list[1:]))
+        if fault is not None:
+            return fault
+        self.send(self.topics.fixed(Family.COMMIT), Commit(run_id=self.run_id, plan_id=order.plan_id))
+        built = switch.build(self.spec, self.train.seed, self.options)
+        self.runner = StageRunner(built, 0, codecs=self.codecs)
+        for holder in switch.plan.fetch:
+            self.stop_listening(self.topics.device(Family.REPLICA, holder))
+        self.switch = None
+        self._unsubscribe_stage()
+        self.plan_id, self.points, self.worker_list = order.plan_id, list(points), list(new_list)
+        self._subscribe_stage()
+        # Snapshots of the old layout cannot restore the new one: start afresh at this version. The
+        # workers' global replicas of it arrive before their "built" (same topic).
+        self.store.clear()
+        self.store.snapshot(self.stage)
+        fault = self._wait_ready(order.plan_id, "built", set(new_list[1:]))
+        if fault is not None:
+            return fault
+        self.stage_times = []
+        self.bits = None  # a new split: tell every stage its codecs again
+        self._apply_compression(epoch=version // max(1, self.per_epoch))
+        self._refresh_deadline()
+        self.event("partition", points=points, batch=version, plan_id=self.plan_id, workers=new_list)
+        return None
