@@ -18,7 +18,7 @@ from ``--mode`` (``pipeline``, FTPipeHD's, by default). A new mode is a new modu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from edgeagent.data import Dataset
@@ -50,6 +50,15 @@ class WorkerSession(Protocol):
         """The run is over here: unsubscribe, release what the session holds."""
         ...
 
+    def metrics(self) -> dict[str, Any]:
+        """What the device publishes on its metrics topic while in this run (docs/protocol.md)."""
+        ...
+
+    def profile_changed(self) -> None:
+        """The worker applied a new device profile live: adapt what depends on it (a compression
+        override, say)."""
+        ...
+
 
 class TrainingMode(Protocol):
     """A way to train over the runtime; ``name`` is what ``--mode`` and ``Assign.mode`` say."""
@@ -66,5 +75,9 @@ class TrainingMode(Protocol):
         ...
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
-        """The worker's half of a run; None (after reporting why) when this device cannot take it."""
+        """The worker's half of a run; None (after reporting why) when this device cannot take it.
+
+        ``assign`` may re-assign the run the worker is in (a recovery): once the new session can be
+        built, it leaves that run (``worker.leave_run()``) before it subscribes to anything.
+        """
         ...

@@ -186,6 +186,10 @@ class Role:
         """
         self._handlers[kind] = handler
 
+    def off(self, kind: type[Message]) -> None:
+        """Stop handling messages of type ``kind`` (a run's handlers, when the run ends); no-op if none."""
+        self._handlers.pop(kind, None)
+
     def dispatch(self, item: Inbound) -> None:
         """Give ``item`` to the handler of its type (the most specific registered); ignore it if none."""
         for cls in type(item.message).__mro__:

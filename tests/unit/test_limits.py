@@ -43,6 +43,8 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.roles.central import Central, PipelineRun
 from edgeagent.roles.worker import Worker, stage_input
+from edgeagent.roles.worker.run import Run
+from edgeagent.roles.worker.session import PipelineSession
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Inbound, Role
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
@@ -545,13 +547,19 @@ class StageOne:
         )
         self.pub.publish(TOPICS.device(Family.CONTROL, "w1"), encode(assign, sender="central"))
         self.worker._step()
-        assert self.worker.run_state is not None and self.worker.run_state.index == 1
+        assert self.run is not None and self.run.index == 1
+
+    @property
+    def run(self) -> Run | None:
+        """The worker's pipeline run (its session's state), if it is in one."""
+        session = self.worker.session
+        return session.run if isinstance(session, PipelineSession) else None
 
     def send(self, topic: str, msg: Message) -> None:
         self.pub.publish(topic, encode(msg, sender="central"))
         for _ in range(10):  # handle it, and compute what it made ready (never block on an empty inbox)
-            run = self.worker.run_state
-            work = run is not None and (self.worker._ready(run) is not None or bool(run.evals))
+            session = self.worker.session
+            work = session is not None and session.has_work()
             if not work and self.worker.inbox.empty():
                 return
             self.worker._step()
@@ -573,7 +581,7 @@ class StageOne:
 
 def test_worker_drops_activations_that_do_not_fit_and_trains_on_the_real_one(broker: MemoryBroker) -> None:
     w = StageOne(broker)
-    run = w.worker.run_state
+    run = w.run
     assert run is not None and run.sample == ((128,), torch.float32)
     w.activation(0, torch.zeros(4, 7))  # wrong shape: the forward pass would raise
     w.activation(0, torch.zeros(4, 128, dtype=torch.float64))  # wrong dtype
@@ -591,7 +599,7 @@ def test_worker_drops_activations_that_do_not_fit_and_trains_on_the_real_one(bro
 
 def test_worker_drops_gradients_that_do_not_fit_and_keeps_the_batch(broker: MemoryBroker) -> None:
     w = StageOne(broker)
-    run = w.worker.run_state
+    run = w.run
     assert run is not None
     w.activation(0, torch.randn(4, 128))
     assert run.runner.outputs == {0: ((4, 64), torch.float32)}
@@ -655,6 +663,6 @@ def test_worker_leaves_a_run_when_the_central_node_goes_idle_without_its_stop(br
     central_status = TOPICS.device(Family.STATUS, "central")
     w.send(central_status, Status(device_id="central", state="offline"))
     w.send(central_status, Status(device_id="central", state="training", run_id="run", stage=0))
-    assert w.worker.run_state is not None
+    assert w.run is not None
     w.send(central_status, Status(device_id="central", state="idle"))
-    assert w.worker.run_state is None and w.worker.completed_runs == 1
+    assert w.worker.session is None and w.worker.completed_runs == 1
