@@ -60,6 +60,19 @@ class WorkerSession(Protocol):
         ...
 
 
+class CentralRun(Protocol):
+    """What the central node needs of a mode's run while it lasts: the handlers of its messages, its
+    metrics, the devices it uses (told to stop at the end) and the trained model."""
+
+    worker_list: list[str]
+
+    def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]: ...
+
+    def metrics(self) -> dict[str, Any] | None: ...
+
+    def collect_weights(self) -> dict[str, Any]: ...
+
+
 class TrainingMode(Protocol):
     """A way to train over the runtime; ``name`` is what ``--mode`` and ``Assign.mode`` say."""
 
@@ -70,8 +83,9 @@ class TrainingMode(Protocol):
         (a model too shallow for the devices, say)."""
         ...
 
-    def run(self, central: Central, data: Dataset, spec: ModelSpec) -> RunReport:
-        """Drive one run on the central node, once its devices are discovered."""
+    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+        """Drive one run on the central node over the discovered ``devices`` (the central node first);
+        :meth:`Central.attach` gives the node the run's handlers and metrics."""
         ...
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:

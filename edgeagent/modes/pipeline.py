@@ -1,8 +1,9 @@
 """FTPipeHD's asynchronous pipeline (papers/000) as a training mode: the default, ``--mode pipeline``.
 
-The worker's half is :class:`~edgeagent.roles.worker.session.PipelineSession`. The central node still
-drives the pipeline itself (:mod:`edgeagent.roles.central`); its half moves behind :meth:`check` and
-:meth:`run` separately. Both halves are imported when first used: the registry
+The central node's half is :class:`~edgeagent.roles.central.trainer.PipelineRun` (the package
+:mod:`edgeagent.roles.central`), the worker's half
+:class:`~edgeagent.roles.worker.session.PipelineSession`; both move data through
+:class:`~edgeagent.pipeline.runner.StageRunner`. Both halves are imported when first used: the registry
 (:mod:`edgeagent.modes`) stays free of torch and of the roles.
 """
 
@@ -25,10 +26,27 @@ class PipelineMode:
     name: ClassVar[str] = "pipeline"
 
     def check(self, spec: ModelSpec, workers: int) -> None:
-        raise NotImplementedError("the central node checks the pipeline's model itself")
+        """One stage per device: the model needs at least as many layers as devices."""
+        from edgeagent.errors import PlanningError
+        from edgeagent.models import num_layers
 
-    def run(self, central: Central, data: Dataset, spec: ModelSpec) -> RunReport:
-        raise NotImplementedError("the central node drives the pipeline itself")
+        layers = num_layers(spec)
+        if workers + 1 > layers:
+            raise PlanningError(
+                f"model {spec.name!r} has {layers} layers: it cannot be split over the central node and "
+                f"{workers} workers (at most {layers - 1}); start fewer workers "
+                "(--workers) or pick a deeper model (--model, --model-option)"
+            )
+
+    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+        from edgeagent.roles.central.trainer import PipelineRun
+
+        run = PipelineRun(central, central.config, data, spec, devices, resume=central.resume)
+        central.attach(run)
+        report = run.execute()
+        if central.config.save_model:
+            run.save_model(central.config.save_model)
+        return report
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
         from edgeagent.roles.worker.session import PipelineSession

@@ -2,8 +2,10 @@
 
 :class:`Central` is the node's lasting part on the role runtime: connection, status, heartbeats,
 systemd, liveness stamped on arrival, and discovery of the devices (Sec. III-B). Once the devices are
-known it builds the run's context (:class:`~edgeagent.roles.central.trainer.PipelineRun`, complete from
-its constructor), installs the run's handlers and lets it train; the run's parts live in this package:
+known it hands the run to the training mode (``--mode``; :mod:`edgeagent.modes`). The pipeline mode
+builds the run's context (:class:`~edgeagent.roles.central.trainer.PipelineRun`, complete from its
+constructor), attaches it (its handlers, its metrics) and lets it train; the run's parts live in this
+package:
 ``setup``, ``planning``, ``liveness``, ``switching``, ``evaluation``, ``recovery``, ``checkpoint``,
 ``trainer``.
 """
@@ -19,8 +21,10 @@ import torch
 
 from edgeagent.config import CentralConfig
 from edgeagent.data import Dataset, load_dataset
-from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
-from edgeagent.models import ModelSpec, num_layers
+from edgeagent.errors import EdgeAgentError, TrainingError
+from edgeagent.models import ModelSpec
+from edgeagent.modes import mode
+from edgeagent.modes.base import CentralRun
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import Announce, Discover, Heartbeat, Message, Status, Stop
@@ -28,7 +32,6 @@ from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.central.checkpoint import load_checkpoint
 from edgeagent.roles.central.context import DeviceState, new_run_id
 from edgeagent.roles.central.report import RunReport
-from edgeagent.roles.central.trainer import PipelineRun
 from edgeagent.runtime.compute import configure_threads
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Inbound, Role
@@ -74,7 +77,8 @@ class Central(Role):
         self.probes = LinkProbes(self)
         self.workers: dict[str, DeviceState] = {}  # the run's devices; liveness stamped on arrival
         self.announced: dict[str, Announce] = {}  # what devices announced (joins, restarts)
-        self.pipeline: PipelineRun | None = None  # the run, once its devices are known
+        self.mode = mode(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
+        self.active: CentralRun | None = None  # the mode's run, once its devices are known
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -106,15 +110,9 @@ class Central(Role):
         interval = watchdog_interval()
         watchdog = Watchdog(self.notifier, self.healthy, interval).start() if interval else None
         try:
-            worker_list = [self.device_id, *self._discover(self.config.workers)]
-            run = PipelineRun(self, self.config, data, spec, worker_list, resume=self.resume)
-            self.pipeline = run
-            for kind, handler in run.handlers().items():
-                self.on(kind, handler)
-            report = run.execute()
+            devices = [self.device_id, *self._discover(self.config.workers)]
+            report = self.mode.run(self, data, spec, devices)
             report.wall_seconds = time.perf_counter() - started
-            if self.config.save_model:
-                run.save_model(self.config.save_model)
             return report
         finally:
             if watchdog is not None:
@@ -128,20 +126,14 @@ class Central(Role):
         spec = ModelSpec(
             train.model, data.in_shape, data.num_classes, tuple(sorted(train.model_options.items()))
         )
-        layers = num_layers(spec)
-        if self.config.workers + 1 > layers:
-            raise PlanningError(
-                f"model {spec.name!r} has {layers} layers: it cannot be split over the central node and "
-                f"{self.config.workers} workers (at most {layers - 1}); start fewer workers "
-                "(--workers) or pick a deeper model (--model, --model-option)"
-            )
+        self.mode.check(spec, self.config.workers)
         return data, spec
 
     def _finish(self) -> None:
         self.notifier.send("STOPPING=1")
         self.publish_metrics()  # the final figures of this run
         self.report_drops()
-        if self.pipeline is not None and self.pipeline.worker_list[1:]:
+        if self.active is not None and self.active.worker_list[1:]:
             self.send(self.topics.fixed(Family.COMMAND), Stop(run_id=self.run_id))
         self.set_status("idle")  # the run is over (workers leave a run whose central node is idle)
         self.stop_heartbeats()
@@ -150,14 +142,20 @@ class Central(Role):
             self.set_status("left")  # and the process leaves: monitors stop listing it as a live device
             self.transport.close()
 
+    def attach(self, run: CentralRun) -> None:
+        """The mode's run starts: its handlers take over the messages, its metrics are published."""
+        self.active = run
+        for kind, handler in run.handlers().items():
+            self.on(kind, handler)
+
     def _metrics(self) -> dict[str, Any] | None:
-        return self.pipeline.metrics() if self.pipeline is not None else None
+        return self.active.metrics() if self.active is not None else None
 
     def collect_weights(self) -> dict[str, torch.Tensor]:
-        """The whole trained model's state, gathered from every stage (keys ``<layer>.<name>``)."""
-        if self.pipeline is None:
+        """The trained model's state, gathered from every device of the run (keys ``<layer>.<name>``)."""
+        if self.active is None:
             raise TrainingError("no run: collect_weights needs a run that has started")
-        return self.pipeline.collect_weights()
+        return self.active.collect_weights()
 
     # -- devices -------------------------------------------------------------------------------
 
