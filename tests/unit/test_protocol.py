@@ -13,6 +13,7 @@ import random
 import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1086,11 +1087,11 @@ def test_repo_training_configs_validate(path: Path) -> None:
 # Partition
 
 
-def _stage_costs(costs: list[float], points: list[int]) -> list[float]:
+def _stage_costs(costs: Sequence[float], points: list[int]) -> list[float]:
     return [sum(costs[a:b]) for a, b in itertools.pairwise(points)]
 
 
-def _brute_force(costs: list[float], k: int) -> float:
+def _brute_force(costs: Sequence[float], k: int) -> float:
     n = len(costs)
     return min(max(_stage_costs(costs, [0, *cuts, n])) for cuts in itertools.combinations(range(1, n), k - 1))
 
