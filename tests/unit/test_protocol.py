@@ -35,11 +35,13 @@ from edgeagent.protocol.messages import (
     FORMAT_VERSION,
     MESSAGE_TYPES,
     Activation,
+    ActivationMode,
     Announce,
     Assign,
     Command,
     Commit,
     Discover,
+    ErrorCode,
     ErrorReport,
     EvalResult,
     Event,
@@ -52,11 +54,15 @@ from edgeagent.protocol.messages import (
     Metrics,
     Probe,
     Ready,
+    ReadyPhase,
     Repartition,
     SetCompression,
     Status,
+    StatusState,
     Stop,
+    TrainingModeName,
     Weights,
+    WeightsPurpose,
     decode,
     encode,
 )
@@ -321,7 +327,7 @@ HAND_SAMPLES: dict[MessageKind, Message] = {
         device_id="w1", values={"compute": 0.5, "batches": 12, "name": "x"}, run_id="r"
     ),
     MessageKind.EVENT: Event(name="repartition", run_id="run-1", details={"points": [0, 3, 9]}),
-    MessageKind.ERROR: ErrorReport(device_id="w1", code="bad_plan", reason="plan 2 is stale", run_id="run-1"),
+    MessageKind.ERROR: ErrorReport(device_id="w1", code="assign", reason="plan 2 is stale", run_id="run-1"),
     MessageKind.PROBE: Probe(source="w1", target="w2", nonce=99, reply=True, padding=bytes(range(256)) * 4),
     MessageKind.LINK_REPORT: LinkReport(
         run_id="run-1", source="w1", target="w2", bandwidth=1.5e6, latency=0.004
@@ -345,6 +351,8 @@ def _auto_value(tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return _auto_value(next(a for a in typing.get_args(tp) if a is not type(None)))
+    if origin is typing.Literal:
+        return typing.get_args(tp)[-1]  # not the default (usually the first value)
     if origin is list:
         (item,) = typing.get_args(tp)
         return [_auto_value(item), _auto_value(item)]
@@ -516,6 +524,17 @@ BAD_ENVELOPES = [
     ("tensor-dict-value", MessageKind.WEIGHTS, _set(("b", "tensors"), {"w": 1}), r"tensor"),
     ("optional-tensors", MessageKind.ASSIGN, _set(("b", "weights"), {"w": "x"}), r"assign\.weights"),
     ("stage-times-str", MessageKind.GRADIENT, _set(("b", "stage_times"), ["x"]), r"stage_times\[0\]"),
+    # Fields with a fixed set of values: the error names the field, the value and the allowed values.
+    ("state-unknown", MessageKind.STATUS, _set(("b", "state"), "up"), r"status\.state: 'up' is not one of"),
+    ("state-case", MessageKind.STATUS, _set(("b", "state"), "Idle"), r"'Idle' is not one of 'online', 'idl"),
+    ("mode-unknown", MessageKind.ACTIVATION, _set(("b", "mode"), "t"), r"activation\.mode.*'train', 'eval'"),
+    ("phase-unknown", MessageKind.READY, _set(("b", "phase"), "done"), r"ready\.phase: 'done'.*'alive'"),
+    ("purpose-unknown", MessageKind.WEIGHTS, _set(("b", "purpose"), "x"), r"weights\.purpose.*'global'"),
+    ("code-unknown", MessageKind.ERROR, _set(("b", "code"), "oops"), r"error\.code: 'oops'.*'assign'"),
+    ("assign-mode", MessageKind.ASSIGN, _set(("b", "mode"), "federated"), r"assign\.mode.*'pipeline'"),
+    ("literal-not-str", MessageKind.WEIGHTS, _set(("b", "purpose"), 1), r"weights\.purpose: 1 is not one"),
+    ("literal-list", MessageKind.READY, _set(("b", "phase"), ["built"]), r"ready\.phase: .*, got list"),
+    ("literal-long", MessageKind.STATUS, _set(("b", "state"), "x" * 1000), r"'x{35}\.\.\.' is not one of"),
 ]
 
 
@@ -526,6 +545,44 @@ def test_decode_rejects_bad_envelopes(kind: MessageKind, mutate: Any, pattern: s
     payload = _reencode(SAMPLES[kind], mutate)
     with pytest.raises(ProtocolError, match=pattern):
         decode(payload)
+
+
+ENUMERATIONS = {
+    (Status, "state"): StatusState,
+    (Activation, "mode"): ActivationMode,
+    (Ready, "phase"): ReadyPhase,
+    (Weights, "purpose"): WeightsPurpose,
+    (ErrorReport, "code"): ErrorCode,
+    (Assign, "mode"): TrainingModeName,
+}
+
+
+@pytest.mark.parametrize(("cls", "name"), list(ENUMERATIONS), ids=lambda v: getattr(v, "__name__", v))
+def test_enumerated_fields_take_exactly_their_values(cls: type[Message], name: str) -> None:
+    alias = ENUMERATIONS[(cls, name)]
+    assert typing.get_type_hints(cls)[name] is alias
+    kind = cls.KIND
+    for value in typing.get_args(alias):
+        _, out = decode(_reencode(SAMPLES[kind], _set(("b", name), value)))
+        assert getattr(out, name) == value
+    with pytest.raises(ProtocolError, match=rf"{kind.value}\.{name}: 'other' is not one of"):
+        decode(_reencode(SAMPLES[kind], _set(("b", name), "other")))
+    # Observers (the monitor) may take a value newer than their code; still only a string.
+    _, out = decode(_reencode(SAMPLES[kind], _set(("b", name), "other")), open_values=True)
+    assert getattr(out, name) == "other"
+    with pytest.raises(ProtocolError, match=rf"{kind.value}\.{name}"):
+        decode(_reencode(SAMPLES[kind], _set(("b", name), 7)), open_values=True)
+
+
+def test_enumerations_are_tested_and_documented() -> None:
+    for cls in [*MESSAGE_TYPES.values(), *COMMAND_TYPES.values()]:
+        for name, tp in typing.get_type_hints(cls).items():
+            if typing.get_origin(tp) is typing.Literal:
+                assert (cls, name) in ENUMERATIONS, f"{cls.__name__}.{name} is enumerated: test it"
+    doc = (REPO / "docs" / "protocol.md").read_text(encoding="utf-8")
+    for alias in ENUMERATIONS.values():
+        for value in typing.get_args(alias):
+            assert f"`{value}`" in doc, f"docs/protocol.md does not list {value!r}"
 
 
 @pytest.mark.parametrize("kind", [MessageKind.HEARTBEAT, MessageKind.ACTIVATION], ids=lambda k: k.value)

@@ -5,6 +5,9 @@ A device that shuts down cleanly publishes the retained state ``left``; that is 
 a device never makes its cluster look alive. A device seen leaving while the monitor watches stays
 listed for :data:`LEFT_GRACE` seconds; one that had left before the monitor started (a retained
 ``left``) is hidden at once. A cluster all of whose devices have left is finished.
+
+The monitor decodes with ``open_values``: a state or error code newer than this monitor is shown as it
+is, not dropped (a monitor may be older than the devices it watches).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from edgeagent.protocol.messages import (
     Message,
     Metrics,
     Status,
+    StatusState,
     decode,
 )
 from edgeagent.protocol.topics import PROTOCOL_VERSION, ROOT, Family, TopicInfo, Topics, check_name
@@ -38,7 +42,7 @@ log = logging.getLogger(__name__)
 
 LEFT_GRACE = 30.0  # seconds a device seen leaving stays in the table before it is hidden
 # States of a device that is not running and is not expected to: never shown as a live device.
-GONE_STATES = ("offline", "left")
+GONE_STATES: tuple[StatusState, ...] = ("offline", "left")
 
 # The families the monitor reads, all JSON. Everything else (the data plane) is not subscribed to.
 SHOWN_FAMILIES = (Family.STATUS, Family.HEARTBEAT, Family.METRICS, Family.REPLY)
@@ -58,7 +62,7 @@ class DeviceView:
 
     device_id: str
     cluster: str = "default"
-    state: str = ""  # "" until a status arrives
+    state: str = ""  # a StatusState, or a newer one this monitor does not know; "" until a status arrives
     run_id: str = ""
     stage: int = -1
     last_heartbeat: float | None = None  # clock() when the last heartbeat arrived
@@ -153,7 +157,7 @@ class ClusterState:
         if not wanted or (info.family is Family.REPLY and payload[:1] != b"{"):
             self.ignored += 1  # the data plane and CBOR replies (ready, weights): not decoded at all
             return
-        sender, message = decode(payload)
+        sender, message = decode(payload, open_values=True)
         now = self._clock()
         if info.device is not None:
             self._device_message(cluster, info.device, message, now)
