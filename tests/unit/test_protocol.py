@@ -67,7 +67,22 @@ from edgeagent.protocol.messages import (
     encode,
 )
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG, decode_tensor, encode_tensor
-from edgeagent.protocol.topics import Family, TopicInfo, Topics, check_name, topic_matches
+from edgeagent.protocol.topics import (
+    ANY,
+    DiscoveryInfo,
+    DiscoveryTopics,
+    Family,
+    TopicFilters,
+    TopicInfo,
+    Topics,
+    check_discovery_prefix,
+    check_name,
+    cluster_level,
+    fill_wildcards,
+    filter_wildcards,
+    parse_topic,
+    topic_matches,
+)
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 
 REPO = Path(__file__).resolve().parents[2]
@@ -708,6 +723,94 @@ def test_topic_device_wildcards() -> None:
     assert topic_matches(pattern, T.device(Family.HEARTBEAT, "w2"))
     assert not topic_matches(pattern, T.device(Family.STATUS, "w1"))
     assert not topic_matches(pattern, T.activations(0))
+
+
+@pytest.mark.parametrize(("topic", "info"), _all_built_topics(), ids=lambda v: str(v))
+def test_parse_topic_of_any_cluster(topic: str, info: TopicInfo) -> None:
+    assert cluster_level(topic) == "clu-1"
+    assert parse_topic(topic) == ("clu-1", info)
+    assert parse_topic(topic.replace("/clu-1/", "/other/", 1)) == ("other", info)
+
+
+@pytest.mark.parametrize(
+    "topic", ["edgeagent/v1/clu-1", "edgeagent/v2/clu-1/run/commit", "x/v1/clu-1/run/commit", "", "edgeagent"]
+)
+def test_cluster_level_needs_the_root_and_a_level_after_the_cluster(topic: str) -> None:
+    assert cluster_level(topic) is None
+    with pytest.raises(ProtocolError, match="not under edgeagent/v1/<cluster>/"):
+        parse_topic(topic)
+
+
+def test_cluster_level_of_filters_and_bad_names() -> None:
+    assert cluster_level("edgeagent/v1/+/device/+/status") == "+"
+    assert cluster_level("edgeagent/v1/#/x") == "#"
+    assert cluster_level("edgeagent/v1/clu-1/") == "clu-1"
+    for bad in ("edgeagent/v1/+/run/commit", "edgeagent/v1/a b/run/commit", "edgeagent/v1/clu-1/run/nope"):
+        with pytest.raises(ProtocolError):
+            parse_topic(bad)
+
+
+@pytest.mark.parametrize("cluster", ["clu-1", ANY])
+def test_topic_filters_match_the_topics_they_name(cluster: str) -> None:
+    tree = TopicFilters(cluster)
+    assert TopicFilters() == TopicFilters(ANY)
+    for other in (T, Topics("other")):
+        matches = other.cluster == "clu-1" or cluster == ANY
+        for topic, info in _all_built_topics():
+            topic = topic.replace("/clu-1/", f"/{other.cluster}/", 1)
+            assert topic_matches(tree.all(), topic) is matches
+            if info.device is not None:
+                assert topic_matches(tree.device(info.family), topic) is matches
+                assert topic_matches(tree.device(info.family, info.device), topic) is matches
+                assert not topic_matches(tree.device(info.family, "someone-else"), topic)
+            elif info.stage is not None:
+                assert topic_matches(tree.stage(info.family), topic) is matches
+            else:
+                assert topic_matches(tree.fixed(info.family), topic) is matches
+    assert TopicFilters("clu-1").all() == T.all()
+    assert TopicFilters("clu-1").device(Family.HEARTBEAT) == T.devices(Family.HEARTBEAT)
+    with pytest.raises(ValueError):
+        tree.device(Family.ACTIVATIONS)
+    with pytest.raises(ValueError):
+        tree.stage(Family.STATUS)
+    with pytest.raises(ValueError):
+        tree.fixed(Family.STATUS)
+
+
+def test_filter_wildcards_and_filling_them() -> None:
+    assert filter_wildcards("a/b") == (0, False)
+    assert filter_wildcards("a/+/b/+") == (2, False)
+    assert filter_wildcards("+/#") == (1, True)
+    assert filter_wildcards("a/b#") == (0, False)  # not a wildcard level
+    assert fill_wildcards("a/+/b/+", ["x", "y"]) == "a/x/b/y"
+    assert fill_wildcards("a/b", []) == "a/b"
+    with pytest.raises(ValueError):
+        fill_wildcards("a/+/b/+", ["x"])
+
+
+def test_discovery_topics() -> None:
+    ha = DiscoveryTopics()
+    assert ha.prefix == "homeassistant"
+    assert ha.config("sensor", "node", "obj") == "homeassistant/sensor/node/obj/config"
+    assert ha.configs("node") == "homeassistant/+/node/+/config"
+    assert ha.configs() == "homeassistant/+/+/+/config"
+    assert (ha.status(), ha.all()) == ("homeassistant/status", "homeassistant/#")
+    assert ha.parse(ha.config("sensor", "node", "obj")) == DiscoveryInfo("config", node="node")
+    assert ha.parse("homeassistant/status") == DiscoveryInfo("status")
+    for other in ("homeassistant/#", ha.configs("node"), "homeassistant/status/x", "homeassistant/a/b/c/d"):
+        assert ha.parse(other) == DiscoveryInfo("other")
+    for outside in ("homeassistant", "homeassistantx/status", "edgeagent/v1/lab/run/commit", ""):
+        assert ha.parse(outside) is None
+    site = DiscoveryTopics("site/ha")
+    assert site.parse("site/ha/sensor/n/o/config") == DiscoveryInfo("config", node="n")
+    assert site.parse("homeassistant/sensor/n/o/config") is None
+
+
+def test_check_discovery_prefix() -> None:
+    assert check_discovery_prefix("site/ha") == "site/ha"
+    for bad in ("", "#", "ha/+", "ha//x", "a/b/c/d/e", "edgeagent/x"):
+        with pytest.raises(ValueError, match="discovery prefix"):
+            check_discovery_prefix(bad)
 
 
 @pytest.mark.parametrize("bad", ["a/b", "+", "#", "", "x" * 65, "a b", "w+1", "dev#", "ü", "a\tb"])

@@ -33,7 +33,7 @@ from edgeagent.protocol.messages import (
     StatusState,
     decode,
 )
-from edgeagent.protocol.topics import PROTOCOL_VERSION, ROOT, Family, TopicInfo, Topics, check_name
+from edgeagent.protocol.topics import ANY, Family, TopicFilters, check_name, parse_topic
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -51,9 +51,8 @@ SHOWN_FIXED = (Family.ANNOUNCE, Family.EVENTS)
 
 def subscriptions(cluster: str | None = None) -> list[str]:
     """The topic patterns the monitor subscribes to: one cluster, or every cluster (``+``)."""
-    name = "+" if cluster is None else check_name("cluster", cluster)
-    base = f"{ROOT}/{PROTOCOL_VERSION}/{name}"
-    return [f"{base}/device/+/{f.value}" for f in SHOWN_FAMILIES] + [f"{base}/{f.value}" for f in SHOWN_FIXED]
+    tree = TopicFilters(ANY if cluster is None else check_name("cluster", cluster))
+    return [tree.device(f) for f in SHOWN_FAMILIES] + [tree.fixed(f) for f in SHOWN_FIXED]
 
 
 @dataclass
@@ -127,7 +126,6 @@ class ClusterState:
         self.dropped = 0  # malformed payloads and topics outside the protocol
         self.ignored = 0  # well-formed messages the monitor does not show (data plane, other clusters)
         self._active: set[str] = set()  # clusters with a live device or any traffic beyond statuses
-        self._topics: dict[str, Topics] = {}
 
     # -- folding in ----------------------------------------------------------------------------
 
@@ -144,7 +142,7 @@ class ClusterState:
             log.debug("monitor failed on a %d-byte message on %s", len(payload), topic, exc_info=True)
 
     def _apply(self, topic: str, payload: bytes) -> None:
-        cluster, info = self._parse(topic)
+        cluster, info = parse_topic(topic)
         if self.cluster is not None and cluster != self.cluster:
             self.ignored += 1
             return
@@ -170,18 +168,6 @@ class ClusterState:
             self._active.add(cluster)
         else:
             self.ignored += 1
-
-    def _parse(self, topic: str) -> tuple[str, TopicInfo]:
-        parts = topic.split("/", 3)
-        if len(parts) < 4 or parts[0] != ROOT or parts[1] != PROTOCOL_VERSION:
-            raise ProtocolError(f"topic {topic!r} is not under {ROOT}/{PROTOCOL_VERSION}/<cluster>/")
-        cluster = parts[2]
-        topics = self._topics.get(cluster)
-        if topics is None:
-            topics = Topics(cluster)  # checks the name
-            if len(self._topics) < 10_000:  # bounded even if someone sprays made-up clusters
-                self._topics[cluster] = topics
-        return cluster, topics.parse(topic)
 
     def _device(self, cluster: str, device_id: str, now: float) -> DeviceView:
         key = (cluster, device_id)
