@@ -30,11 +30,11 @@ from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
 
 from edgeagent.broker.credentials import PASSWD, USERS, CredentialStore, verify_password
-from edgeagent.errors import EdgeAgentError
+from edgeagent.errors import EdgeAgentError, ProtocolError
 from edgeagent.protocol.acl import Grant, PlanTracker, client_id_ok, may_publish, may_receive, may_subscribe
 from edgeagent.protocol.chunking import Reassembler, is_chunk
 from edgeagent.protocol.messages import Assign, Repartition, decode
-from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.topics import Family, parse_topic
 
 log = logging.getLogger(__name__)
 PLANS = "plans.json"
@@ -151,8 +151,11 @@ class SecurityPlugin(BaseAuthPlugin, BaseTopicPlugin):
         """Learn stage owners from the central node's assignments (only a central login can publish
         on control topics, and this event fires only for permitted messages)."""
         topic = str(message.topic)
-        parts = topic.split("/")
-        if len(parts) != 6 or parts[3] != "device" or parts[5] != Family.CONTROL.value:
+        try:
+            cluster, info = parse_topic(topic)
+        except ProtocolError:
+            return
+        if info.family is not Family.CONTROL:
             return
         payload = bytes(message.data or b"")
         with contextlib.suppress(Exception):
@@ -161,13 +164,12 @@ class SecurityPlugin(BaseAuthPlugin, BaseTopicPlugin):
                 if whole is None:
                     return
                 payload = whole
-            Topics(parts[2]).parse(topic)
             _, order = decode(payload)
             if isinstance(order, Assign | Repartition) and self.plans.update(
-                parts[2], order.run_id, order.plan_id, list(order.worker_list)
+                cluster, order.run_id, order.plan_id, list(order.worker_list)
             ):
                 self._decisions.clear()
-                log.info("cluster %s plan %d: stages held by %s", parts[2], order.plan_id, order.worker_list)
+                log.info("cluster %s plan %d: stages held by %s", cluster, order.plan_id, order.worker_list)
                 self._save_plans()
 
     def _save_plans(self) -> None:

@@ -15,12 +15,17 @@ import json
 import re
 from typing import Any
 
-from edgeagent.protocol.topics import ROOT, Family, Topics
+from edgeagent.protocol.topics import (
+    DEFAULT_DISCOVERY_PREFIX,
+    DiscoveryTopics,
+    Family,
+    Topics,
+    check_discovery_prefix,
+)
 
-DEFAULT_PREFIX = "homeassistant"
+DEFAULT_PREFIX = DEFAULT_DISCOVERY_PREFIX
 # Home Assistant's node and object ids: "[a-zA-Z0-9_-]" only.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-_PREFIX_LEVEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def node_id(cluster: str) -> str:
@@ -34,15 +39,7 @@ def check_prefix(prefix: str) -> str:
     Raises ValueError naming the allowed form. The prefix becomes a topic right (acl.py), so a
     wildcard or ``edgeagent/...`` would grant far more than discovery.
     """
-    levels = prefix.split("/") if isinstance(prefix, str) else []
-    if not levels or not all(_PREFIX_LEVEL.fullmatch(level) for level in levels) or len(levels) > 4:
-        raise ValueError(
-            f"Home Assistant discovery prefix {prefix!r}: use 1-4 topic levels of A-Z a-z 0-9 _ . - "
-            f"(no +, # or empty levels), e.g. {DEFAULT_PREFIX!r}"
-        )
-    if levels[0] == ROOT:
-        raise ValueError(f"Home Assistant discovery prefix {prefix!r} may not lie under {ROOT}/")
-    return prefix
+    return check_discovery_prefix(prefix)
 
 
 SENSORS: tuple[tuple[str, str, Family, str, str | None], ...] = (
@@ -63,6 +60,7 @@ SENSORS: tuple[tuple[str, str, Family, str, str | None], ...] = (
 def discovery_configs(topics: Topics, device_id: str, *, prefix: str = DEFAULT_PREFIX) -> dict[str, bytes]:
     """Topic -> retained JSON payload for each sensor of one device."""
     node = node_id(topics.cluster)
+    discovery = DiscoveryTopics(prefix)
     base_id = f"edgeagent_{topics.cluster}_{device_id}".replace("-", "_").replace(".", "_")
     out = {}
     for key, name, family, template, unit in SENSORS:
@@ -85,5 +83,5 @@ def discovery_configs(topics: Topics, device_id: str, *, prefix: str = DEFAULT_P
         if unit:
             config["unit_of_measurement"] = unit
             config["state_class"] = "measurement"
-        out[f"{prefix}/sensor/{node}/{base_id}_{key}/config"] = json.dumps(config).encode()
+        out[discovery.config("sensor", node, f"{base_id}_{key}")] = json.dumps(config).encode()
     return out

@@ -21,7 +21,7 @@ from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import StageCodecs, restore
 from edgeagent.pipeline.stage import Stage
 from edgeagent.protocol.limits import TensorMeta, activation_problem, gradient_problem
-from edgeagent.protocol.messages import Activation, Gradient
+from edgeagent.protocol.messages import Activation, ActivationMode, Gradient
 
 STAGE_TIME_WINDOW = 10  # batches in the moving window of step times (a device that slows down shows)
 
@@ -103,7 +103,7 @@ class StageRunner:
         plan_id: int,
         batch_id: int,
         version: int,
-        mode: str,
+        mode: ActivationMode,
         epoch: int,
     ) -> Activation:
         """The message carrying this stage's output of a batch (compressed as the codecs say). A training

@@ -50,6 +50,12 @@ def _finite_nonneg(name: str, values: Sequence[float]) -> None:
             raise ValueError(f"{name}[{i}] = {v} must be finite and >= 0")
 
 
+def _finite_positive(name: str, values: Sequence[float]) -> None:
+    for i, v in enumerate(values):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name}[{i}] = {v} must be finite and > 0")
+
+
 @dataclass(frozen=True)
 class Problem:
     """Everything the DP needs; all sequences are stored as tuples (lists are converted)."""
@@ -68,6 +74,16 @@ class Problem:
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
+        self._check_sizes()
+        _finite_nonneg("layer_times", self.layer_times)
+        _finite_nonneg("output_bytes", self.output_bytes)
+        _finite_positive("capacities", self.capacities)
+        self._check_param_bytes()
+        self._check_memory_limits()
+        self._check_options()
+
+    def _check_sizes(self) -> None:
+        """Layers, stages, output sizes and links that fit together."""
         num_layers, n = len(self.layer_times), len(self.capacities)
         if num_layers < 1:
             raise ValueError("a problem needs at least 1 layer, got 0")
@@ -79,21 +95,24 @@ class Problem:
             raise ValueError(f"{len(self.links)} links for {n} stages (need {n - 1})")
         if not all(isinstance(link, Link) for link in self.links):
             raise ValueError("links must be Link instances")
-        _finite_nonneg("layer_times", self.layer_times)
-        _finite_nonneg("output_bytes", self.output_bytes)
-        for k, c in enumerate(self.capacities):
-            if not (math.isfinite(c) and c > 0):
-                raise ValueError(f"capacities[{k}] = {c} must be finite and > 0")
-        if self.param_bytes is not None:
-            if len(self.param_bytes) != num_layers:
-                raise ValueError(f"{len(self.param_bytes)} parameter sizes for {num_layers} layers")
-            _finite_nonneg("param_bytes", self.param_bytes)
-        if self.memory_limits is not None:
-            if len(self.memory_limits) != n:
-                raise ValueError(f"{len(self.memory_limits)} memory limits for {n} stages")
-            for k, m in enumerate(self.memory_limits):
-                if m is not None and not m >= 0:
-                    raise ValueError(f"memory_limits[{k}] = {m} must be >= 0 or None")
+
+    def _check_param_bytes(self) -> None:
+        if self.param_bytes is None:
+            return
+        if len(self.param_bytes) != len(self.layer_times):
+            raise ValueError(f"{len(self.param_bytes)} parameter sizes for {len(self.layer_times)} layers")
+        _finite_nonneg("param_bytes", self.param_bytes)
+
+    def _check_memory_limits(self) -> None:
+        if self.memory_limits is None:
+            return
+        if len(self.memory_limits) != len(self.capacities):
+            raise ValueError(f"{len(self.memory_limits)} memory limits for {len(self.capacities)} stages")
+        for k, m in enumerate(self.memory_limits):
+            if m is not None and not m >= 0:
+                raise ValueError(f"memory_limits[{k}] = {m} must be >= 0 or None")
+
+    def _check_options(self) -> None:
         if self.in_flight < 0:
             raise ValueError(f"in_flight {self.in_flight} must be >= 0 (0 = number of stages)")
         if not (math.isfinite(self.activation_factor) and self.activation_factor >= 0):

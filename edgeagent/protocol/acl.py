@@ -35,7 +35,19 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from edgeagent.ops.homeassistant import DEFAULT_PREFIX, node_id
-from edgeagent.protocol.topics import DEVICE_PUBLISHED, PROTOCOL_VERSION, ROOT, Family, Topics
+from edgeagent.protocol.topics import (
+    ANY,
+    DEVICE_PUBLISHED,
+    REST,
+    DiscoveryKind,
+    DiscoveryTopics,
+    Family,
+    TopicFilters,
+    Topics,
+    cluster_level,
+    fill_wildcards,
+    filter_wildcards,
+)
 
 RoleName = Literal["central", "device", "observer"]
 ROLES: tuple[RoleName, ...] = ("central", "device", "observer")
@@ -49,7 +61,7 @@ DEVICE_READS_FIXED = (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVE
 STAGE_OUTPUTS = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS)
 
 
-HomeAssistantTopic = Literal["config", "status", "other"]
+HomeAssistantTopic = DiscoveryKind
 
 
 @dataclass(frozen=True)
@@ -67,27 +79,21 @@ class Grant:
         ``config``: a discovery config of this grant's cluster; ``status``: Home Assistant's birth and
         will topic; ``other``: anything else under the prefix (other clusters' and other things' configs).
         """
-        head = self.home_assistant_prefix + "/"
-        if not topic.startswith(head):
-            return None
-        rest = topic[len(head) :].split("/")
-        if rest == ["status"]:
-            return "status"
-        if len(rest) == 4 and rest[3] == "config" and not {"+", "#"} & set(rest):
-            node = rest[1]
-            ours = node.startswith(node_id("")) if self.cluster == "*" else node == node_id(self.cluster)
-            if ours:
-                return "config"
-        return "other"
+        info = DiscoveryTopics(self.home_assistant_prefix).parse(topic)
+        if info is None or info.node is None:  # not under the prefix; or the status, or another topic
+            return info.kind if info else None
+        node = info.node  # a config's
+        ours = node.startswith(node_id("")) if self.cluster == "*" else node == node_id(self.cluster)
+        return "config" if ours else "other"
 
     def clusters(self, topic: str) -> str | None:
         """The cluster a topic (or filter) of this grant names, or None if it is not this grant's."""
-        parts = topic.split("/")
-        if len(parts) < 4 or parts[0] != ROOT or parts[1] != PROTOCOL_VERSION:
+        cluster = cluster_level(topic)
+        if cluster is None:
             return None
         if self.cluster == "*":
-            return parts[2] if parts[2] not in ("+", "#") else None
-        return self.cluster if parts[2] == self.cluster else None
+            return cluster if cluster not in (ANY, REST) else None
+        return self.cluster if cluster == self.cluster else None
 
 
 @dataclass
@@ -199,16 +205,12 @@ def may_subscribe(user: str, grant: Grant, pattern: str) -> bool:
         return False
     if grant.role != "device":
         return True
-    levels = pattern.split("/")
-    wild = [i for i, level in enumerate(levels) if level == "+"]
-    if "#" in levels or len(wild) > 3:
+    wild, rest = filter_wildcards(pattern)
+    if rest or wild > 3:
         return False
     # Each "+" as a stage number, as some other device's id and as its own id: all must be readable.
-    for choice in itertools.product(("0", "peer-device", user), repeat=len(wild)):
-        concrete = list(levels)
-        for i, value in zip(wild, choice, strict=True):
-            concrete[i] = value
-        if not may_receive(user, grant, "/".join(concrete)):
+    for choice in itertools.product(("0", "peer-device", user), repeat=wild):
+        if not may_receive(user, grant, fill_wildcards(pattern, choice)):
             return False
     return True
 
@@ -236,31 +238,28 @@ def mosquitto_acl(users: dict[str, Grant]) -> str:
         "",
     ]
     for user, grant in sorted(users.items()):
-        cluster = "+" if grant.cluster == "*" else grant.cluster
-        base = f"{ROOT}/{PROTOCOL_VERSION}/{cluster}"
-        discovery = grant.home_assistant_prefix
+        tree = TopicFilters(ANY if grant.cluster == "*" else grant.cluster)
+        discovery = DiscoveryTopics(grant.home_assistant_prefix)
         lines.append(f"user {user}")
         if grant.role == "central":
-            lines.append(f"topic readwrite {base}/#")
+            lines.append(f"topic readwrite {tree.all()}")
             # A "*" grant's node ids (edgeagent_<any cluster>) are not one topic level Mosquitto can
             # match: it may write every node's configs here (the embedded broker still checks the name).
-            node = "+" if grant.cluster == "*" else node_id(grant.cluster)
-            lines.append(f"topic write {discovery}/+/{node}/+/config")
+            node = ANY if grant.cluster == "*" else node_id(grant.cluster)
+            lines.append(f"topic write {discovery.configs(node)}")
         elif grant.role == "observer":
-            lines.append(f"topic read {base}/#")
-            lines.append(f"topic read {discovery}/#")
-            lines.append(f"topic write {discovery}/status")
+            lines.append(f"topic read {tree.all()}")
+            lines.append(f"topic read {discovery.all()}")
+            lines.append(f"topic write {discovery.status()}")
         else:
-            lines.append(f"topic write {base}/{Family.ANNOUNCE.value}")
-            lines += [f"topic read {base}/{f.value}" for f in DEVICE_READS_FIXED]
+            lines.append(f"topic write {tree.fixed(Family.ANNOUNCE)}")
+            lines += [f"topic read {tree.fixed(f)}" for f in DEVICE_READS_FIXED]
             for f in DEVICE_OWN:
                 mode = "readwrite" if f in DEVICE_READS_PEERS else "write"
-                lines.append(f"topic {mode} {base}/device/{user}/{f.value}")
-            lines += [f"topic read {base}/device/{user}/{f.value}" for f in DEVICE_READS_OWN]
-            lines += [f"topic read {base}/device/+/{f.value}" for f in DEVICE_READS_PEERS]
-            lines += [
-                f"topic readwrite {base}/stage/+/{f.value}" for f in (Family.ACTIVATIONS, Family.GRADIENTS)
-            ]
-            lines.append(f"topic write {base}/stage/+/{Family.RESULTS.value}")
+                lines.append(f"topic {mode} {tree.device(f, user)}")
+            lines += [f"topic read {tree.device(f, user)}" for f in DEVICE_READS_OWN]
+            lines += [f"topic read {tree.device(f)}" for f in DEVICE_READS_PEERS]
+            lines += [f"topic readwrite {tree.stage(f)}" for f in (Family.ACTIVATIONS, Family.GRADIENTS)]
+            lines.append(f"topic write {tree.stage(Family.RESULTS)}")
         lines.append("")
     return "\n".join(lines)

@@ -6,7 +6,11 @@ events and commands are JSON so that ``mosquitto_sub -v -t 'edgeagent/#'`` shows
 Tensors are RFC 8746 typed arrays (see :mod:`edgeagent.protocol.tensors`); nothing is pickled.
 
 Each message kind is a frozen dataclass; :func:`decode` checks every field's type, so a role never
-sees a half-valid message.
+sees a half-valid message. Fields with a fixed set of values are ``Literal`` types, defined once here
+(:data:`StatusState`, :data:`ActivationMode`, :data:`ReadyPhase`, :data:`WeightsPurpose`,
+:data:`ErrorCode`, :data:`TrainingModeName`) for the roles and the monitor to use; :func:`decode`
+rejects any other value, naming the field and the values it allows. A new value (a new error code, a
+new training mode) is added to its alias, and a receiver that does not know it yet drops the message.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import math
 import types
 import typing
+from collections.abc import Callable
 from enum import Enum
 from typing import Any, ClassVar, Literal, Union
 
@@ -54,6 +59,23 @@ class MessageKind(str, Enum):
 
 
 Encoding = Literal["cbor", "json"]
+
+# Fields with a fixed set of values. ``typing.get_args(StatusState)`` lists the values (the decoder's
+# check, documentation); extending an alias extends what every receiver accepts.
+StatusState = Literal["online", "idle", "training", "error", "left", "offline"]
+"""``Status.state``: ``left`` is a clean exit, ``offline`` the last will."""
+ActivationMode = Literal["train", "eval"]
+"""``Activation.mode``: a training batch (its gradient comes back) or an evaluation batch."""
+ReadyPhase = Literal["built", "fetched", "alive"]
+"""``Ready.phase``: ``fetched``: has every layer of a new plan; ``built``: the stage runs; ``alive``: the
+answer to a ping (with the weight versions it holds)."""
+WeightsPurpose = Literal["collect", "chain", "global", "redistribute"]
+"""``Weights.purpose``: the answer to ``collect``, a chain or global replica, or layers moving owner."""
+ErrorCode = Literal["message", "compute", "busy", "assign", "repartition", "profile", "command", "probe"]
+"""``ErrorReport.code``: what a role rejected (a message it could not take, a failed computation, an
+assignment while busy or one it cannot build, a re-partition, a profile, a command, a link probe)."""
+TrainingModeName = Literal["pipeline"]
+"""``Assign.mode``: the training modes (:mod:`edgeagent.modes`); a new mode adds its name here."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +121,7 @@ class Status(Message):
     KIND = MessageKind.STATUS
     ENCODING = "json"
     device_id: str
-    state: str  # online | idle | training | error | left (clean exit) | offline (last will)
+    state: StatusState
     run_id: str = ""
     stage: int = -1
     detail: str = ""
@@ -156,7 +178,7 @@ class Assign(Message):
     # takes layer_shapes[j - 1]; activations that do not fit are dropped on receipt. Empty: unchecked.
     layer_shapes: list[list[int]] = dataclasses.field(default_factory=list)
     layer_dtypes: list[str] = dataclasses.field(default_factory=list)  # "float32", ... per layer output
-    mode: str = "pipeline"  # the training mode (edgeagent.modes) whose worker session takes this run
+    mode: TrainingModeName = "pipeline"  # the training mode whose worker session takes this run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +191,7 @@ class Ready(Message):
     device_id: str
     stage: int
     parameters: int
-    phase: str = "built"  # "fetched": has every layer of a new plan; "built": the stage runs; "alive"
+    phase: ReadyPhase = "built"
     # For "alive": weight versions this device can serve, per device whose weights they are.
     holdings: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
@@ -188,7 +210,7 @@ class Activation(Message):
     stage: int
     batch_id: int
     version: int
-    mode: str  # "train" | "eval"
+    mode: ActivationMode
     x: torch.Tensor
     y: torch.Tensor  # labels travel with the batch so the last stage can compute the loss
     # When the link compresses activations: ``x`` is empty and this is the codec's payload
@@ -321,7 +343,7 @@ class Weights(Message):
     end: int
     version: int
     tensors: dict[str, torch.Tensor]
-    purpose: str = "collect"  # collect | chain | global | redistribute
+    purpose: WeightsPurpose = "collect"
     optimizer: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # momentum buffers
     plan_id: int = -1
     recipient: str = ""  # for "redistribute": the device that asked for these layers
@@ -364,7 +386,7 @@ class ErrorReport(Message):
     KIND = MessageKind.ERROR
     ENCODING = "json"
     device_id: str
-    code: str
+    code: ErrorCode
     reason: str
     run_id: str = ""
 
@@ -497,8 +519,13 @@ def _to_cbor(value: Any) -> Any:
     return value
 
 
-def decode(payload: bytes) -> tuple[str, Message]:
-    """Return ``(sender, message)``. Raises :class:`ProtocolError` on anything malformed."""
+def decode(payload: bytes, *, open_values: bool = False) -> tuple[str, Message]:
+    """Return ``(sender, message)``. Raises :class:`ProtocolError` on anything malformed.
+
+    ``open_values`` accepts any string in a field with a fixed set of values (``Status.state``, say):
+    for observers such as the monitor, which show a newer device's new state rather than drop it. The
+    roles never set it: they act on these values.
+    """
     if len(payload) > MAX_DECODE_BYTES:
         raise ProtocolError(f"payload of {len(payload)} bytes exceeds the {MAX_DECODE_BYTES}-byte limit")
     if not payload:
@@ -521,12 +548,13 @@ def decode(payload: bytes) -> tuple[str, Message]:
     sender, body = envelope.get("s"), envelope.get("b")
     if not isinstance(sender, str) or not isinstance(body, dict):
         raise ProtocolError(f"{kind.value} envelope lacks a sender string or a body map")
+    checker = _OPEN if open_values else _STRICT
     if kind is MessageKind.COMMAND:
-        return sender, _build_command(body)
-    return sender, _build(MESSAGE_TYPES[kind], body)
+        return sender, _build_command(body, checker)
+    return sender, _build(MESSAGE_TYPES[kind], body, checker)
 
 
-def _build_command(body: dict[str, Any]) -> Command:
+def _build_command(body: dict[str, Any], checker: _Checker) -> Command:
     name, args = body.get("name"), body.get("args", {})
     cls = COMMAND_TYPES.get(name) if isinstance(name, str) else None
     if cls is None:
@@ -538,7 +566,7 @@ def _build_command(body: dict[str, Any]) -> Command:
         raise ProtocolError(f"command {name!r} has unknown fields {sorted(unknown)}")
     if "run_id" in args:
         raise ProtocolError(f"command {name!r}: run_id belongs in the body, not in args")
-    command = _build(cls, {**args, "run_id": body.get("run_id")})
+    command = _build(cls, {**args, "run_id": body.get("run_id")}, checker)
     assert isinstance(command, Command)
     return command
 
@@ -553,7 +581,7 @@ def _schema(cls: type[Message]) -> tuple[dict[str, Any], dict[str, dataclasses.F
     return _SCHEMAS[cls]
 
 
-def _build(cls: type[Message], body: dict[str, Any]) -> Message:
+def _build(cls: type[Message], body: dict[str, Any], checker: _Checker) -> Message:
     hints, fields = _schema(cls)
     if not all(isinstance(k, str) for k in body):
         raise ProtocolError(f"{cls.KIND.value} body has non-string keys")
@@ -566,26 +594,57 @@ def _build(cls: type[Message], body: dict[str, Any]) -> Message:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ProtocolError(f"{cls.KIND.value} lacks field {name!r}")
             continue
-        values[name] = _check(hints[name], body[name], f"{cls.KIND.value}.{name}")
+        values[name] = checker.check(hints[name], body[name], f"{cls.KIND.value}.{name}")
     return cls(**values)
 
 
-def _check(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
+class _Checker:
+    """Checks a decoded value against a field's type and returns it in that type (tensors decoded).
+
+    One method per kind of type: generic types (``list[int]``, ``X | None``, ``Literal[...]``) by their
+    origin, plain types by themselves.
+    """
+
+    def __init__(self, *, open_values: bool = False) -> None:
+        self.open_values = open_values
+
+    def check(self, tp: Any, value: Any, where: str) -> Any:
+        origin = typing.get_origin(tp)
+        method = _BY_ORIGIN.get(origin) if origin is not None else _BY_TYPE.get(tp)
+        if method is None:
+            # A programming error (a field type without a decoder), reported like bad input.
+            raise ProtocolError(f"{where}: no decoder for {tp}")
+        return method(self, tp, value, where)
+
+    def _union(self, tp: Any, value: Any, where: str) -> Any:
         for arg in typing.get_args(tp):
             with contextlib.suppress(ProtocolError):
-                return _check(arg, value, where)
+                return self.check(arg, value, where)
         raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp}")
-    if tp is type(None):
+
+    def _literal(self, tp: Any, value: Any, where: str) -> Any:
+        allowed = typing.get_args(tp)
+        if any(type(value) is type(a) and value == a for a in allowed):
+            return value
+        if self.open_values and all(isinstance(a, str) for a in allowed) and isinstance(value, str):
+            return value
+        values = ", ".join(repr(a) for a in allowed)
+        if not isinstance(value, (str, int, float, bool)):
+            raise ProtocolError(f"{where}: expected one of {values}, got {type(value).__name__}")
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:36] + "...'"
+        raise ProtocolError(f"{where}: {shown} is not one of {values}")
+
+    def _none(self, tp: Any, value: Any, where: str) -> None:
         if value is not None:
             raise ProtocolError(f"{where}: expected null")
-        return None
-    if tp is Any:
+
+    def _any(self, tp: Any, value: Any, where: str) -> Any:
         return value
-    if tp is torch.Tensor:
+
+    def _tensor(self, tp: Any, value: Any, where: str) -> torch.Tensor:
         return decode_tensor(value)
-    if tp is float:
+
+    def _float(self, tp: Any, value: Any, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
         try:
@@ -595,20 +654,44 @@ def _check(tp: Any, value: Any, where: str) -> Any:
         if not math.isfinite(number):
             raise ProtocolError(f"{where}: expected a finite number, got {number}")
         return number
-    if tp in (int, str, bytes, bool):
+
+    def _scalar(self, tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
             raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
         return value
-    if origin is list:
+
+    def _list(self, tp: Any, value: Any, where: str) -> list[Any]:
         if not isinstance(value, (list, tuple)):
             raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
         (item,) = typing.get_args(tp)
-        return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
+        return [self.check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+    def _dict(self, tp: Any, value: Any, where: str) -> dict[Any, Any]:
         if not isinstance(value, dict):
             raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
         key_t, val_t = typing.get_args(tp)
         return {
-            _check(key_t, k, f"{where} key"): _check(val_t, v, f"{where}[{k!r}]") for k, v in value.items()
+            self.check(key_t, k, f"{where} key"): self.check(val_t, v, f"{where}[{k!r}]")
+            for k, v in value.items()
         }
-    raise ProtocolError(f"{where}: no decoder for {tp}")  # a programming error, reported like bad input
+
+
+_Method = Callable[[_Checker, Any, Any, str], Any]
+_BY_ORIGIN: dict[Any, _Method] = {
+    Union: _Checker._union,
+    types.UnionType: _Checker._union,
+    Literal: _Checker._literal,
+    list: _Checker._list,
+    dict: _Checker._dict,
+}
+_BY_TYPE: dict[Any, _Method] = {
+    type(None): _Checker._none,
+    Any: _Checker._any,
+    torch.Tensor: _Checker._tensor,
+    float: _Checker._float,
+    int: _Checker._scalar,
+    str: _Checker._scalar,
+    bytes: _Checker._scalar,
+    bool: _Checker._scalar,
+}
+_STRICT, _OPEN = _Checker(), _Checker(open_values=True)

@@ -23,18 +23,31 @@
 
 Data-plane topics are named after the stage that *produces* them, so an ACL can say "a device
 publishes only its own stage's outputs".
+
+Here too: the filters brokers' ACLs and the monitor subscribe with (:class:`TopicFilters`, with ``+`` for
+a cluster or a device), topics of any cluster (:func:`parse_topic`, :func:`cluster_level`), wildcard
+levels (:func:`filter_wildcards`, :func:`fill_wildcards`), and Home Assistant's discovery topics, which
+live outside this tree under a discovery prefix (:class:`DiscoveryTopics`)::
+
+    <prefix>/<component>/<node id>/<object id>/config   a discovery config (retained)
+    <prefix>/status                                     Home Assistant's birth message and last will
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 from edgeagent.errors import ProtocolError
 
 ROOT = "edgeagent"
 PROTOCOL_VERSION = "v1"
+ANY = "+"  # a filter's single-level wildcard
+REST = "#"  # a filter's multi-level wildcard (the last level)
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _STAGE = re.compile(r"0|[1-9][0-9]{0,8}")
 
@@ -126,7 +139,7 @@ class Topics:
 
     def all(self) -> str:
         """Wildcard for everything of this cluster (what a monitor subscribes to)."""
-        return f"{self.base}/#"
+        return f"{self.base}/{REST}"
 
     def fixed(self, family: Family) -> str:
         if family.value not in _FIXED_FAMILIES:
@@ -140,7 +153,7 @@ class Topics:
 
     def devices(self, family: Family) -> str:
         """Wildcard for one family of every device, e.g. all heartbeats."""
-        return f"{self.base}/device/+/{family.value}"
+        return f"{self.base}/device/{ANY}/{family.value}"
 
     def stage(self, family: Family, stage: int) -> str:
         if family.value not in _STAGE_FAMILIES:
@@ -178,6 +191,148 @@ class Topics:
         ):
             return TopicInfo(_STAGE_FAMILIES[parts[2]], stage=int(parts[1]))
         raise ProtocolError(f"unknown topic {topic!r}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _topics_of(cluster: str) -> Topics:
+    return Topics(cluster)
+
+
+def cluster_level(topic: str) -> str | None:
+    """The cluster level of a topic or filter under ``edgeagent/v1/`` with at least one level after it,
+    as written (a name, ``+`` or ``#``, unchecked); None for anything else."""
+    levels = topic.split("/", 3)
+    if len(levels) < 4 or levels[0] != ROOT or levels[1] != PROTOCOL_VERSION:
+        return None
+    return levels[2]
+
+
+def parse_topic(topic: str) -> tuple[str, TopicInfo]:
+    """Parse a topic of any cluster: ``(cluster, info)``; raise :class:`ProtocolError` for anything else."""
+    cluster = cluster_level(topic)
+    if cluster is None:
+        raise ProtocolError(f"topic {topic!r} is not under {ROOT}/{PROTOCOL_VERSION}/<cluster>/")
+    return cluster, _topics_of(cluster).parse(topic)  # Topics() checks the cluster name
+
+
+@dataclass(frozen=True)
+class TopicFilters:
+    """Filters (subscriptions, ACL patterns) of one cluster, or of every cluster (``cluster="+"``).
+
+    The levels are used as given: a cluster or device id the caller has checked, or :data:`ANY`.
+    """
+
+    cluster: str = ANY
+
+    @property
+    def base(self) -> str:
+        return f"{ROOT}/{PROTOCOL_VERSION}/{self.cluster}"
+
+    def all(self) -> str:
+        return f"{self.base}/{REST}"
+
+    def fixed(self, family: Family) -> str:
+        if family.value not in _FIXED_FAMILIES:
+            raise ValueError(f"{family} needs a device or a stage")
+        return f"{self.base}/{family.value}"
+
+    def device(self, family: Family, device: str = ANY) -> str:
+        if family.value not in _DEVICE_FAMILIES:
+            raise ValueError(f"{family} is not a per-device topic")
+        return f"{self.base}/device/{device}/{family.value}"
+
+    def stage(self, family: Family) -> str:
+        """One family of every stage."""
+        if family.value not in _STAGE_FAMILIES:
+            raise ValueError(f"{family} is not a per-stage topic")
+        return f"{self.base}/stage/{ANY}/{family.value}"
+
+
+def filter_wildcards(pattern: str) -> tuple[int, bool]:
+    """How many ``+`` levels a filter has, and whether it has a ``#`` level."""
+    levels = pattern.split("/")
+    return sum(level == ANY for level in levels), REST in levels
+
+
+def fill_wildcards(pattern: str, values: Sequence[str]) -> str:
+    """The topic a filter names when its ``+`` levels are ``values``, in order (one value per ``+``)."""
+    levels = pattern.split("/")
+    wild = [i for i, level in enumerate(levels) if level == ANY]
+    for i, value in zip(wild, values, strict=True):
+        levels[i] = value
+    return "/".join(levels)
+
+
+# ---------------------------------------------------------------------------------------------
+# Home Assistant's discovery topics (outside edgeagent's tree)
+
+DEFAULT_DISCOVERY_PREFIX = "homeassistant"
+_PREFIX_LEVEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+DiscoveryKind = Literal["config", "status", "other"]
+
+
+def check_discovery_prefix(prefix: str) -> str:
+    """A discovery prefix: 1-4 topic levels of ``A-Z a-z 0-9 _ . -``, not inside edgeagent's own tree.
+
+    Raises ValueError naming the allowed form: the prefix becomes a topic right (acl.py), so a wildcard
+    or ``edgeagent/...`` would grant far more than discovery.
+    """
+    levels = prefix.split("/") if isinstance(prefix, str) else []
+    if not levels or not all(_PREFIX_LEVEL.fullmatch(level) for level in levels) or len(levels) > 4:
+        raise ValueError(
+            f"Home Assistant discovery prefix {prefix!r}: use 1-4 topic levels of A-Z a-z 0-9 _ . - "
+            f"(no +, # or empty levels), e.g. {DEFAULT_DISCOVERY_PREFIX!r}"
+        )
+    if levels[0] == ROOT:
+        raise ValueError(f"Home Assistant discovery prefix {prefix!r} may not lie under {ROOT}/")
+    return prefix
+
+
+@dataclass(frozen=True)
+class DiscoveryInfo:
+    """A topic under a discovery prefix: a ``config`` (with its node id), the ``status`` or ``other``."""
+
+    kind: DiscoveryKind
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class DiscoveryTopics:
+    """Home Assistant's MQTT discovery topics under ``prefix`` (checked where logins are made)."""
+
+    prefix: str = DEFAULT_DISCOVERY_PREFIX
+
+    def config(self, component: str, node: str, object_id: str) -> str:
+        """A discovery config; as a filter with ``+`` levels too (``configs``)."""
+        return f"{self.prefix}/{component}/{node}/{object_id}/config"
+
+    def configs(self, node: str = ANY) -> str:
+        """Filter: every discovery config of one node id (``+``: of every node)."""
+        return self.config(ANY, node, ANY)
+
+    def status(self) -> str:
+        """Home Assistant's birth message and last will."""
+        return f"{self.prefix}/status"
+
+    def all(self) -> str:
+        return f"{self.prefix}/{REST}"
+
+    def parse(self, topic: str) -> DiscoveryInfo | None:
+        """What a topic (or filter) under the prefix is; None if it is not under the prefix.
+
+        ``config``: a config topic without wildcards (``node`` says whose); ``status``: the birth and will
+        topic; ``other``: anything else under the prefix, filters included.
+        """
+        head = self.prefix + "/"
+        if not topic.startswith(head):
+            return None
+        rest = topic[len(head) :].split("/")
+        if rest == ["status"]:
+            return DiscoveryInfo("status")
+        if len(rest) == 4 and rest[3] == "config" and not {ANY, REST} & set(rest):
+            return DiscoveryInfo("config", node=rest[1])
+        return DiscoveryInfo("other")
 
 
 def topic_matches(pattern: str, topic: str) -> bool:

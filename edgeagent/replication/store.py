@@ -20,7 +20,7 @@ import torch
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec, build_layers
 from edgeagent.pipeline.stage import Stage, StageModule
-from edgeagent.protocol.messages import Weights
+from edgeagent.protocol.messages import Weights, WeightsPurpose
 
 Tensors = dict[str, torch.Tensor]
 
@@ -141,7 +141,7 @@ def seeded(spec: ModelSpec, seed: int, layers: Iterable[int]) -> Tensors:
 
 
 def replica_message(
-    run_id: str, device_id: str, stage_index: int, snap: Snapshot, purpose: str, plan_id: int
+    run_id: str, device_id: str, stage_index: int, snap: Snapshot, purpose: WeightsPurpose, plan_id: int
 ) -> Weights:
     return Weights(
         run_id=run_id,

@@ -23,7 +23,7 @@ from edgeagent.protocol.limits import (
     Verdict,
     sender_problem,
 )
-from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, decode, encode
+from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, StatusState, decode, encode
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.runtime.compute import TimeAccount
 from edgeagent.transport.base import Transport
@@ -246,7 +246,7 @@ class Role:
         self.times.communication += time.perf_counter() - started
         return len(payload)
 
-    def set_status(self, state: str, *, run_id: str = "", stage: int = -1, detail: str = "") -> None:
+    def set_status(self, state: StatusState, *, run_id: str = "", stage: int = -1, detail: str = "") -> None:
         self._status = Status(
             device_id=self.device_id, state=state, run_id=run_id, stage=stage, detail=detail
         )

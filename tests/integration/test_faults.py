@@ -28,7 +28,7 @@ def run(
     broker: str,
     *,
     workers: int = 2,
-    kills: dict[str, int] | None = None,
+    kills: dict[str, int | str] | None = None,
     on_batch: Callable[[int, LocalWorkers], None] | None = None,
     save: Path | None = None,
     watch_restart: bool = False,

@@ -23,6 +23,7 @@ import re
 import subprocess
 import threading
 import time
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     MESSAGE_TYPES,
     Activation,
+    ActivationMode,
     Announce,
     Assign,
     Commit,
@@ -235,7 +237,7 @@ def base_messages(spec: ModelSpec) -> list[Message]:
         Commit(run_id=FOREIGN, plan_id=1),
         Metrics(device_id=FUZZER, values={"batches": 1}, run_id=FOREIGN),
         Event(name="fuzz", run_id=FOREIGN, details={"batch": 1}),
-        ErrorReport(device_id=FUZZER, code="fuzz", reason="fuzzed", run_id=FOREIGN),
+        ErrorReport(device_id=FUZZER, code="message", reason="fuzzed", run_id=FOREIGN),
         Probe(source=FUZZER, target=WORKERS[0], nonce=7, padding=b"\0" * 16),
         Profile(device_id=FUZZER, settings={"id": FUZZER}, digest="0"),
         LinkReport(run_id=FOREIGN, source=FUZZER, target=WORKERS[0], bandwidth=1e6, latency=1e-3),
@@ -310,6 +312,9 @@ def run_batches(run_id: str, plan_id: int, legit: set[tuple[int, ...]], num_clas
         st.sampled_from(["v", "codec", "shape", "dtype", "params", "data"]), cbor_scalars
     )
 
+    # Also modes no stage knows (the decoder drops them).
+    modes: st.SearchStrategy[str] = st.sampled_from(typing.get_args(ActivationMode)) | st.text(max_size=6)
+
     @st.composite
     def activation(draw: st.DrawFn) -> tuple[str, Message]:
         x, batch = draw(tensor_and_id)
@@ -320,7 +325,7 @@ def run_batches(run_id: str, plan_id: int, legit: set[tuple[int, ...]], num_clas
             stage=draw(st.just(stage) | st.integers(-1, 4)),
             batch_id=batch,
             version=draw(st.integers(-1, 3) | st.integers(0, 2**40)),
-            mode=draw(st.sampled_from(["train", "eval"]) | st.text(max_size=6)),
+            mode=typing.cast(ActivationMode, draw(modes)),
             x=x,
             y=draw(labels(x)),
             xc=draw(st.none() | compressed) if draw(st.integers(0, 9)) == 0 else None,

@@ -88,5 +88,5 @@ def test_discovery_reaches_home_assistant_through_the_acl(
         for key, *_ in SENSORS
     }
     assert set(found) == expected
-    for config in found.values():
-        assert str(config["state_topic"]).startswith(f"edgeagent/v1/{cluster}/device/")
+    for discovery in found.values():
+        assert str(discovery["state_topic"]).startswith(f"edgeagent/v1/{cluster}/device/")

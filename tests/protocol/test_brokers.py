@@ -20,7 +20,7 @@ import torch
 
 from edgeagent.broker import EmbeddedBroker, free_port
 from edgeagent.protocol.chunking import split_payload
-from edgeagent.protocol.messages import Activation, Heartbeat, Status, decode, encode
+from edgeagent.protocol.messages import Activation, Heartbeat, Status, StatusState, decode, encode
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.runtime.role import Role
 from edgeagent.transport.mqtt import MqttTransport
@@ -260,7 +260,7 @@ def test_last_will_publishes_offline_status(broker_url: str, cluster: str) -> No
             role = Role(dying, topics, "w1")
             role.set_status("online")
 
-            def state_seen(state: str) -> Callable[[bytes], bool]:
+            def state_seen(state: StatusState) -> Callable[[bytes], bool]:
                 return lambda p: decode(p)[1] == Status(device_id="w1", state=state)
 
             # The watcher's subscription is live once it sees the online status.

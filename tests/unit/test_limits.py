@@ -30,6 +30,7 @@ from edgeagent.protocol.limits import (
 )
 from edgeagent.protocol.messages import (
     Activation,
+    ActivationMode,
     Assign,
     EvalResult,
     Gradient,
@@ -565,7 +566,7 @@ class StageOne:
             self.worker._step()
 
     def activation(
-        self, batch: int, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "train"
+        self, batch: int, x: torch.Tensor, y: torch.Tensor | None = None, mode: ActivationMode = "train"
     ) -> None:
         y = torch.zeros(x.shape[0] if x.dim() else 1, dtype=torch.int64) if y is None else y
         msg = Activation(run_id="run", plan_id=0, stage=0, batch_id=batch, version=0, mode=mode, x=x, y=y)
@@ -587,7 +588,7 @@ def test_worker_drops_activations_that_do_not_fit_and_trains_on_the_real_one(bro
     w.activation(0, torch.zeros(4, 128, dtype=torch.float64))  # wrong dtype
     w.activation(0, torch.zeros(4, 128), torch.tensor([0, 1, 2, 99]))  # labels outside the classes
     w.activation(0, torch.zeros(4, 7), mode="eval")  # the evaluation pass would raise
-    w.activation(0, torch.zeros(4, 128), mode="sideways")
+    w.activation(0, torch.zeros(4, 128), mode="sideways")  # type: ignore[arg-type]  # the decoder drops it
     w.activation(10**9, torch.zeros(4, 128))  # far beyond anything in flight: would be kept forever
     assert w.worker.dropped == 6
     assert run.forwards == {} and run.evals == [] and run.next_forward == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import typing
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from rich.console import Console
 
 from edgeagent.errors import EdgeAgentError
 from edgeagent.ops.monitor import LEFT_GRACE, ClusterState, run_monitor, subscriptions, summarize
+from edgeagent.ops.monitor.view import STATE_STYLES
 from edgeagent.protocol.messages import (
     Announce,
     ErrorReport,
@@ -18,6 +20,7 @@ from edgeagent.protocol.messages import (
     Message,
     Metrics,
     Status,
+    StatusState,
     encode,
 )
 from edgeagent.protocol.topics import Family, Topics
@@ -399,6 +402,11 @@ def test_a_device_that_comes_back_after_leaving_is_shown_again(clock: FakeClock)
 
 def test_an_unknown_state_is_shown_not_dropped(clock: FakeClock) -> None:
     state = ClusterState(clock=clock)
-    device(state, Family.STATUS, "w1", Status(device_id="w1", state="rebooting"))
+    newer = Status(device_id="w1", state="rebooting")  # type: ignore[arg-type]  # a newer device's state
+    device(state, Family.STATUS, "w1", newer)
     row = row_of(text_of(state), "w1")
     assert row is not None and "rebooting" in row and state.dropped == 0
+
+
+def test_every_status_state_has_a_style() -> None:
+    assert set(STATE_STYLES) == set(typing.get_args(StatusState))

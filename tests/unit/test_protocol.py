@@ -13,6 +13,7 @@ import random
 import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,13 @@ from edgeagent.protocol.messages import (
     FORMAT_VERSION,
     MESSAGE_TYPES,
     Activation,
+    ActivationMode,
     Announce,
     Assign,
     Command,
     Commit,
     Discover,
+    ErrorCode,
     ErrorReport,
     EvalResult,
     Event,
@@ -51,16 +54,35 @@ from edgeagent.protocol.messages import (
     Metrics,
     Probe,
     Ready,
+    ReadyPhase,
     Repartition,
     SetCompression,
     Status,
+    StatusState,
     Stop,
+    TrainingModeName,
     Weights,
+    WeightsPurpose,
     decode,
     encode,
 )
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG, decode_tensor, encode_tensor
-from edgeagent.protocol.topics import Family, TopicInfo, Topics, check_name, topic_matches
+from edgeagent.protocol.topics import (
+    ANY,
+    DiscoveryInfo,
+    DiscoveryTopics,
+    Family,
+    TopicFilters,
+    TopicInfo,
+    Topics,
+    check_discovery_prefix,
+    check_name,
+    cluster_level,
+    fill_wildcards,
+    filter_wildcards,
+    parse_topic,
+    topic_matches,
+)
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 
 REPO = Path(__file__).resolve().parents[2]
@@ -320,7 +342,7 @@ HAND_SAMPLES: dict[MessageKind, Message] = {
         device_id="w1", values={"compute": 0.5, "batches": 12, "name": "x"}, run_id="r"
     ),
     MessageKind.EVENT: Event(name="repartition", run_id="run-1", details={"points": [0, 3, 9]}),
-    MessageKind.ERROR: ErrorReport(device_id="w1", code="bad_plan", reason="plan 2 is stale", run_id="run-1"),
+    MessageKind.ERROR: ErrorReport(device_id="w1", code="assign", reason="plan 2 is stale", run_id="run-1"),
     MessageKind.PROBE: Probe(source="w1", target="w2", nonce=99, reply=True, padding=bytes(range(256)) * 4),
     MessageKind.LINK_REPORT: LinkReport(
         run_id="run-1", source="w1", target="w2", bandwidth=1.5e6, latency=0.004
@@ -344,6 +366,8 @@ def _auto_value(tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return _auto_value(next(a for a in typing.get_args(tp) if a is not type(None)))
+    if origin is typing.Literal:
+        return typing.get_args(tp)[-1]  # not the default (usually the first value)
     if origin is list:
         (item,) = typing.get_args(tp)
         return [_auto_value(item), _auto_value(item)]
@@ -515,6 +539,17 @@ BAD_ENVELOPES = [
     ("tensor-dict-value", MessageKind.WEIGHTS, _set(("b", "tensors"), {"w": 1}), r"tensor"),
     ("optional-tensors", MessageKind.ASSIGN, _set(("b", "weights"), {"w": "x"}), r"assign\.weights"),
     ("stage-times-str", MessageKind.GRADIENT, _set(("b", "stage_times"), ["x"]), r"stage_times\[0\]"),
+    # Fields with a fixed set of values: the error names the field, the value and the allowed values.
+    ("state-unknown", MessageKind.STATUS, _set(("b", "state"), "up"), r"status\.state: 'up' is not one of"),
+    ("state-case", MessageKind.STATUS, _set(("b", "state"), "Idle"), r"'Idle' is not one of 'online', 'idl"),
+    ("mode-unknown", MessageKind.ACTIVATION, _set(("b", "mode"), "t"), r"activation\.mode.*'train', 'eval'"),
+    ("phase-unknown", MessageKind.READY, _set(("b", "phase"), "done"), r"ready\.phase: 'done'.*'alive'"),
+    ("purpose-unknown", MessageKind.WEIGHTS, _set(("b", "purpose"), "x"), r"weights\.purpose.*'global'"),
+    ("code-unknown", MessageKind.ERROR, _set(("b", "code"), "oops"), r"error\.code: 'oops'.*'assign'"),
+    ("assign-mode", MessageKind.ASSIGN, _set(("b", "mode"), "federated"), r"assign\.mode.*'pipeline'"),
+    ("literal-not-str", MessageKind.WEIGHTS, _set(("b", "purpose"), 1), r"weights\.purpose: 1 is not one"),
+    ("literal-list", MessageKind.READY, _set(("b", "phase"), ["built"]), r"ready\.phase: .*, got list"),
+    ("literal-long", MessageKind.STATUS, _set(("b", "state"), "x" * 1000), r"'x{35}\.\.\.' is not one of"),
 ]
 
 
@@ -525,6 +560,44 @@ def test_decode_rejects_bad_envelopes(kind: MessageKind, mutate: Any, pattern: s
     payload = _reencode(SAMPLES[kind], mutate)
     with pytest.raises(ProtocolError, match=pattern):
         decode(payload)
+
+
+ENUMERATIONS = {
+    (Status, "state"): StatusState,
+    (Activation, "mode"): ActivationMode,
+    (Ready, "phase"): ReadyPhase,
+    (Weights, "purpose"): WeightsPurpose,
+    (ErrorReport, "code"): ErrorCode,
+    (Assign, "mode"): TrainingModeName,
+}
+
+
+@pytest.mark.parametrize(("cls", "name"), list(ENUMERATIONS), ids=lambda v: getattr(v, "__name__", v))
+def test_enumerated_fields_take_exactly_their_values(cls: type[Message], name: str) -> None:
+    alias = ENUMERATIONS[(cls, name)]
+    assert typing.get_type_hints(cls)[name] is alias
+    kind = cls.KIND
+    for value in typing.get_args(alias):
+        _, out = decode(_reencode(SAMPLES[kind], _set(("b", name), value)))
+        assert getattr(out, name) == value
+    with pytest.raises(ProtocolError, match=rf"{kind.value}\.{name}: 'other' is not one of"):
+        decode(_reencode(SAMPLES[kind], _set(("b", name), "other")))
+    # Observers (the monitor) may take a value newer than their code; still only a string.
+    _, out = decode(_reencode(SAMPLES[kind], _set(("b", name), "other")), open_values=True)
+    assert getattr(out, name) == "other"
+    with pytest.raises(ProtocolError, match=rf"{kind.value}\.{name}"):
+        decode(_reencode(SAMPLES[kind], _set(("b", name), 7)), open_values=True)
+
+
+def test_enumerations_are_tested_and_documented() -> None:
+    for cls in [*MESSAGE_TYPES.values(), *COMMAND_TYPES.values()]:
+        for name, tp in typing.get_type_hints(cls).items():
+            if typing.get_origin(tp) is typing.Literal:
+                assert (cls, name) in ENUMERATIONS, f"{cls.__name__}.{name} is enumerated: test it"
+    doc = (REPO / "docs" / "protocol.md").read_text(encoding="utf-8")
+    for alias in ENUMERATIONS.values():
+        for value in typing.get_args(alias):
+            assert f"`{value}`" in doc, f"docs/protocol.md does not list {value!r}"
 
 
 @pytest.mark.parametrize("kind", [MessageKind.HEARTBEAT, MessageKind.ACTIVATION], ids=lambda k: k.value)
@@ -650,6 +723,94 @@ def test_topic_device_wildcards() -> None:
     assert topic_matches(pattern, T.device(Family.HEARTBEAT, "w2"))
     assert not topic_matches(pattern, T.device(Family.STATUS, "w1"))
     assert not topic_matches(pattern, T.activations(0))
+
+
+@pytest.mark.parametrize(("topic", "info"), _all_built_topics(), ids=lambda v: str(v))
+def test_parse_topic_of_any_cluster(topic: str, info: TopicInfo) -> None:
+    assert cluster_level(topic) == "clu-1"
+    assert parse_topic(topic) == ("clu-1", info)
+    assert parse_topic(topic.replace("/clu-1/", "/other/", 1)) == ("other", info)
+
+
+@pytest.mark.parametrize(
+    "topic", ["edgeagent/v1/clu-1", "edgeagent/v2/clu-1/run/commit", "x/v1/clu-1/run/commit", "", "edgeagent"]
+)
+def test_cluster_level_needs_the_root_and_a_level_after_the_cluster(topic: str) -> None:
+    assert cluster_level(topic) is None
+    with pytest.raises(ProtocolError, match="not under edgeagent/v1/<cluster>/"):
+        parse_topic(topic)
+
+
+def test_cluster_level_of_filters_and_bad_names() -> None:
+    assert cluster_level("edgeagent/v1/+/device/+/status") == "+"
+    assert cluster_level("edgeagent/v1/#/x") == "#"
+    assert cluster_level("edgeagent/v1/clu-1/") == "clu-1"
+    for bad in ("edgeagent/v1/+/run/commit", "edgeagent/v1/a b/run/commit", "edgeagent/v1/clu-1/run/nope"):
+        with pytest.raises(ProtocolError):
+            parse_topic(bad)
+
+
+@pytest.mark.parametrize("cluster", ["clu-1", ANY])
+def test_topic_filters_match_the_topics_they_name(cluster: str) -> None:
+    tree = TopicFilters(cluster)
+    assert TopicFilters() == TopicFilters(ANY)
+    for other in (T, Topics("other")):
+        matches = other.cluster == "clu-1" or cluster == ANY
+        for topic, info in _all_built_topics():
+            topic = topic.replace("/clu-1/", f"/{other.cluster}/", 1)
+            assert topic_matches(tree.all(), topic) is matches
+            if info.device is not None:
+                assert topic_matches(tree.device(info.family), topic) is matches
+                assert topic_matches(tree.device(info.family, info.device), topic) is matches
+                assert not topic_matches(tree.device(info.family, "someone-else"), topic)
+            elif info.stage is not None:
+                assert topic_matches(tree.stage(info.family), topic) is matches
+            else:
+                assert topic_matches(tree.fixed(info.family), topic) is matches
+    assert TopicFilters("clu-1").all() == T.all()
+    assert TopicFilters("clu-1").device(Family.HEARTBEAT) == T.devices(Family.HEARTBEAT)
+    with pytest.raises(ValueError):
+        tree.device(Family.ACTIVATIONS)
+    with pytest.raises(ValueError):
+        tree.stage(Family.STATUS)
+    with pytest.raises(ValueError):
+        tree.fixed(Family.STATUS)
+
+
+def test_filter_wildcards_and_filling_them() -> None:
+    assert filter_wildcards("a/b") == (0, False)
+    assert filter_wildcards("a/+/b/+") == (2, False)
+    assert filter_wildcards("+/#") == (1, True)
+    assert filter_wildcards("a/b#") == (0, False)  # not a wildcard level
+    assert fill_wildcards("a/+/b/+", ["x", "y"]) == "a/x/b/y"
+    assert fill_wildcards("a/b", []) == "a/b"
+    with pytest.raises(ValueError):
+        fill_wildcards("a/+/b/+", ["x"])
+
+
+def test_discovery_topics() -> None:
+    ha = DiscoveryTopics()
+    assert ha.prefix == "homeassistant"
+    assert ha.config("sensor", "node", "obj") == "homeassistant/sensor/node/obj/config"
+    assert ha.configs("node") == "homeassistant/+/node/+/config"
+    assert ha.configs() == "homeassistant/+/+/+/config"
+    assert (ha.status(), ha.all()) == ("homeassistant/status", "homeassistant/#")
+    assert ha.parse(ha.config("sensor", "node", "obj")) == DiscoveryInfo("config", node="node")
+    assert ha.parse("homeassistant/status") == DiscoveryInfo("status")
+    for other in ("homeassistant/#", ha.configs("node"), "homeassistant/status/x", "homeassistant/a/b/c/d"):
+        assert ha.parse(other) == DiscoveryInfo("other")
+    for outside in ("homeassistant", "homeassistantx/status", "edgeagent/v1/lab/run/commit", ""):
+        assert ha.parse(outside) is None
+    site = DiscoveryTopics("site/ha")
+    assert site.parse("site/ha/sensor/n/o/config") == DiscoveryInfo("config", node="n")
+    assert site.parse("homeassistant/sensor/n/o/config") is None
+
+
+def test_check_discovery_prefix() -> None:
+    assert check_discovery_prefix("site/ha") == "site/ha"
+    for bad in ("", "#", "ha/+", "ha//x", "a/b/c/d/e", "edgeagent/x"):
+        with pytest.raises(ValueError, match="discovery prefix"):
+            check_discovery_prefix(bad)
 
 
 @pytest.mark.parametrize("bad", ["a/b", "+", "#", "", "x" * 65, "a b", "w+1", "dev#", "ü", "a\tb"])
@@ -1086,11 +1247,11 @@ def test_repo_training_configs_validate(path: Path) -> None:
 # Partition
 
 
-def _stage_costs(costs: list[float], points: list[int]) -> list[float]:
+def _stage_costs(costs: Sequence[float], points: list[int]) -> list[float]:
     return [sum(costs[a:b]) for a, b in itertools.pairwise(points)]
 
 
-def _brute_force(costs: list[float], k: int) -> float:
+def _brute_force(costs: Sequence[float], k: int) -> float:
     n = len(costs)
     return min(max(_stage_costs(costs, [0, *cuts, n])) for cuts in itertools.combinations(range(1, n), k - 1))
 

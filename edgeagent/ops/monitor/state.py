@@ -5,6 +5,9 @@ A device that shuts down cleanly publishes the retained state ``left``; that is 
 a device never makes its cluster look alive. A device seen leaving while the monitor watches stays
 listed for :data:`LEFT_GRACE` seconds; one that had left before the monitor started (a retained
 ``left``) is hidden at once. A cluster all of whose devices have left is finished.
+
+The monitor decodes with ``open_values``: a state or error code newer than this monitor is shown as it
+is, not dropped (a monitor may be older than the devices it watches).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from edgeagent.protocol.messages import (
     Message,
     Metrics,
     Status,
+    StatusState,
     decode,
 )
-from edgeagent.protocol.topics import PROTOCOL_VERSION, ROOT, Family, TopicInfo, Topics, check_name
+from edgeagent.protocol.topics import ANY, Family, TopicFilters, check_name, parse_topic
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -38,7 +42,7 @@ log = logging.getLogger(__name__)
 
 LEFT_GRACE = 30.0  # seconds a device seen leaving stays in the table before it is hidden
 # States of a device that is not running and is not expected to: never shown as a live device.
-GONE_STATES = ("offline", "left")
+GONE_STATES: tuple[StatusState, ...] = ("offline", "left")
 
 # The families the monitor reads, all JSON. Everything else (the data plane) is not subscribed to.
 SHOWN_FAMILIES = (Family.STATUS, Family.HEARTBEAT, Family.METRICS, Family.REPLY)
@@ -47,9 +51,8 @@ SHOWN_FIXED = (Family.ANNOUNCE, Family.EVENTS)
 
 def subscriptions(cluster: str | None = None) -> list[str]:
     """The topic patterns the monitor subscribes to: one cluster, or every cluster (``+``)."""
-    name = "+" if cluster is None else check_name("cluster", cluster)
-    base = f"{ROOT}/{PROTOCOL_VERSION}/{name}"
-    return [f"{base}/device/+/{f.value}" for f in SHOWN_FAMILIES] + [f"{base}/{f.value}" for f in SHOWN_FIXED]
+    tree = TopicFilters(ANY if cluster is None else check_name("cluster", cluster))
+    return [tree.device(f) for f in SHOWN_FAMILIES] + [tree.fixed(f) for f in SHOWN_FIXED]
 
 
 @dataclass
@@ -58,7 +61,7 @@ class DeviceView:
 
     device_id: str
     cluster: str = "default"
-    state: str = ""  # "" until a status arrives
+    state: str = ""  # a StatusState, or a newer one this monitor does not know; "" until a status arrives
     run_id: str = ""
     stage: int = -1
     last_heartbeat: float | None = None  # clock() when the last heartbeat arrived
@@ -123,7 +126,6 @@ class ClusterState:
         self.dropped = 0  # malformed payloads and topics outside the protocol
         self.ignored = 0  # well-formed messages the monitor does not show (data plane, other clusters)
         self._active: set[str] = set()  # clusters with a live device or any traffic beyond statuses
-        self._topics: dict[str, Topics] = {}
 
     # -- folding in ----------------------------------------------------------------------------
 
@@ -140,7 +142,7 @@ class ClusterState:
             log.debug("monitor failed on a %d-byte message on %s", len(payload), topic, exc_info=True)
 
     def _apply(self, topic: str, payload: bytes) -> None:
-        cluster, info = self._parse(topic)
+        cluster, info = parse_topic(topic)
         if self.cluster is not None and cluster != self.cluster:
             self.ignored += 1
             return
@@ -153,7 +155,7 @@ class ClusterState:
         if not wanted or (info.family is Family.REPLY and payload[:1] != b"{"):
             self.ignored += 1  # the data plane and CBOR replies (ready, weights): not decoded at all
             return
-        sender, message = decode(payload)
+        sender, message = decode(payload, open_values=True)
         now = self._clock()
         if info.device is not None:
             self._device_message(cluster, info.device, message, now)
@@ -166,18 +168,6 @@ class ClusterState:
             self._active.add(cluster)
         else:
             self.ignored += 1
-
-    def _parse(self, topic: str) -> tuple[str, TopicInfo]:
-        parts = topic.split("/", 3)
-        if len(parts) < 4 or parts[0] != ROOT or parts[1] != PROTOCOL_VERSION:
-            raise ProtocolError(f"topic {topic!r} is not under {ROOT}/{PROTOCOL_VERSION}/<cluster>/")
-        cluster = parts[2]
-        topics = self._topics.get(cluster)
-        if topics is None:
-            topics = Topics(cluster)  # checks the name
-            if len(self._topics) < 10_000:  # bounded even if someone sprays made-up clusters
-                self._topics[cluster] = topics
-        return cluster, topics.parse(topic)
 
     def _device(self, cluster: str, device_id: str, now: float) -> DeviceView:
         key = (cluster, device_id)
