@@ -8,9 +8,11 @@ Tensors are RFC 8746 typed arrays (see :mod:`edgeagent.protocol.tensors`); nothi
 Each message kind is a frozen dataclass; :func:`decode` checks every field's type, so a role never
 sees a half-valid message. Fields with a fixed set of values are ``Literal`` types, defined once here
 (:data:`StatusState`, :data:`ActivationMode`, :data:`ReadyPhase`, :data:`WeightsPurpose`,
-:data:`ErrorCode`, :data:`TrainingModeName`) for the roles and the monitor to use; :func:`decode`
-rejects any other value, naming the field and the values it allows. A new value (a new error code, a
-new training mode) is added to its alias, and a receiver that does not know it yet drops the message.
+:data:`ErrorCode`) for the roles and the monitor to use; :func:`decode` rejects any other value,
+naming the field and the values it allows. A new value (a new error code) is added to its alias, and a
+receiver that does not know it yet drops the message. ``Assign.mode`` is the exception: a worker that
+does not know the training mode an assignment names answers with an ``assign`` error, so that the
+central node stops at once with the reason instead of waiting for a stage that never comes.
 """
 
 from __future__ import annotations
@@ -74,8 +76,6 @@ WeightsPurpose = Literal["collect", "chain", "global", "redistribute"]
 ErrorCode = Literal["message", "compute", "busy", "assign", "repartition", "profile", "command", "probe"]
 """``ErrorReport.code``: what a role rejected (a message it could not take, a failed computation, an
 assignment while busy or one it cannot build, a re-partition, a profile, a command, a link probe)."""
-TrainingModeName = Literal["pipeline"]
-"""``Assign.mode``: the training modes (:mod:`edgeagent.modes`); a new mode adds its name here."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +178,9 @@ class Assign(Message):
     # takes layer_shapes[j - 1]; activations that do not fit are dropped on receipt. Empty: unchecked.
     layer_shapes: list[list[int]] = dataclasses.field(default_factory=list)
     layer_dtypes: list[str] = dataclasses.field(default_factory=list)  # "float32", ... per layer output
-    mode: TrainingModeName = "pipeline"  # the training mode whose worker session takes this run
+    # The training mode whose worker session takes this run (edgeagent.modes.MODES). Not an enumeration on
+    # the wire: a worker that lacks the mode says so (an "assign" error) rather than dropping the message.
+    mode: str = "pipeline"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,7 +70,7 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG
 from edgeagent.protocol.topics import Family, Topics, topic_matches
-from edgeagent.roles.central import Central, RunReport
+from edgeagent.roles.central import Central, PipelineRun, RunReport
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow
@@ -438,7 +438,9 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
         # The topics: every topic of the tree for this run's devices, an unknown device and every stage.
         data = load_dataset(train.dataset, seed=train.seed, test_fraction=train.test_fraction)
         spec = ModelSpec(train.model, data.in_shape, data.num_classes)
-        num_stages = len(central.worker_list)
+        active = central.active
+        assert isinstance(active, PipelineRun)
+        num_stages = len(active.worker_list)
         targets = fuzz_topics(topics, num_stages)
         live = central.transport._patterns()
         uncovered = [p for p in live if not any(topic_matches(p, t) for t in targets)]
@@ -451,11 +453,11 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
 
         # The payloads.
         legit = {(*spec.in_shape,)} | {s[1:] for s in layer_output_shapes(spec)}
-        run_messages = run_batches(central.run_id, central.plan_id, legit, data.num_classes)
+        run_messages = run_batches(central.run_id, active.plan_id, legit, data.num_classes)
         real = [encode(m, sender=FUZZER) for m in base_messages(spec)]
         junk = random_bytes | random_json | random_cbor | random_envelopes() | mutated(real) | oversized
         sent = {"messages": 0, "run": 0, "floods": 0}
-        run_id, plan_id, w1 = central.run_id, central.plan_id, WORKERS[0]
+        run_id, plan_id, w1 = central.run_id, active.plan_id, WORKERS[0]
         wrong = torch.zeros(3, 5)
 
         junk_cases = st.tuples(st.sampled_from(targets), junk)

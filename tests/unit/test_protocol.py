@@ -60,7 +60,6 @@ from edgeagent.protocol.messages import (
     Status,
     StatusState,
     Stop,
-    TrainingModeName,
     Weights,
     WeightsPurpose,
     decode,
@@ -546,7 +545,7 @@ BAD_ENVELOPES = [
     ("phase-unknown", MessageKind.READY, _set(("b", "phase"), "done"), r"ready\.phase: 'done'.*'alive'"),
     ("purpose-unknown", MessageKind.WEIGHTS, _set(("b", "purpose"), "x"), r"weights\.purpose.*'global'"),
     ("code-unknown", MessageKind.ERROR, _set(("b", "code"), "oops"), r"error\.code: 'oops'.*'assign'"),
-    ("assign-mode", MessageKind.ASSIGN, _set(("b", "mode"), "federated"), r"assign\.mode.*'pipeline'"),
+    ("assign-mode", MessageKind.ASSIGN, _set(("b", "mode"), 3), r"assign\.mode: expected str"),
     ("literal-not-str", MessageKind.WEIGHTS, _set(("b", "purpose"), 1), r"weights\.purpose: 1 is not one"),
     ("literal-list", MessageKind.READY, _set(("b", "phase"), ["built"]), r"ready\.phase: .*, got list"),
     ("literal-long", MessageKind.STATUS, _set(("b", "state"), "x" * 1000), r"'x{35}\.\.\.' is not one of"),
@@ -568,7 +567,6 @@ ENUMERATIONS = {
     (Ready, "phase"): ReadyPhase,
     (Weights, "purpose"): WeightsPurpose,
     (ErrorReport, "code"): ErrorCode,
-    (Assign, "mode"): TrainingModeName,
 }
 
 

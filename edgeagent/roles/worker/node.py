@@ -29,10 +29,12 @@ from edgeagent.protocol.messages import (
     Assign,
     Discover,
     Emulate,
+    ErrorCode,
     ErrorReport,
     LinkReport,
     Message,
     Profile,
+    StatusState,
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.runtime.compute import configure_threads
@@ -243,7 +245,7 @@ class Worker(Role):
             ),
         )
 
-    def report_error(self, code: str, reason: str, run_id: str = "") -> None:
+    def report_error(self, code: ErrorCode, reason: str, run_id: str = "") -> None:
         """Tell the central node, at most a few times per 10 s: bad input must not turn into a flood."""
         now = time.monotonic()
         if now - self._error_window[0] > 10.0:
@@ -300,7 +302,7 @@ class Worker(Role):
 
     def _restate(self, detail: str) -> None:
         """Publish the current status again with ``detail`` (what became of a profile)."""
-        state = "training" if self.session else "idle"
+        state: StatusState = "training" if self.session else "idle"
         self.set_status(state, run_id=self._status.run_id, stage=self._status.stage, detail=detail)
 
     # -- fault injection -----------------------------------------------------------------------

@@ -113,8 +113,6 @@ class Run:
                 return "negative batch id"
             if len(self.evals) >= EVAL_QUEUE_LIMIT:
                 return f"{len(self.evals)} evaluation batches already wait here"
-        elif msg.mode != "train":
-            return f"mode {msg.mode!r} is neither train nor eval"
         elif msg.batch_id >= self.next_forward + self.window:
             return (
                 f"more than {self.window} batches ahead of the next one here ({self.next_forward}); "

@@ -33,6 +33,7 @@ from edgeagent.protocol.messages import (
     Message,
     Ping,
     Ready,
+    ReadyPhase,
     Repartition,
     SetCompression,
     Status,
@@ -380,7 +381,7 @@ class PipelineSession:
         worker.set_status("training", run_id=run.run_id, stage=run.index)
         self._say_ready("built")
 
-    def _say_ready(self, phase: str) -> None:
+    def _say_ready(self, phase: ReadyPhase) -> None:
         run, worker = self.run, self.worker
         worker.send(
             worker.topics.device(Family.REPLY, worker.device_id),
