@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from edgeagent.cli.demo import run_demo
-from edgeagent.compression import from_wire, get_codec
+from edgeagent.compression import Compressed, get_codec
 from edgeagent.compression.stage import NONE, StageCodecs
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.models import ModelSpec, build_model
@@ -79,15 +80,13 @@ def activations() -> dict[str, torch.Tensor]:
     return {"largest": outs[sizes.index(max(sizes))], "smallest": outs[sizes.index(min(sizes))]}
 
 
-def _activation_bytes(x: torch.Tensor, xc: dict[str, Any] | None, y: torch.Tensor) -> int:
+def _activation_bytes(x: torch.Tensor | Compressed, y: torch.Tensor) -> int:
     """Bytes of a real Activation message as a stage sends it (``encode``: envelope and all fields)."""
-    msg = Activation(
-        run_id=RUN_ID, plan_id=3, stage=1, batch_id=205, version=205, mode="train", x=x, y=y, xc=xc
-    )
+    msg = Activation(run_id=RUN_ID, plan_id=3, stage=1, batch_id=205, version=205, mode="train", x=x, y=y)
     return len(encode(msg, sender=SENDER))
 
 
-def _gradient_bytes(g: torch.Tensor, gc: dict[str, Any] | None) -> int:
+def _gradient_bytes(g: torch.Tensor | Compressed) -> int:
     """Bytes of a real Gradient message (loss, training accuracy and stage times included)."""
     msg = Gradient(
         run_id=RUN_ID,
@@ -95,7 +94,6 @@ def _gradient_bytes(g: torch.Tensor, gc: dict[str, Any] | None) -> int:
         stage=2,
         batch_id=205,
         g=g,
-        gc=gc,
         loss=2.302585,
         correct=17,
         stage_times=[0.1234, 0.0567],
@@ -103,10 +101,10 @@ def _gradient_bytes(g: torch.Tensor, gc: dict[str, Any] | None) -> int:
     return len(encode(msg, sender=SENDER))
 
 
-def _unencoded(packed: dict[str, Any], nbytes: int) -> dict[str, Any]:
+def _unencoded(packed: Compressed, nbytes: int) -> Compressed:
     """The codec payload with its packed codes replaced by ``nbytes`` (one byte per base or value):
     what a sender without the bit-wise encoder would put on the wire (Table 3's "w/o enc.")."""
-    return {**packed, "data": bytes(nbytes)}
+    return dataclasses.replace(packed, data=bytes(nbytes))
 
 
 def table3(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, dict[str, int]]]:
@@ -127,31 +125,31 @@ def table3(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, dict[str, in
     for name, t in tensors.items():
         raw = t.numel() * 4
         labels = torch.randint(0, 10, (t.shape[0],), generator=torch.Generator().manual_seed(0))
-        put("original", name, raw, _activation_bytes(t, None, labels))
+        put("original", name, raw, _activation_bytes(t, labels))
         for k in (2, 3, 4):
             codecs = StageCodecs()
             codecs.set_bits(k, NONE)
-            sent, packed = codecs.activation(t, epoch=0)
-            c = from_wire(packed)
-            put(f"{k}-bit comp.", name, c.nbytes(), _activation_bytes(sent, packed, labels))
+            c = codecs.activation(t, epoch=0)
+            assert isinstance(c, Compressed)
+            put(f"{k}-bit comp.", name, c.nbytes(), _activation_bytes(c, labels))
             # Without the encoder every base is a byte of its own (Sec. 3.3, Table 3 "w/o enc.").
             put(
                 f"{k}-bit w/o enc.",
                 name,
                 c.nbytes() - len(c.data) + k * t.numel(),
-                _activation_bytes(sent, _unencoded(packed, k * t.numel()), labels),
+                _activation_bytes(_unencoded(c, k * t.numel()), labels),
             )
-        put("backward original", name, raw, _gradient_bytes(t, None))
+        put("backward original", name, raw, _gradient_bytes(t))
         codecs = StageCodecs()
         codecs.set_bits(NONE, 4)
-        sent, packed = codecs.gradient(t)
-        c = from_wire(packed)
-        put("4-bit backward", name, c.nbytes(), _gradient_bytes(sent, packed))
+        c = codecs.gradient(t)
+        assert isinstance(c, Compressed)
+        put("4-bit backward", name, c.nbytes(), _gradient_bytes(c))
         put(
             "4-bit bwd w/o enc.",
             name,
             c.nbytes() - len(c.data) + t.numel(),
-            _gradient_bytes(sent, _unencoded(packed, t.numel())),
+            _gradient_bytes(_unencoded(c, t.numel())),
         )
     return rows
 

@@ -3,8 +3,9 @@
 The central node decides the bit widths (fixed, the paper's adaptive schedule, or ``auto`` from the
 measured links) and tells every stage with ``run/command compression``; each stage compresses its
 outgoing activations with the k-bit multi-bit quantizer and its outgoing gradients with stochastic
-8- or 4-bit quantization. A compressed tensor travels as the codec's wire dict next to an empty
-placeholder tensor, so every payload names its codec and parameters.
+8- or 4-bit quantization. A message's tensor field is either the raw tensor or the codec's
+:class:`~edgeagent.compression.Compressed` (its wire dict names the codec and its parameters), decoded
+and checked by the protocol layer; :func:`restore` turns it back into a tensor.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import cbor2
 import torch
 
-from edgeagent.compression import CodecState, from_wire, get_codec, to_wire
+from edgeagent.compression import CodecState, Compressed, get_codec, to_wire
 
 NONE = 32  # "bits" meaning: no compression
 
@@ -75,31 +76,32 @@ class StageCodecs:
         self.message_raw_bytes += payload_bytes + self._pending
         self._pending = 0
 
-    def activation(self, x: torch.Tensor, *, epoch: int, train: bool = True) -> tuple[torch.Tensor, Any]:
-        """``(tensor to send, compressed dict or None)``; evaluation batches leave the state alone."""
+    def activation(self, x: torch.Tensor, *, epoch: int, train: bool = True) -> torch.Tensor | Compressed:
+        """What to send for an activation: ``x`` or its compressed form; evaluation batches leave the
+        forward quantizer's state alone."""
         if self.forward_bits >= NONE:
             self._account(x, None)
-            return x, None
+            return x
         if train:
             self.state.start_epoch(epoch)
         codec = get_codec(forward_codec_id(self.forward_bits))
-        packed = to_wire(codec.compress(x, state=self.state if train else None))
-        self._account(x, packed)
-        return torch.empty(0), packed
+        packed = codec.compress(x, state=self.state if train else None)
+        self._account(x, to_wire(packed))
+        return packed
 
-    def gradient(self, g: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def gradient(self, g: torch.Tensor) -> torch.Tensor | Compressed:
+        """What to send for a gradient: ``g`` or its compressed form."""
         if self.backward_bits >= NONE:
             self._account(g, None)
-            return g, None
+            return g
         codec = get_codec(backward_codec_id(self.backward_bits))
-        packed = to_wire(codec.compress(g, generator=self.generator))
-        self._account(g, packed)
-        return torch.empty(0), packed
+        packed = codec.compress(g, generator=self.generator)
+        self._account(g, to_wire(packed))
+        return packed
 
 
-def restore(t: torch.Tensor, packed: Any) -> torch.Tensor:
+def restore(value: torch.Tensor | Compressed) -> torch.Tensor:
     """The tensor a message carries: itself, or its decompressed form. Raises ``CompressionError``."""
-    if packed is None:
-        return t
-    wire = from_wire(packed)
-    return get_codec(wire.codec).decompress(wire)
+    if isinstance(value, Compressed):
+        return get_codec(value.codec).decompress(value)
+    return value

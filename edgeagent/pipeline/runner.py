@@ -68,12 +68,11 @@ class StageRunner:
         self, msg: Activation, *, sample: TensorMeta | None, num_classes: int
     ) -> tuple[Activation | None, str | None]:
         """``(msg decoded, None)`` if this stage can forward it, else ``(None, why not)``."""
-        if msg.xc is not None:
-            try:
-                msg = dataclasses.replace(msg, x=restore(msg.x, msg.xc), xc=None)
-            except CompressionError as exc:
-                return None, f"activation of batch {msg.batch_id}: {exc}"
-        problem = activation_problem(msg.x, msg.y, sample=sample, num_classes=num_classes)
+        try:
+            msg = dataclasses.replace(msg, x=restore(msg.x))
+        except CompressionError as exc:
+            return None, f"activation of batch {msg.batch_id}: {exc}"
+        problem = activation_problem(msg.tensor, msg.y, sample=sample, num_classes=num_classes)
         if problem is not None:
             return None, f"activation of batch {msg.batch_id}: {problem}"
         return msg, None
@@ -82,12 +81,11 @@ class StageRunner:
         """``(msg decoded, None)`` for the gradient of a batch in flight here with its output's shape,
         else ``(None, why not)``: anything else would make the backward pass raise after it took the
         batch out of flight (and lose it)."""
-        if msg.gc is not None:
-            try:
-                msg = dataclasses.replace(msg, g=restore(msg.g, msg.gc), gc=None)
-            except CompressionError as exc:
-                return None, f"gradient of batch {msg.batch_id}: {exc}"
-        problem = gradient_problem(msg.g, self.outputs.get(msg.batch_id))
+        try:
+            msg = dataclasses.replace(msg, g=restore(msg.g))
+        except CompressionError as exc:
+            return None, f"gradient of batch {msg.batch_id}: {exc}"
+        problem = gradient_problem(msg.tensor, self.outputs.get(msg.batch_id))
         if problem is not None:
             return None, f"gradient of batch {msg.batch_id}: {problem}"
         return msg, None
@@ -111,7 +109,7 @@ class StageRunner:
         train = mode == "train"
         if train:
             self.outputs[batch_id] = (tuple(out.shape), out.dtype)
-        x, xc = self.codecs.activation(out, epoch=epoch, train=train)
+        x = self.codecs.activation(out, epoch=epoch, train=train)
         return Activation(
             run_id=run_id,
             plan_id=plan_id,
@@ -121,7 +119,6 @@ class StageRunner:
             mode=mode,
             x=x,
             y=y,
-            xc=xc,
         )
 
     def gradient(
@@ -137,14 +134,13 @@ class StageRunner:
     ) -> Gradient:
         """The gradient of this stage's input for a batch, with this stage's time per batch in front of
         the stage times of the stages after it (for the central node's capacity estimate)."""
-        g, gc = self.codecs.gradient(grad)
+        g = self.codecs.gradient(grad)
         return Gradient(
             run_id=run_id,
             plan_id=plan_id,
             stage=self.index,
             batch_id=batch_id,
             g=g,
-            gc=gc,
             loss=loss,
             correct=correct,
             stage_times=[self.per_batch(), *downstream],

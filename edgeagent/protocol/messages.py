@@ -17,7 +17,6 @@ central node stops at once with the reason instead of waiting for a stage that n
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -30,6 +29,7 @@ from typing import Any, ClassVar, Literal, Union
 import cbor2
 import torch
 
+from edgeagent.compression.base import Compressed, from_wire, to_wire
 from edgeagent.errors import ProtocolError
 from edgeagent.protocol.tensors import decode_tensor, encode_tensor
 
@@ -213,11 +213,16 @@ class Activation(Message):
     batch_id: int
     version: int
     mode: ActivationMode
-    x: torch.Tensor
+    # The stage's output: a raw tensor, or, when the link compresses activations, the codec's payload
+    # (``edgeagent.compression.Compressed``: codec id, shape, dtype, parameters, packed bits), checked on
+    # decode; the receiving stage's runner restores it (``StageRunner.take_activation``).
+    x: torch.Tensor | Compressed
     y: torch.Tensor  # labels travel with the batch so the last stage can compute the loss
-    # When the link compresses activations: ``x`` is empty and this is the codec's payload
-    # (``edgeagent.compression.to_wire``: codec id, shape, dtype, parameters, packed bytes).
-    xc: dict[str, Any] | None = None
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """``x`` as a tensor; a compressed ``x`` must be restored first (``StageRunner.take_activation``)."""
+        return _raw(self.x, f"activation of batch {self.batch_id}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,12 +234,22 @@ class Gradient(Message):
     plan_id: int
     stage: int
     batch_id: int
-    g: torch.Tensor
+    g: torch.Tensor | Compressed  # raw or compressed, as ``Activation.x``
     loss: float  # the last stage's loss for this batch, passed down to the central node
     correct: int = 0  # training predictions that were right (for training accuracy)
     # Average compute seconds per batch of each stage from this one to the last (capacity estimation).
     stage_times: list[float] = dataclasses.field(default_factory=list)
-    gc: dict[str, Any] | None = None  # compressed ``g`` (see Activation.xc)
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """``g`` as a tensor; a compressed ``g`` must be restored first (``StageRunner.take_gradient``)."""
+        return _raw(self.g, f"gradient of batch {self.batch_id}")
+
+
+def _raw(value: torch.Tensor | Compressed, what: str) -> torch.Tensor:
+    if isinstance(value, Compressed):
+        raise ProtocolError(f"{what} is still compressed ({value.codec}): restore it with its stage's runner")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -514,6 +529,8 @@ def encode(msg: Message, *, sender: str) -> bytes:
 def _to_cbor(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return encode_tensor(value)
+    if isinstance(value, Compressed):
+        return to_wire(value)
     if isinstance(value, dict):
         return {k: _to_cbor(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -619,10 +636,13 @@ class _Checker:
         return method(self, tp, value, where)
 
     def _union(self, tp: Any, value: Any, where: str) -> Any:
+        problems = []
         for arg in typing.get_args(tp):
-            with contextlib.suppress(ProtocolError):
+            try:
                 return self.check(arg, value, where)
-        raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp}")
+            except ProtocolError as exc:
+                problems.append(str(exc))
+        raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp} ({'; '.join(problems)})")
 
     def _literal(self, tp: Any, value: Any, where: str) -> Any:
         allowed = typing.get_args(tp)
@@ -645,6 +665,12 @@ class _Checker:
 
     def _tensor(self, tp: Any, value: Any, where: str) -> torch.Tensor:
         return decode_tensor(value)
+
+    def _compressed(self, tp: Any, value: Any, where: str) -> Compressed:
+        try:
+            return from_wire(value)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{where}: {exc}") from None
 
     def _float(self, tp: Any, value: Any, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -690,6 +716,7 @@ _BY_TYPE: dict[Any, _Method] = {
     type(None): _Checker._none,
     Any: _Checker._any,
     torch.Tensor: _Checker._tensor,
+    Compressed: _Checker._compressed,
     float: _Checker._float,
     int: _Checker._scalar,
     str: _Checker._scalar,

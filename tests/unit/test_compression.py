@@ -492,11 +492,10 @@ def test_stage_ratio_counts_the_envelope_and_the_codec_parameters() -> None:
     codecs.set_bits(2, 8)
     x = torch.randn(32, 128)  # a small activation: the envelope is not negligible beside it
     y = torch.zeros(32, dtype=torch.long)
-    sent, packed = codecs.activation(x, epoch=0)
+    packed = codecs.activation(x, epoch=0)
+    assert isinstance(packed, Compressed)
     payload = encode(
-        Activation(
-            run_id="r", plan_id=0, stage=0, batch_id=0, version=0, mode="train", x=sent, y=y, xc=packed
-        ),
+        Activation(run_id="r", plan_id=0, stage=0, batch_id=0, version=0, mode="train", x=packed, y=y),
         sender="central",
     )
     codecs.message_sent(len(payload))
@@ -505,7 +504,7 @@ def test_stage_ratio_counts_the_envelope_and_the_codec_parameters() -> None:
         sender="central",
     )
     assert codecs.raw_bytes == 32 * 128 * 4
-    assert codecs.sent_bytes > len(packed["data"])  # the alphas and the header count too
+    assert codecs.sent_bytes > len(packed.data)  # the alphas and the header count too
     assert codecs.tensor_ratio < 16.0  # what the old metric (codes alone) reported
     assert codecs.ratio < codecs.tensor_ratio
     # The message ratio is what the link carries: the uncompressed message over the compressed one.

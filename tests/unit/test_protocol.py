@@ -1314,3 +1314,45 @@ def test_check_points_accepts_good_points(points: list[int], n: int) -> None:
     ]
     with pytest.raises(ValueError):
         stage_of_layer(points, n)
+
+
+def test_a_tensor_field_is_raw_or_compressed_and_decoded_in_the_protocol_layer() -> None:
+    from edgeagent.compression import Compressed, get_codec
+    from edgeagent.compression.stage import restore
+
+    x = torch.randn(4, 16)
+    packed = get_codec("mbq2").compress(x)
+    msg = Activation(
+        run_id="r", plan_id=0, stage=0, batch_id=3, version=3, mode="train", x=packed, y=torch.zeros(4)
+    )
+    _, back = decode(encode(msg, sender="c"))
+    assert isinstance(back, Activation) and isinstance(back.x, Compressed)
+    assert back.x == packed  # checked and typed on decode, not a loose map
+    with pytest.raises(ProtocolError, match="still compressed"):
+        _ = back.tensor
+    torch.testing.assert_close(restore(back.x), get_codec("mbq2").decompress(packed))
+    raw = Gradient(run_id="r", plan_id=0, stage=1, batch_id=3, g=x, loss=0.5)
+    _, back_raw = decode(encode(raw, sender="w"))
+    assert isinstance(back_raw, Gradient) and torch.equal(back_raw.tensor, x)
+
+
+def test_a_malformed_compressed_tensor_is_rejected_on_decode_with_the_reason() -> None:
+    x = torch.randn(4, 16)
+    from edgeagent.compression import get_codec
+
+    msg = Activation(
+        run_id="r",
+        plan_id=0,
+        stage=0,
+        batch_id=3,
+        version=3,
+        mode="train",
+        x=get_codec("mbq2").compress(x),
+        y=torch.zeros(4),
+    )
+
+    def cut(env: dict[str, Any]) -> None:
+        env["b"]["x"]["data"] = env["b"]["x"]["data"][:3]  # fewer bytes than the shape needs
+
+    with pytest.raises(ProtocolError, match=r"activation\.x: .*fits none of"):
+        decode(_reencode(msg, cut))

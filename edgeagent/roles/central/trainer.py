@@ -219,7 +219,7 @@ class PipelineRun(Recovery):
             loss, correct = result.loss, result.correct
         else:
             assert grad is not None
-            self.stage.backward(bid, grad_output=grad.g)
+            self.stage.backward(bid, grad_output=grad.tensor)
             loss, correct = grad.loss, grad.correct
             self.stage_times = list(grad.stage_times)
             self._refresh_deadline()

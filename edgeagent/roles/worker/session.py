@@ -481,7 +481,7 @@ class PipelineSession:
         run.last = "F"
         started = Clock()
         runner = run.runner
-        out, version = runner.stage.forward(msg.batch_id, msg.x, msg.version)
+        out, version = runner.stage.forward(msg.batch_id, msg.tensor, msg.version)
         if run.is_last:
             worker.fault_at_backward(msg.batch_id)
             result = runner.stage.backward(msg.batch_id, labels=msg.y)
@@ -510,7 +510,7 @@ class PipelineSession:
         run.last = "B"
         worker.fault_at_backward(msg.batch_id)
         started = Clock()
-        result = run.stage.backward(msg.batch_id, grad_output=msg.g)
+        result = run.stage.backward(msg.batch_id, grad_output=msg.tensor)
         run.runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
         self._batch_done(msg.batch_id)
         self._send_gradient(msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
@@ -537,7 +537,7 @@ class PipelineSession:
         run, worker = self.run, self.worker
         worker.fault_at_evaluation(msg.batch_id)
         started = Clock()
-        out = run.stage.evaluate(msg.x)
+        out = run.stage.evaluate(msg.tensor)
         emulate_slowdown(started, worker.slowdown, worker.times)
         if not run.is_last:
             activation = run.runner.activation(
