@@ -31,6 +31,7 @@ import torch
 
 from edgeagent.compression.base import Compressed, from_wire, to_wire
 from edgeagent.errors import ProtocolError
+from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.tensors import decode_tensor, encode_tensor
 
 FORMAT_VERSION = 1
@@ -157,15 +158,10 @@ class Assign(Message):
     committed_forward_id: int
     committed_backward_id: int
     status: int
-    learning_rate: float
+    options: TrainOptions  # the optimizer settings every stage shares (learning rate of Table I and more)
     epochs: int
     batches_per_epoch: int
-    # Training options every stage must agree on.
-    momentum: float = 0.0
-    weight_decay: float = 0.0
     in_flight: int = 4
-    aggregation: bool = True
-    aggregation_interval: int = 1
     weights: dict[str, torch.Tensor] | None = None  # pre-trained weights (continuous learning)
     momentum_buffers: dict[str, torch.Tensor] | None = None  # optimizer state to resume with (checkpoint)
     # Replication (Sec. III-E): chain to the next ``replicas`` stages every ``chain_every`` batches,
@@ -531,6 +527,8 @@ def _to_cbor(value: Any) -> Any:
         return encode_tensor(value)
     if isinstance(value, Compressed):
         return to_wire(value)
+    if isinstance(value, TrainOptions):
+        return dataclasses.asdict(value)
     if isinstance(value, dict):
         return {k: _to_cbor(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -590,30 +588,32 @@ def _build_command(body: dict[str, Any], checker: _Checker) -> Command:
     return command
 
 
-_SCHEMAS: dict[type[Message], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}
+_SCHEMAS: dict[type[Any], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}
 
 
-def _schema(cls: type[Message]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+def _schema(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
     """Type hints and fields of a message class, worked out once (get_type_hints is slow)."""
     if cls not in _SCHEMAS:
         _SCHEMAS[cls] = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
     return _SCHEMAS[cls]
 
 
-def _build(cls: type[Message], body: dict[str, Any], checker: _Checker) -> Message:
+def _build(cls: type[Any], body: dict[str, Any], checker: _Checker, name: str = "") -> Any:
+    """``cls`` (a message, or a record inside one) from a decoded map, every field checked."""
+    name = name or cls.KIND.value
     hints, fields = _schema(cls)
     if not all(isinstance(k, str) for k in body):
-        raise ProtocolError(f"{cls.KIND.value} body has non-string keys")
+        raise ProtocolError(f"{name} body has non-string keys")
     unknown = set(body) - set(fields)
     if unknown:
-        raise ProtocolError(f"{cls.KIND.value} has unknown fields {sorted(unknown)}")
+        raise ProtocolError(f"{name} has unknown fields {sorted(unknown)}")
     values: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name not in body:
+    for field_name, f in fields.items():
+        if field_name not in body:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f"{cls.KIND.value} lacks field {name!r}")
+                raise ProtocolError(f"{name} lacks field {field_name!r}")
             continue
-        values[name] = checker.check(hints[name], body[name], f"{cls.KIND.value}.{name}")
+        values[field_name] = checker.check(hints[field_name], body[field_name], f"{name}.{field_name}")
     return cls(**values)
 
 
@@ -666,6 +666,11 @@ class _Checker:
     def _tensor(self, tp: Any, value: Any, where: str) -> torch.Tensor:
         return decode_tensor(value)
 
+    def _record(self, tp: Any, value: Any, where: str) -> Any:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
+        return _build(tp, value, self, where)
+
     def _compressed(self, tp: Any, value: Any, where: str) -> Compressed:
         try:
             return from_wire(value)
@@ -717,6 +722,7 @@ _BY_TYPE: dict[Any, _Method] = {
     Any: _Checker._any,
     torch.Tensor: _Checker._tensor,
     Compressed: _Checker._compressed,
+    TrainOptions: _Checker._record,
     float: _Checker._float,
     int: _Checker._scalar,
     str: _Checker._scalar,

@@ -39,6 +39,7 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
 from edgeagent.models import ModelSpec, layer_output_shapes
+from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.chunking import CHUNK_TAG
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
@@ -215,7 +216,7 @@ def base_messages(spec: ModelSpec) -> list[Message]:
             committed_forward_id=-1,
             committed_backward_id=-1,
             status=0,
-            learning_rate=0.1,
+            options=TrainOptions(learning_rate=0.1),
             epochs=1,
             batches_per_epoch=1,
         ),

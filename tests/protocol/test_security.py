@@ -25,6 +25,7 @@ from edgeagent.broker import EmbeddedBroker, broker_config, free_port
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.errors import ConfigError
 from edgeagent.ops.homeassistant import discovery_configs
+from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.messages import Assign, Repartition, Status, encode
 from edgeagent.protocol.topics import Family, Topics
 from tests.conftest import MosquittoProcess
@@ -130,7 +131,7 @@ def _assign(worker_list: list[str], plan_id: int, run_id: str = "run1") -> bytes
             committed_forward_id=0,
             committed_backward_id=0,
             status=0,
-            learning_rate=0.1,
+            options=TrainOptions(learning_rate=0.1),
             epochs=1,
             batches_per_epoch=1,
         ),

@@ -14,6 +14,7 @@ import torch
 from edgeagent.config import CentralConfig, WorkerConfig
 from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
+from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.profiler import profile_layers
 from edgeagent.protocol.limits import (
     MALFORMED,
@@ -539,7 +540,7 @@ class StageOne:
             committed_forward_id=-1,
             committed_backward_id=-1,
             status=0,
-            learning_rate=0.1,
+            options=TrainOptions(learning_rate=0.1),
             epochs=1,
             batches_per_epoch=10,
             in_flight=2,

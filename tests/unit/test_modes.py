@@ -10,6 +10,7 @@ from edgeagent.errors import ConfigError
 from edgeagent.models import ModelSpec
 from edgeagent.modes import MODES, mode
 from edgeagent.modes.pipeline import PipelineMode
+from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.messages import (
     Assign,
     Emulate,
@@ -70,7 +71,7 @@ class Device:
             committed_forward_id=-1,
             committed_backward_id=-1,
             status=0,
-            learning_rate=0.1,
+            options=TrainOptions(learning_rate=0.1),
             epochs=1,
             batches_per_epoch=10,
             mode=training,

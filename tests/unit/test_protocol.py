@@ -28,6 +28,7 @@ from hypothesis.extra import numpy as hnp
 
 from edgeagent.config import CentralConfig, DemoConfig, TrainConfig, build, load, load_yaml
 from edgeagent.errors import ConfigError, ProtocolError
+from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.partition import balanced_partition, check_points, stage_of_layer
 from edgeagent.protocol.chunking import CHUNK_TAG, Reassembler, is_chunk, split_payload
 from edgeagent.protocol.messages import (
@@ -287,14 +288,12 @@ HAND_SAMPLES: dict[MessageKind, Message] = {
         committed_forward_id=10,
         committed_backward_id=9,
         status=1,
-        learning_rate=0.05,
+        options=TrainOptions(
+            learning_rate=0.05, momentum=0.9, weight_decay=1e-4, aggregation=False, aggregation_interval=2
+        ),
         epochs=2,
         batches_per_epoch=30,
-        momentum=0.9,
-        weight_decay=1e-4,
         in_flight=3,
-        aggregation=False,
-        aggregation_interval=2,
         weights={
             "0.weight": torch.randn(4, 3, generator=_GEN),
             "0.bias": torch.zeros(4, dtype=torch.float64),
@@ -380,6 +379,9 @@ def _auto_value(tp: Any) -> Any:
         return torch.arange(12, dtype=torch.float32).reshape(3, 4)
     if tp is Any:
         return {"nested": [1, "two", 3.0, None, True]}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):  # a record inside a message (TrainOptions)
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _auto_value(hints[f.name]) for f in dataclasses.fields(tp)})
     raise AssertionError(f"no automatic sample value for {tp}: add a hand-written sample")
 
 
@@ -546,6 +548,18 @@ BAD_ENVELOPES = [
     ("purpose-unknown", MessageKind.WEIGHTS, _set(("b", "purpose"), "x"), r"weights\.purpose.*'global'"),
     ("code-unknown", MessageKind.ERROR, _set(("b", "code"), "oops"), r"error\.code: 'oops'.*'assign'"),
     ("assign-mode", MessageKind.ASSIGN, _set(("b", "mode"), 3), r"assign\.mode: expected str"),
+    (
+        "assign-options",
+        MessageKind.ASSIGN,
+        _set(("b", "options", "learning_rate"), "fast"),
+        r"assign\.options\.learning_rate: expected a number",
+    ),
+    (
+        "assign-options-map",
+        MessageKind.ASSIGN,
+        _set(("b", "options"), [0.1]),
+        r"assign\.options: expected a map",
+    ),
     ("literal-not-str", MessageKind.WEIGHTS, _set(("b", "purpose"), 1), r"weights\.purpose: 1 is not one"),
     ("literal-list", MessageKind.READY, _set(("b", "phase"), ["built"]), r"ready\.phase: .*, got list"),
     ("literal-long", MessageKind.STATUS, _set(("b", "state"), "x" * 1000), r"'x{35}\.\.\.' is not one of"),

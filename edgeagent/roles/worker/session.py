@@ -18,7 +18,7 @@ import torch
 from edgeagent.compression.stage import NONE
 from edgeagent.errors import EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec
-from edgeagent.pipeline.build import TrainOptions, build_stage
+from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.protocol.messages import (
     Activation,
@@ -85,13 +85,7 @@ class PipelineSession:
             worker.report_error("assign", f"not in the worker list {msg.worker_list}", msg.run_id)
             return None
         index = msg.worker_list.index(worker.device_id)
-        options = TrainOptions(
-            learning_rate=msg.learning_rate,
-            momentum=msg.momentum,
-            weight_decay=msg.weight_decay,
-            aggregation=msg.aggregation,
-            aggregation_interval=msg.aggregation_interval,
-        )
+        options = msg.options
         try:
             spec = ModelSpec.from_dict(msg.model)
             # A resumed or recovering run starts at the version after the committed backward id.
