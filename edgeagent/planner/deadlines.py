@@ -9,6 +9,9 @@ that is outstanding, times a multiplier, never less than a floor:
   (Little's law: ``bound`` steps of the bottleneck, at least one pass through every stage) and crossed
   every link twice: ``max(bound, stages) * step``, with ``step`` the DP's predicted time per batch of
   the current split (eq. 4-7 with measured capacities and links).
+  A gradient may also wait behind replicas (weights and momentum of a whole stage) queued on a slow
+  uplink at a replication point: ``queued``, the seconds those take on the slowest link, is added on
+  top (it is not work to scale, and it does not shrink the floor).
 * **evaluation result**: the same for one evaluation chunk, scaled by how much larger an evaluation
   chunk is than a training batch; the clock restarts at every result, so a long test set on a slow
   cluster is never cut off as long as results keep coming.
@@ -45,9 +48,12 @@ class Deadlines:
             raise ValueError(f"predicted time {predicted} s must be finite and >= 0")
         return max(floor, self.multiplier * predicted)
 
-    def batch(self, step: float, *, stages: int, bound: int) -> float:
-        """Seconds after stage 0 sent a batch before its missing gradients are a fault."""
-        return self._scaled(max(bound, stages, 1) * step, self.batch_floor)
+    def batch(self, step: float, *, stages: int, bound: int, queued: float = 0.0) -> float:
+        """Seconds after stage 0 sent a batch before its missing gradients are a fault; ``queued``: the
+        seconds of replica traffic that may be ahead of them on the slowest uplink."""
+        if not (math.isfinite(queued) and queued >= 0):
+            raise ValueError(f"queued time {queued} s must be finite and >= 0")
+        return self._scaled(max(bound, stages, 1) * step, self.batch_floor) + queued
 
     def evaluation(self, step: float, *, stages: int, bound: int, eval_batch: int, train_batch: int) -> float:
         """Seconds without a new evaluation result (while some are due) before that is a fault."""

@@ -56,3 +56,15 @@ def test_auto_widths_pick_four_bit_gradients_on_a_link_too_slow_for_eight() -> N
     assert link_bits(size * 8 / 32 / 0.1, size, 0.1) == (4, 8)  # 8-bit gradients just fit
     assert link_bits(size * 4 / 32 / 0.1, size, 0.1) == (4, 4)  # only 4-bit ones do
     assert link_bits(1.0, size, 0.1) == (2, 4)  # hopeless: the narrowest of each
+
+
+def test_replicas_queued_on_a_slow_uplink_extend_the_batch_timer_beyond_the_floor() -> None:
+    """At a replication point a stage's weights and momentum go out on the same uplink as its gradients:
+    on a 0.5 Mbit/s link a gradient can wait seconds behind them (the compression benchmark's 0.5 Mbit/s
+    run took a live worker for dead at the 10 s floor). That wait is added, not scaled or floored away."""
+    d = Deadlines(multiplier=4.0, batch_floor=10.0)
+    assert d.batch(0.5, stages=3, bound=3) == 10.0
+    assert d.batch(0.5, stages=3, bound=3, queued=7.5) == 17.5
+    assert d.batch(5.0, stages=3, bound=3, queued=7.5) == 4.0 * 15.0 + 7.5
+    with pytest.raises(ValueError, match="queued"):
+        d.batch(0.5, stages=3, bound=3, queued=-1.0)

@@ -93,7 +93,9 @@ class Liveness(Planning):
     def _refresh_deadline(self) -> None:
         """The batch timer of Sec. III-F from the measured step (after every gradient, split and fault)."""
         step, _ = self._predicted_step()
-        self.batch_deadline = self.deadlines.batch(step, stages=len(self.worker_list), bound=self.bound())
+        self.batch_deadline = self.deadlines.batch(
+            step, stages=len(self.worker_list), bound=self.bound(), queued=self._replica_slack()
+        )
 
     def _eval_deadline(self) -> float:
         step, _ = self._predicted_step()
@@ -120,10 +122,18 @@ class Liveness(Planning):
         slowest = min(lk.bandwidth for lk in self.links)
         # output_bytes were profiled on one training batch: the size of a real activation message.
         activations = self.bound() * max(self.profile.output_bytes)
+        return 2 * activations / slowest + self._replica_slack()
+
+    def _replica_slack(self) -> float:
+        """Seconds the chain and global replicas of the largest stage (weights and momentum: 2 x 2 x its
+        parameter bytes) occupy the slowest measured link, doubled for protocol overhead and jitter."""
+        if not self.links or not (self.config.chain_every or self.config.global_every):
+            return 0.0
+        slowest = min(lk.bandwidth for lk in self.links)
         params = self.param_bytes
         stages = range(len(self.points) - 1)
         replicas = 2 * 2 * max((sum(params[self.points[k] : self.points[k + 1]]) for k in stages), default=0)
-        return 2 * (activations + replicas) / slowest
+        return 2 * replicas / slowest
 
     def _eval_bound(self) -> int:
         """Evaluation chunks in flight: enough to keep every stage busy, few enough that a slow stage's
