@@ -124,14 +124,10 @@ class TopicInfo:
     stage: int | None = None
 
 
-@dataclass(frozen=True)
-class Topics:
-    """Builds the topics of one cluster."""
+class _Tree:
+    """The levels every topic and filter of a cluster starts with (``cluster`` may be ``+``)."""
 
-    cluster: str = "default"
-
-    def __post_init__(self) -> None:
-        check_name("cluster", self.cluster)
+    cluster: str
 
     @property
     def base(self) -> str:
@@ -146,10 +142,23 @@ class Topics:
             raise ValueError(f"{family} needs a device or a stage")
         return f"{self.base}/{family.value}"
 
-    def device(self, family: Family, device_id: str) -> str:
+    def _device_level(self, family: Family, device: str) -> str:
         if family.value not in _DEVICE_FAMILIES:
             raise ValueError(f"{family} is not a per-device topic")
-        return f"{self.base}/device/{check_name('device id', device_id)}/{family.value}"
+        return f"{self.base}/device/{device}/{family.value}"
+
+
+@dataclass(frozen=True)
+class Topics(_Tree):
+    """Builds the topics of one cluster."""
+
+    cluster: str = "default"
+
+    def __post_init__(self) -> None:
+        check_name("cluster", self.cluster)
+
+    def device(self, family: Family, device_id: str) -> str:
+        return self._device_level(family, check_name("device id", device_id))
 
     def devices(self, family: Family) -> str:
         """Wildcard for one family of every device, e.g. all heartbeats."""
@@ -216,7 +225,7 @@ def parse_topic(topic: str) -> tuple[str, TopicInfo]:
 
 
 @dataclass(frozen=True)
-class TopicFilters:
+class TopicFilters(_Tree):
     """Filters (subscriptions, ACL patterns) of one cluster, or of every cluster (``cluster="+"``).
 
     The levels are used as given: a cluster or device id the caller has checked, or :data:`ANY`.
@@ -224,22 +233,8 @@ class TopicFilters:
 
     cluster: str = ANY
 
-    @property
-    def base(self) -> str:
-        return f"{ROOT}/{PROTOCOL_VERSION}/{self.cluster}"
-
-    def all(self) -> str:
-        return f"{self.base}/{REST}"
-
-    def fixed(self, family: Family) -> str:
-        if family.value not in _FIXED_FAMILIES:
-            raise ValueError(f"{family} needs a device or a stage")
-        return f"{self.base}/{family.value}"
-
     def device(self, family: Family, device: str = ANY) -> str:
-        if family.value not in _DEVICE_FAMILIES:
-            raise ValueError(f"{family} is not a per-device topic")
-        return f"{self.base}/device/{device}/{family.value}"
+        return self._device_level(family, device)
 
     def stage(self, family: Family) -> str:
         """One family of every stage."""
