@@ -39,8 +39,9 @@ How the set-up differs from the paper's: devices are processes on one 2-core mac
 slowdowns (1, 2, 4: central, killed worker-1, worker-2) instead of a MacBook Pro, a desktop PC and
 Raspberry Pis; MobileNetV2 (width 0.5) on 4096 synthetic 3x32x32 samples, batch 32, instead of
 MNIST/CIFAR10; messages go over MQTT on loopback instead of Flask HTTP; the fault is seen by the
-dead worker's last will or missed heartbeats instead of a per-batch timer; and our recovery waits
-``probe_timeout`` (1 s) for the dead worker's answer to the probe before it gives up on it.
+dead worker's last will or missed heartbeats instead of a per-batch timer; and our recovery probes the
+devices first: the live ones answer within the probe window, a device known to be down (its last
+will) gets the restart window, 0 here as in the paper's scenario where nothing comes back.
 """
 
 from __future__ import annotations
