@@ -45,7 +45,7 @@ class TrainConfig(_Frozen):
 
 
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
-TrainingModeName = Literal["pipeline"]  # edgeagent.modes.MODES: the training modes
+TrainingModeName = Literal["pipeline", "hybrid"]  # edgeagent.modes.MODES: the training modes
 
 
 class BrokerAccess(_Frozen):
@@ -90,8 +90,11 @@ class CentralConfig(BrokerAccess):
     report: str | None = None
     save_model: str | None = None
     progress: bool = True
-    # The training mode (edgeagent.modes): pipeline is FTPipeHD's asynchronous pipeline.
+    # The training mode (edgeagent.modes): pipeline is FTPipeHD's asynchronous pipeline; hybrid lets several
+    # devices hold one stage (data parallelism inside the pipeline), planned by planner.hybrid.
     mode: TrainingModeName = "pipeline"
+    # Hybrid stages: the most devices one stage may have (None: no bound).
+    max_replicas: int | None = Field(None, ge=1)
     # uniform: PipeDream's even split, never changes; dynamic: FTPipeHD (re-split from measurements);
     # oracle: the DP fed the true slowdowns, the limit to measure against.
     partition: PartitionMode = "dynamic"

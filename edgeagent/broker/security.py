@@ -7,9 +7,10 @@ with ``allow_anonymous: false`` lets in anyone who sends *some* user name, so it
 Topic rights come from :mod:`edgeagent.protocol.acl`, including those on Home Assistant's discovery topics
 (outside ``edgeagent/``, under each login's discovery prefix). Stage ownership follows the run: the
 plugin reads the assignments and re-partition orders the central node publishes on
-``device/<id>/control`` (only a central login may publish there) and keeps the newest plan per cluster
-in ``plans.json`` (in ``$STATE_DIRECTORY`` under systemd, else next to the credentials), so a
-restarted broker still knows who holds which stage.
+``device/<id>/control`` and its ``reshare`` commands on ``run/command`` (only a central login may
+publish on either), with every stage's group of devices, and keeps the newest plan per cluster in
+``plans.json`` (in ``$STATE_DIRECTORY`` under systemd, else next to the credentials), so a restarted
+broker still knows who holds which stage.
 
 The credentials directory is re-read when its files change: ``edgeagent credentials add`` takes effect
 for the next connection without a broker restart.
@@ -33,7 +34,7 @@ from edgeagent.broker.credentials import PASSWD, USERS, CredentialStore, verify_
 from edgeagent.errors import EdgeAgentError, ProtocolError
 from edgeagent.protocol.acl import Grant, PlanTracker, client_id_ok, may_publish, may_receive, may_subscribe
 from edgeagent.protocol.chunking import Reassembler, is_chunk
-from edgeagent.protocol.messages import Assign, Repartition, decode
+from edgeagent.protocol.messages import Assign, Repartition, Reshare, decode
 from edgeagent.protocol.topics import Family, parse_topic
 
 log = logging.getLogger(__name__)
@@ -148,14 +149,15 @@ class SecurityPlugin(BaseAuthPlugin, BaseTopicPlugin):
         return allowed
 
     async def on_broker_message_broadcast(self, *, client_id: str, message: Any) -> None:
-        """Learn stage owners from the central node's assignments (only a central login can publish
-        on control topics, and this event fires only for permitted messages)."""
+        """Learn stage owners from the central node's assignments, re-partitions and reshares (only a
+        central login can publish on control topics and on the command topic, and this event fires only
+        for permitted messages)."""
         topic = str(message.topic)
         try:
             cluster, info = parse_topic(topic)
         except ProtocolError:
             return
-        if info.family is not Family.CONTROL:
+        if info.family not in (Family.CONTROL, Family.COMMAND):
             return
         payload = bytes(message.data or b"")
         with contextlib.suppress(Exception):
@@ -165,11 +167,28 @@ class SecurityPlugin(BaseAuthPlugin, BaseTopicPlugin):
                     return
                 payload = whole
             _, order = decode(payload)
-            if isinstance(order, Assign | Repartition) and self.plans.update(
-                cluster, order.run_id, order.plan_id, list(order.worker_list)
+            if info.family is Family.CONTROL and isinstance(order, Assign | Repartition):
+                version = order.share_version if isinstance(order, Assign) else 0  # a new plan: shares 0
+            elif info.family is Family.COMMAND and isinstance(order, Reshare):
+                version = order.share_version
+            else:
+                return
+            if self.plans.update(
+                cluster,
+                order.run_id,
+                order.plan_id,
+                list(order.worker_list),
+                groups=order.groups,
+                share_version=version,
             ):
                 self._decisions.clear()
-                log.info("cluster %s plan %d: stages held by %s", cluster, order.plan_id, order.worker_list)
+                log.info(
+                    "cluster %s plan %d (shares %d): stages held by %s",
+                    cluster,
+                    order.plan_id,
+                    version,
+                    order.groups or order.worker_list,
+                )
                 self._save_plans()
 
     def _save_plans(self) -> None:

@@ -65,8 +65,14 @@ def train_options(f: F) -> F:
         click.option("--save-model", type=click.Path(dir_okay=False), help="Save the trained model here."),
         click.option(
             "--mode",
-            type=click.Choice(["pipeline"]),
-            help="Training mode: pipeline (FTPipeHD's asynchronous pipeline, the default).",
+            type=click.Choice(["pipeline", "hybrid"]),
+            help="Training mode: pipeline (FTPipeHD's asynchronous pipeline, the default); hybrid (a stage "
+            "may be held by several devices; the planner decides how many).",
+        ),
+        click.option(
+            "--max-replicas",
+            type=click.IntRange(min=1),
+            help="Hybrid mode: the most devices one stage may have (default: no bound).",
         ),
         click.option(
             "--partition",
@@ -163,6 +169,7 @@ _CENTRAL_KEYS = (
     "report",
     "save_model",
     "mode",
+    "max_replicas",
     "partition",
     "repartition_first",
     "repartition_every",

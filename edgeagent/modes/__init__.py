@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # name (``--mode``, ``Assign.mode``) -> "module:class" of its TrainingMode. A new mode adds a line here.
 MODES: dict[str, str] = {
     "pipeline": "edgeagent.modes.pipeline:PipelineMode",
+    "hybrid": "edgeagent.modes.hybrid:HybridMode",
 }
 
 _loaded: dict[str, TrainingMode] = {}

@@ -59,6 +59,11 @@ class BackwardResult:
     grad_input: torch.Tensor | None  # None on stage 0
     loss: float
     correct: int
+    # Hybrid stages (``total`` given): the last stage's loss and correctness of each of its rows, and,
+    # with ``defer``, the parameter gradients not yet applied (:meth:`Stage.apply_gradients`).
+    row_loss: torch.Tensor | None = None
+    row_correct: torch.Tensor | None = None
+    param_grads: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,9 @@ class Stage:
         self._in_flight: dict[int, _InFlight] = {}
         self._floor = version  # no future batch asks for a version below this
         self._recent: list[dict[str, torch.Tensor]] = []  # last versions, for aggregation
+        # Hybrid stages: the version of every batch not yet updated here, kept stashed so the batch can
+        # be computed again (a replica of the stage died with some of its rows).
+        self._pinned: dict[int, int] = {}
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
@@ -129,7 +137,7 @@ class Stage:
         return sorted(self._in_flight)
 
     def _prune(self) -> None:
-        keep = {v.version for v in self._in_flight.values()} | {self.version}
+        keep = {v.version for v in self._in_flight.values()} | {self.version} | set(self._pinned.values())
         for version in list(self._stash):
             if version < self._floor and version not in keep:
                 del self._stash[version]
@@ -137,8 +145,21 @@ class Stage:
     def drop_in_flight(self) -> None:
         """Forget batches in flight (after a fault or a re-split); their updates never happen."""
         self._in_flight.clear()
+        self._pinned.clear()
         self._floor = self.version
         self._prune()
+
+    def pin(self, batch_id: int, version: int) -> None:
+        """Keep ``version`` stashed until batch ``batch_id``'s update is applied (:meth:`unpin`)."""
+        self._pinned[batch_id] = version
+
+    def unpin(self, batch_id: int) -> None:
+        self._pinned.pop(batch_id, None)
+        self._prune()
+
+    def forget(self, batch_id: int) -> None:
+        """Drop one batch's forward (it is computed again with other rows); its version stays pinned."""
+        self._in_flight.pop(batch_id, None)
 
     # -- compute -------------------------------------------------------------------------------
 
@@ -164,11 +185,20 @@ class Stage:
         return output.detach(), version
 
     def backward(
-        self, batch_id: int, grad_output: torch.Tensor | None = None, labels: torch.Tensor | None = None
+        self,
+        batch_id: int,
+        grad_output: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        total: int = 0,
+        defer: bool = False,
     ) -> BackwardResult:
         """Backward of an earlier forward: the last stage passes ``labels``, the others ``grad_output``.
 
         Uses the weights the batch was forwarded with, then applies the update to the live weights.
+        Hybrid stages: ``total`` (the last stage) is the whole batch's rows, of which this stage computed
+        some: the loss is the sum of its rows' losses over ``total``, so the members' gradients add up to
+        the whole batch's; ``defer`` returns the parameter gradients instead of applying them.
         """
         entry = self._in_flight.pop(batch_id, None)
         if entry is None:
@@ -176,7 +206,16 @@ class Stage:
                 f"backward of batch {batch_id}, which is not in flight here ({self.in_flight})"
             )
         loss_value, correct = 0.0, 0
-        if self.is_last:
+        row_loss = row_correct = None
+        if self.is_last and total:
+            if labels is None:
+                raise TrainingError("the last stage needs the labels to compute the loss")
+            per_row = F.cross_entropy(entry.output, labels, reduction="none")
+            (per_row.sum() / total).backward()
+            row_loss = per_row.detach()
+            row_correct = (entry.output.detach().argmax(dim=1) == labels).to(torch.int64)
+            loss_value, correct = float(row_loss.sum()) / total, int(row_correct.sum())
+        elif self.is_last:
             if labels is None:
                 raise TrainingError("the last stage needs the labels to compute the loss")
             loss = F.cross_entropy(entry.output, labels)
@@ -191,13 +230,26 @@ class Stage:
                 )
             entry.output.backward(grad_output)
         grad_input = None if self.is_first else entry.inputs.grad
-        self._apply_update(entry.params)
-        return BackwardResult(grad_input=grad_input, loss=loss_value, correct=correct)
+        if defer:
+            grads = {
+                name: t.grad if t.grad is not None else torch.zeros_like(t)
+                for name, t in entry.params.items()
+            }
+            return BackwardResult(grad_input, loss_value, correct, row_loss, row_correct, grads)
+        self._apply_update({name: t.grad for name, t in entry.params.items()})
+        return BackwardResult(grad_input, loss_value, correct, row_loss, row_correct)
 
-    def _apply_update(self, used: dict[str, torch.Tensor]) -> None:
+    def apply_gradients(self, grads: dict[str, torch.Tensor]) -> None:
+        """Apply one batch's parameter gradients (a replicated stage's sum over its members)."""
+        names = {name for name, _ in self.module.named_parameters()}
+        if set(grads) != names:
+            raise TrainingError(f"gradients for {sorted(grads)}, the stage's parameters are {sorted(names)}")
+        self._apply_update(dict(grads))
+
+    def _apply_update(self, used: dict[str, torch.Tensor | None]) -> None:
         if self.optimizer is not None:
             for name, p in self.module.named_parameters():
-                p.grad = used[name].grad
+                p.grad = used[name]
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.version += 1

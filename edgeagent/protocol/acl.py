@@ -3,10 +3,11 @@
 Three roles:
 
 * ``central``: everything under its cluster (it drives the run and is stage 0).
-* ``device``: publishes only its own device topics, the announcement, and the outputs of the stage it
-  holds in the current (or the previous) plan of its cluster; reads the run-wide topics, its own
-  control and profile topics, the peer topics it needs (status, replicas, probes, fetch requests)
-  and the data-plane topics.
+* ``device``: publishes only its own device topics, the announcement, and the outputs (activations,
+  gradients, results, gradient exchange) of the stages it holds, alone or as one of a group's devices,
+  in the current (or the previous) plan of its cluster; reads the run-wide topics, its own control and
+  profile topics, the peer topics it needs (status, replicas, probes, fetch requests) and the
+  data-plane topics.
 * ``observer``: reads everything of its cluster and publishes nothing (monitors, Home Assistant).
 
 A grant's cluster may be ``*`` (every cluster), e.g. for an operator's central login.
@@ -21,9 +22,10 @@ Home Assistant discovery lives outside edgeagent's tree, under the grant's disco
   without which the embedded broker would refuse its connection (a will is checked like a publish).
 * ``device`` gets nothing there.
 
-Stage ownership follows the run: :class:`PlanTracker` learns it from the assignments the central node
-publishes (``device/<id>/control``), so "the gradient topic of a stage it does not own" changes with
-every re-partition. Static brokers (Mosquitto) get :func:`mosquitto_acl`, which cannot follow the
+Stage ownership follows the run: :class:`PlanTracker` learns it from the assignments and re-partitions
+the central node publishes (``device/<id>/control``) and from its ``reshare`` commands (``run/command``:
+a stage's group changed inside a plan), so "the gradient topic of a stage it does not hold" changes
+with every re-partition. Static brokers (Mosquitto) get :func:`mosquitto_acl`, which cannot follow the
 plan and allows every device all stage topics of its cluster (docs/deployment.md).
 """
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from edgeagent.ops.homeassistant import DEFAULT_PREFIX, node_id
 from edgeagent.protocol.topics import (
@@ -58,7 +60,10 @@ DEVICE_OWN = tuple(f for f in Family if f in DEVICE_PUBLISHED)
 DEVICE_READS_PEERS = (Family.STATUS, Family.REPLICA, Family.PROBE, Family.REQUEST)
 DEVICE_READS_OWN = (Family.CONTROL, Family.PROFILE)
 DEVICE_READS_FIXED = (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVENTS)
-STAGE_OUTPUTS = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS)
+STAGE_OUTPUTS = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)
+# Stage topics every device may read: its neighbours' activations and gradients, its group's gradient
+# exchange (results are the central node's).
+DEVICE_READS_STAGES = (Family.ACTIVATIONS, Family.GRADIENTS, Family.SYNC)
 
 
 HomeAssistantTopic = DiscoveryKind
@@ -96,49 +101,100 @@ class Grant:
         return self.cluster if cluster == self.cluster else None
 
 
+Groups = list[list[str]]
+
+
+class TrackedPlan(NamedTuple):
+    """What :class:`PlanTracker` keeps of a cluster: the newest plan's run and id, its stages' members
+    (per stage, primary first), the previous plan's (``[]``: none yet in this run) and the share version
+    of the newest groups (a reshare inside the plan bumps it)."""
+
+    run_id: str
+    plan_id: int
+    groups: Groups
+    previous: Groups
+    share_version: int = 0
+
+
+def _as_groups(stages: list[str] | Groups) -> Groups:
+    """Groups as stored; a plain device order (the state files before hybrid stages) is one per stage."""
+    return [[str(d)] if isinstance(d, str) else [str(m) for m in d] for d in stages]
+
+
 @dataclass
 class PlanTracker:
-    """Per cluster, the device order of the newest plan and of the one before it.
+    """Per cluster, the members of every stage in the newest plan and in the one before it.
 
-    A device may write a stage's outputs if it holds that stage in either: during a re-partition the
-    old plan drains while the new one is announced.
+    A device may write a stage's outputs if it is one of the stage's devices (its primary or a helper) in
+    either plan: during a re-partition the old plan drains while the new one is announced. A reshare
+    (the members of some stages changing inside a plan) replaces the newest plan's groups and keeps the
+    previous plan's.
     """
 
-    plans: dict[str, tuple[str, int, list[str], list[str]]] = field(default_factory=dict)
+    plans: dict[str, TrackedPlan] = field(default_factory=dict)
 
-    def update(self, cluster: str, run_id: str, plan_id: int, worker_list: list[str]) -> bool:
-        """Record a plan; returns True if it changed anything."""
+    def update(
+        self,
+        cluster: str,
+        run_id: str,
+        plan_id: int,
+        worker_list: list[str],
+        *,
+        groups: Groups | None = None,
+        share_version: int = 0,
+    ) -> bool:
+        """Record a plan (``groups``: every member of every stage, primary first; empty or None: one device
+        per stage, ``worker_list``); returns True if it changed anything.
+
+        Within a run, an older plan is ignored, and so is the same plan with an older ``share_version`` (a
+        reshare overtaken by a newer one) or with the same one and the same groups.
+        """
+        current = _as_groups(groups) if groups else _as_groups(worker_list)
         known = self.plans.get(cluster)
-        if known is not None and known[0] == run_id:
-            if plan_id < known[1] or (plan_id == known[1] and worker_list == known[2]):
+        if known is not None and known.run_id == run_id:
+            if plan_id < known.plan_id:
                 return False
-            previous = known[2] if plan_id > known[1] else known[3]
+            if plan_id == known.plan_id and (
+                share_version < known.share_version
+                or (share_version == known.share_version and current == known.groups)
+            ):
+                return False
+            previous = known.groups if plan_id > known.plan_id else known.previous
         else:
             previous = []
-        self.plans[cluster] = (run_id, plan_id, list(worker_list), list(previous))
+        self.plans[cluster] = TrackedPlan(run_id, plan_id, current, previous, share_version)
         return True
 
     def owns(self, cluster: str, device: str, stage: int) -> bool:
+        """Whether ``device`` holds ``stage`` (alone or in its group) in the newest or the previous plan."""
         known = self.plans.get(cluster)
         if known is None:
             return False
-        return any(0 <= stage < len(order) and order[stage] == device for order in (known[2], known[3]))
+        return any(
+            0 <= stage < len(groups) and device in groups[stage] for groups in (known.groups, known.previous)
+        )
 
     def to_json(self) -> str:
-        return json.dumps(self.plans, sort_keys=True)
+        return json.dumps({cluster: list(plan) for cluster, plan in self.plans.items()}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> PlanTracker:
+        """Load :meth:`to_json`'s state, or that of an older broker (``[run_id, plan_id, worker_list,
+        previous_worker_list]``, one device per stage)."""
         raw = json.loads(text)
         if not isinstance(raw, dict):
             raise ValueError("plan state must be a JSON object")
         plans = {}
-        for cluster, (run_id, plan_id, current, previous) in raw.items():
-            plans[str(cluster)] = (
+        for cluster, entry in raw.items():
+            if not isinstance(entry, list) or len(entry) not in (4, 5):
+                raise ValueError(f"plan state of cluster {cluster!r} must be a list of 4 or 5 items")
+            run_id, plan_id, current, previous, *version = entry
+            plans[str(cluster)] = TrackedPlan(
                 str(run_id),
                 int(plan_id),
-                [str(d) for d in current],
-                [str(d) for d in previous],
+                _as_groups(current),
+                _as_groups(previous),
+                int(version[0]) if version else 0,
             )
         return cls(plans)
 
@@ -190,7 +246,7 @@ def may_receive(user: str, grant: Grant, topic: str) -> bool:
     if device is not None:
         return family in DEVICE_READS_PEERS or (device == user and family in DEVICE_READS_OWN)
     if stage is not None:
-        return family in (Family.ACTIVATIONS, Family.GRADIENTS)
+        return family in DEVICE_READS_STAGES
     return family in DEVICE_READS_FIXED
 
 
@@ -259,7 +315,7 @@ def mosquitto_acl(users: dict[str, Grant]) -> str:
                 lines.append(f"topic {mode} {tree.device(f, user)}")
             lines += [f"topic read {tree.device(f, user)}" for f in DEVICE_READS_OWN]
             lines += [f"topic read {tree.device(f)}" for f in DEVICE_READS_PEERS]
-            lines += [f"topic readwrite {tree.stage(f)}" for f in (Family.ACTIVATIONS, Family.GRADIENTS)]
+            lines += [f"topic readwrite {tree.stage(f)}" for f in DEVICE_READS_STAGES]
             lines.append(f"topic write {tree.stage(Family.RESULTS)}")
         lines.append("")
     return "\n".join(lines)

@@ -59,6 +59,7 @@ class MessageKind(str, Enum):
     LINK_REPORT = "link_report"
     REPARTITION = "repartition"
     FETCH = "fetch"
+    GRAD_SYNC = "grad_sync"
 
 
 Encoding = Literal["cbor", "json"]
@@ -177,6 +178,39 @@ class Assign(Message):
     # The training mode whose worker session takes this run (edgeagent.modes.MODES). Not an enumeration on
     # the wire: a worker that lacks the mode says so (an "assign" error) rather than dropping the message.
     mode: str = "pipeline"
+    # Hybrid stages: every device of every stage, the stage's primary (``worker_list[k]``) first, and each
+    # member's share of every batch's rows; empty = one device per stage (``worker_list``).
+    groups: list[list[str]] = dataclasses.field(default_factory=list)
+    shares: list[list[float]] = dataclasses.field(default_factory=list)
+    share_version: int = 0  # bumped when a stage's members change inside a plan (failover)
+
+    def __post_init__(self) -> None:
+        _check_groups(self.groups, self.shares, self.worker_list)
+
+
+def _check_groups(groups: list[list[str]], shares: list[list[float]], worker_list: list[str]) -> None:
+    """``groups`` and ``shares`` describe the same stages as ``worker_list``, primaries first."""
+    if not groups and not shares:
+        return
+    if len(groups) != len(worker_list) or len(shares) != len(worker_list):
+        raise ProtocolError(
+            f"{len(groups)} groups and {len(shares)} share lists for {len(worker_list)} stages"
+        )
+    for k, (group, share) in enumerate(zip(groups, shares, strict=True)):
+        unique = len(set(group)) == len(group)
+        if not group or group[0] != worker_list[k] or len(group) != len(share) or not unique:
+            raise ProtocolError(
+                f"stage {k}: group {group} with shares {share} must start with its primary "
+                f"{worker_list[k]!r}, name each device once and give each a share"
+            )
+        if any(not 0 < x <= 1 for x in share) or abs(sum(share) - 1) > 1e-6:
+            raise ProtocolError(f"stage {k}: shares {share} must be in (0, 1] and sum to 1")
+
+
+def _check_rows(rows: list[int], total: int, what: str) -> None:
+    """``rows`` is empty (the whole batch) or ``[lo, hi]`` with ``0 <= lo < hi <= total``."""
+    if rows and (len(rows) != 2 or not 0 <= rows[0] < rows[1] <= total):
+        raise ProtocolError(f"{what}: rows {rows} must be [lo, hi] with 0 <= lo < hi <= total {total}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +248,13 @@ class Activation(Message):
     # decode; the receiving stage's runner restores it (``StageRunner.take_activation``).
     x: torch.Tensor | Compressed
     y: torch.Tensor  # labels travel with the batch so the last stage can compute the loss
+    # Hybrid stages: the rows ``[lo, hi)`` of the batch's ``total`` rows this message carries (``x`` and
+    # ``y`` hold only those); empty = the whole batch.
+    rows: list[int] = dataclasses.field(default_factory=list)
+    total: int = 0
+
+    def __post_init__(self) -> None:
+        _check_rows(self.rows, self.total, f"activation of batch {self.batch_id}")
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -235,6 +276,24 @@ class Gradient(Message):
     correct: int = 0  # training predictions that were right (for training accuracy)
     # Average compute seconds per batch of each stage from this one to the last (capacity estimation).
     stage_times: list[float] = dataclasses.field(default_factory=list)
+    # Hybrid stages: the rows ``[lo, hi)`` of ``total`` this gradient covers (empty = all), the loss and
+    # correctness of each of those rows (``loss`` and ``correct`` are then their sums), and every device's
+    # seconds per whole batch from this stage to the last (its time over its share of the rows).
+    rows: list[int] = dataclasses.field(default_factory=list)
+    total: int = 0
+    row_loss: list[float] = dataclasses.field(default_factory=list)
+    row_correct: list[int] = dataclasses.field(default_factory=list)
+    device_times: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        what = f"gradient of batch {self.batch_id}"
+        _check_rows(self.rows, self.total, what)
+        span = self.rows[1] - self.rows[0] if self.rows else 0
+        if self.rows and (len(self.row_loss) != span or len(self.row_correct) != span):
+            raise ProtocolError(
+                f"{what}: {len(self.row_loss)} row losses and {len(self.row_correct)} row results "
+                f"for {span} rows"
+            )
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -257,6 +316,33 @@ class EvalResult(Message):
     correct: int
     count: int
     loss_sum: float
+    rows: list[int] = dataclasses.field(default_factory=list)  # hybrid stages: the rows counted here
+    total: int = 0
+
+    def __post_init__(self) -> None:
+        _check_rows(self.rows, self.total, f"evaluation result of batch {self.batch_id}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GradSync(Message):
+    """A member of a replicated stage -> the stage's other members: its parameter gradients of one batch
+    (over its rows, already weighted by rows / total), summed by every member before the update."""
+
+    KIND = MessageKind.GRAD_SYNC
+    run_id: str
+    plan_id: int
+    stage: int
+    batch_id: int
+    share_version: int
+    device_id: str
+    rows: list[int]
+    total: int
+    grads: dict[str, torch.Tensor]
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            raise ProtocolError(f"gradient sync of batch {self.batch_id} names no rows")
+        _check_rows(self.rows, self.total, f"gradient sync of batch {self.batch_id}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,8 +425,27 @@ class SetCompression(Command):
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class Reshare(Command):
+    """Inside plan ``plan_id``, the members of some stages changed (a replica died, say): from now on the
+    stages are held by ``groups`` (primaries first, ``worker_list``) with ``shares`` of every batch's rows.
+    Batches not yet updated on a changed stage are computed again there under the new shares."""
+
+    NAME = "reshare"
+    plan_id: int
+    share_version: int
+    worker_list: list[str]
+    groups: list[list[str]]
+    shares: list[list[float]]
+
+    def __post_init__(self) -> None:
+        _check_groups(self.groups, self.shares, self.worker_list)
+        if not self.groups:
+            raise ProtocolError("reshare names no groups")
+
+
 COMMAND_TYPES: dict[str, type[Command]] = {
-    cls.NAME: cls for cls in (Stop, Collect, Ping, MeasureLink, Emulate, SetCompression)
+    cls.NAME: cls for cls in (Stop, Collect, Ping, MeasureLink, Emulate, SetCompression, Reshare)
 }
 
 
@@ -460,6 +565,12 @@ class Repartition(Message):
     # from there; ``sources[i]`` is the device that serves old stage i's weights at that version.
     recovery: bool = False
     sources: list[str] = dataclasses.field(default_factory=list)
+    # Hybrid stages of the new plan (as ``Assign.groups`` and ``Assign.shares``); empty = one per stage.
+    groups: list[list[str]] = dataclasses.field(default_factory=list)
+    shares: list[list[float]] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_groups(self.groups, self.shares, self.worker_list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -499,6 +610,7 @@ MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
         LinkReport,
         Repartition,
         FetchRequest,
+        GradSync,
     )
 }
 

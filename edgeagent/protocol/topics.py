@@ -76,6 +76,7 @@ class Family(str, Enum):
     ACTIVATIONS = "act"
     GRADIENTS = "grad"
     RESULTS = "result"
+    SYNC = "sync"  # a replicated stage's members exchange parameter gradients (hybrid stages)
     COMMIT = "run/commit"
     COMMAND = "run/command"
     EVENTS = "run/events"
@@ -109,7 +110,9 @@ DEVICE_PUBLISHED: frozenset[Family] = frozenset(
         Family.REQUEST,
     }
 )
-_STAGE_FAMILIES = {f.value: f for f in (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS)}
+_STAGE_FAMILIES = {
+    f.value: f for f in (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)
+}
 _FIXED_FAMILIES = {
     f.value: f for f in (Family.DISCOVER, Family.ANNOUNCE, Family.COMMIT, Family.COMMAND, Family.EVENTS)
 }
@@ -180,6 +183,10 @@ class Topics(_Tree):
 
     def results(self, stage: int) -> str:
         return self.stage(Family.RESULTS, stage)
+
+    def syncs(self, stage: int) -> str:
+        """Where the members of a replicated stage exchange their parameter gradients."""
+        return self.stage(Family.SYNC, stage)
 
     def parse(self, topic: str) -> TopicInfo:
         """Parse a topic of this cluster; raise :class:`ProtocolError` for anything else."""

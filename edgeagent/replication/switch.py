@@ -63,13 +63,33 @@ class Switch:
             order.previous_points, order.points, sources, order.worker_list, alive=set(sources)
         )
         plan = plans.get(device_id)
+        fetch: dict[str, list[int]] = {h: list(v) for h, v in plan.fetch.items()} if plan else {}
+        local = list(plan.local) if plan is not None else []
         if plan is None:
-            return None
+            # Hybrid stages: a helper of new stage k takes the layers its primary ends up with: those the
+            # primary holds itself from the primary, the others from where the primary gets them.
+            k = next((k for k, g in enumerate(order.groups) if device_id in g[1:]), None)
+            primary_plan = plans.get(order.worker_list[k]) if k is not None else None
+            if primary_plan is None:
+                return None
+            fetch = {holder: list(layers) for holder, layers in primary_plan.fetch.items()}
+            if primary_plan.local:
+                fetch.setdefault(order.worker_list[primary_plan.stage], []).extend(primary_plan.local)
+            local = [layer for holder, layers in fetch.items() if holder == device_id for layer in layers]
+            fetch = {holder: layers for holder, layers in fetch.items() if holder != device_id}
+            plan = DevicePlan(
+                device_id,
+                primary_plan.stage,
+                primary_plan.start,
+                primary_plan.end,
+                tuple(sorted(local)),
+                {holder: tuple(sorted(layers)) for holder, layers in fetch.items()},
+            )
         switch = cls(device_id, order, plan)
         own: dict[str, list[int]] = {}
-        for layer in plan.local:
+        for layer in local:
             own.setdefault(owners[stage_of_layer(order.previous_points, layer)], []).append(layer)
-        for holder, layers in plan.fetch.items():
+        for holder, layers in fetch.items():
             for layer in layers:
                 whose = owners[stage_of_layer(order.previous_points, layer)]
                 switch.pending.setdefault((holder, whose), set()).add(layer)

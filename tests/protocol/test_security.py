@@ -26,7 +26,7 @@ from edgeagent.broker.credentials import CredentialStore
 from edgeagent.errors import ConfigError
 from edgeagent.ops.homeassistant import discovery_configs
 from edgeagent.pipeline.stage import TrainOptions
-from edgeagent.protocol.messages import Assign, Repartition, Status, encode
+from edgeagent.protocol.messages import Assign, Repartition, Reshare, Status, encode
 from edgeagent.protocol.topics import Family, Topics
 from tests.conftest import MosquittoProcess
 
@@ -119,7 +119,13 @@ def login(broker: EmbeddedBroker, creds: tuple[Path, dict[str, str]]) -> Iterato
         c.close()
 
 
-def _assign(worker_list: list[str], plan_id: int, run_id: str = "run1") -> bytes:
+def _assign(
+    worker_list: list[str],
+    plan_id: int,
+    run_id: str = "run1",
+    groups: list[list[str]] | None = None,
+    shares: list[list[float]] | None = None,
+) -> bytes:
     return encode(
         Assign(
             run_id=run_id,
@@ -134,9 +140,24 @@ def _assign(worker_list: list[str], plan_id: int, run_id: str = "run1") -> bytes
             options=TrainOptions(learning_rate=0.1),
             epochs=1,
             batches_per_epoch=1,
+            groups=groups or [],
+            shares=shares or [],
         ),
         sender="central",
     )
+
+
+def _reshare(worker_list: list[str], groups: list[list[str]], share_version: int, sender: str) -> bytes:
+    shares = [[1 / len(group)] * len(group) for group in groups]
+    msg = Reshare(
+        run_id="run1",
+        plan_id=0,
+        share_version=share_version,
+        worker_list=worker_list,
+        groups=groups,
+        shares=shares,
+    )
+    return encode(msg, sender=sender)
 
 
 def _repartition(worker_list: list[str], plan_id: int) -> bytes:
@@ -272,6 +293,46 @@ def test_device_publishes_only_the_outputs_of_the_stage_it_holds(login: Login) -
     w1.publish(TOPICS.gradients(1), b"stage 1 is worker-2's now")
     w1.publish(TOPICS.gradients(2), b"marker")
     assert watcher.next()[1] == b"marker"
+    assert watcher.received.empty()
+
+
+def test_every_member_of_a_stage_group_publishes_until_a_reshare_takes_it_out(login: Login) -> None:
+    make = login
+    central, w1, w2, watcher = make("central"), make("worker-1"), make("worker-2"), make("watcher")
+    assert watcher.subscribe(TOPICS.all()) == 1
+    # Hybrid stages: stage 1 is held by worker-1 (its primary) and worker-2 (a helper).
+    workers = ["central", "worker-1"]
+    assign = _assign(workers, 0, groups=[["central"], ["worker-1", "worker-2"]], shares=[[1.0], [0.5, 0.5]])
+    central.publish(TOPICS.device(Family.CONTROL, "worker-1"), assign)
+    assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
+    w2.publish(TOPICS.syncs(1), b"helper's parameter gradients")
+    w2.publish(TOPICS.activations(1), b"helper's rows")
+    w2.publish(TOPICS.syncs(0), b"stage 0 is the central node's")
+    w2.publish(TOPICS.device(Family.STATUS, "worker-2"), b"marker-0")
+    assert [watcher.next()[1] for _ in range(3)] == [
+        b"helper's parameter gradients",
+        b"helper's rows",
+        b"marker-0",
+    ]
+
+    # A reshare from a device is refused (the command topic is the central node's) and changes nothing.
+    w1.publish(TOPICS.fixed(Family.COMMAND), _reshare(workers, [["central"], ["worker-1"]], 1, "worker-1"))
+    w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker-1")
+    assert watcher.next()[1] == b"marker-1"
+    w2.publish(TOPICS.gradients(1), b"still a member")
+    assert watcher.next()[1] == b"still a member"
+
+    # The central node's reshare takes worker-2 out of stage 1 (same plan, next share version).
+    central.publish(
+        TOPICS.fixed(Family.COMMAND), _reshare(workers, [["central"], ["worker-1"]], 1, "central")
+    )
+    assert watcher.next()[0] == TOPICS.fixed(Family.COMMAND)
+    w2.publish(TOPICS.syncs(1), b"no longer a member")
+    w2.publish(TOPICS.gradients(1), b"no longer a member")
+    w2.publish(TOPICS.device(Family.STATUS, "worker-2"), b"marker-2")
+    assert watcher.next()[1] == b"marker-2"
+    w1.publish(TOPICS.gradients(1), b"the primary still")
+    assert watcher.next()[1] == b"the primary still"
     assert watcher.received.empty()
 
 

@@ -65,13 +65,76 @@ def test_stage_outputs_follow_the_newest_two_plans() -> None:
         PlanTracker.from_json("[1, 2]")
 
 
+def test_every_member_of_a_stage_group_publishes_its_outputs() -> None:
+    plans = PlanTracker()
+    # Hybrid stages: stage 1 is held by w1 (primary) and w3 (helper); stage 2 by w2 alone.
+    assert plans.update("site", "r", 0, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2"]])
+    outputs = (T.activations(1), T.gradients(1), T.results(1), T.syncs(1))
+    for device in ("w1", "w3"):
+        assert all(may_publish(device, DEVICE, topic, plans) for topic in outputs), device
+        assert not may_publish(device, DEVICE, T.syncs(2), plans)
+        assert not may_publish(device, DEVICE, T.activations(2), plans)
+    assert not any(may_publish("w2", DEVICE, topic, plans) for topic in outputs)
+    assert may_publish("w2", DEVICE, T.syncs(2), plans)
+    assert not may_publish("w9", DEVICE, T.syncs(1), plans)
+    # The same assignment again changes nothing; empty groups are one device per stage.
+    assert not plans.update("site", "r", 0, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2"]])
+    assert plans.update("site", "r2", 0, ["c", "w1", "w2"], groups=[])
+    assert not may_publish("w3", DEVICE, T.syncs(1), plans)
+    assert PlanTracker.from_json(plans.to_json()) == plans
+
+
+def test_a_reshare_changes_the_groups_inside_a_plan() -> None:
+    plans = PlanTracker()
+    plans.update("site", "r", 0, ["c", "w1"])
+    assert plans.update("site", "r", 1, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2", "w4"]])
+    assert may_publish("w4", DEVICE, T.gradients(2), plans) and may_publish("w3", DEVICE, T.syncs(1), plans)
+    # w4 died: the central node gives stage 2 to w2 alone (same plan, next share version) ...
+    assert plans.update(
+        "site", "r", 1, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2"]], share_version=1
+    )
+    assert not may_publish("w4", DEVICE, T.gradients(2), plans)
+    assert not may_publish("w4", DEVICE, T.syncs(2), plans)
+    assert may_publish("w2", DEVICE, T.syncs(2), plans) and may_publish("w3", DEVICE, T.syncs(1), plans)
+    # ... the previous plan (still draining) keeps its rights ...
+    assert may_publish("w1", DEVICE, T.gradients(1), plans)
+    assert plans.plans["site"].previous == [["c"], ["w1"]]
+    # ... and an older share version of the same plan (overtaken) does not bring w4 back.
+    assert not plans.update(
+        "site", "r", 1, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2", "w4"]], share_version=0
+    )
+    assert not may_publish("w4", DEVICE, T.gradients(2), plans)
+    # The next plan makes the reshared groups the previous ones.
+    assert plans.update("site", "r", 2, ["c", "w2", "w1"])
+    assert may_publish("w3", DEVICE, T.results(1), plans)
+    assert not may_publish("w3", DEVICE, T.results(2), plans)
+    assert PlanTracker.from_json(plans.to_json()) == plans
+
+
+def test_plan_state_of_an_older_broker_still_loads() -> None:
+    """plans.json before hybrid stages: ``[run_id, plan_id, worker_list, previous_worker_list]``."""
+    old = '{"site": ["r", 3, ["c", "w1", "w2"], ["c", "w2", "w1"]], "lab": ["q", 0, ["c"], []]}'
+    plans = PlanTracker.from_json(old)
+    assert plans.plans["site"] == ("r", 3, [["c"], ["w1"], ["w2"]], [["c"], ["w2"], ["w1"]], 0)
+    assert may_publish("w1", DEVICE, T.gradients(1), plans)
+    assert may_publish("w1", DEVICE, T.gradients(2), plans)
+    assert not may_publish("w3", DEVICE, T.gradients(1), plans)
+    assert not plans.update("site", "r", 3, ["c", "w1", "w2"])  # the same plan, as the old broker knew it
+    assert PlanTracker.from_json(plans.to_json()) == plans
+    for bad in ('{"site": ["r", 3]}', '{"site": "r"}', '{"site": ["r", "x", [], []]}'):
+        with pytest.raises(ValueError):
+            PlanTracker.from_json(bad)
+
+
 def test_device_reads_and_subscribes_to_what_it_needs() -> None:
     assert may_receive("w1", DEVICE, T.device(Family.CONTROL, "w1"))
     assert not may_receive("w1", DEVICE, T.device(Family.CONTROL, "w2"))
     assert not may_receive("w1", DEVICE, T.device(Family.HEARTBEAT, "w2"))
     assert may_receive("w1", DEVICE, T.device(Family.REPLICA, "w2"))
     assert may_receive("w1", DEVICE, T.activations(7))
+    assert may_receive("w1", DEVICE, T.syncs(7))  # a group's gradient exchange
     assert not may_receive("w1", DEVICE, T.results(7))
+    assert may_subscribe("w1", DEVICE, T.syncs(1))
     assert may_receive("w1", DEVICE, T.fixed(Family.COMMIT))
     assert not may_receive("w1", DEVICE, T.fixed(Family.ANNOUNCE))
     assert may_subscribe("w1", DEVICE, T.devices(Family.REQUEST))
@@ -135,6 +198,8 @@ def test_mosquitto_acl_lists_every_user() -> None:
     assert "user c\ntopic readwrite edgeagent/v1/site/#" in text
     assert "user o\ntopic read edgeagent/v1/+/#" in text
     assert "topic write edgeagent/v1/site/device/w1/heartbeat" in text
+    assert "topic readwrite edgeagent/v1/site/stage/+/sync" in text
+    assert "topic write edgeagent/v1/site/stage/+/result" in text
     assert "device/w2" not in text
     # Home Assistant discovery: the central login writes its node's configs, observers read them.
     users = {block.split("\n")[0]: block for block in text.split("\n\n") if block.startswith("user ")}

@@ -23,6 +23,7 @@ from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batches_per_epoch
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.pipeline.build import TrainOptions, build_stage
+from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.deadlines import Deadlines
@@ -78,6 +79,7 @@ class Plan:
     predicted: float
     reason: str
     workers: list[str]
+    groups: Groups | None = None  # hybrid stages: every stage's devices (primaries are ``workers``)
 
 
 def new_run_id() -> str:
@@ -153,6 +155,7 @@ class RunState:
         self.joiners: list[str] = []
         self.switch: Switch | None = None
         self.links: list[Link] = []  # measured once the workers are built (setup)
+        self.groups = Groups.single(self.worker_list)  # the devices of every stage (hybrid: several)
         model = build_model(spec, seed=self.train.seed)
         self.param_bytes = tuple(
             sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in model
@@ -176,6 +179,8 @@ class RunState:
         self.runner = StageRunner(stage, 0, codecs=self.codecs)  # stage 0's data path (pipeline/runner.py)
 
     # -- what every part of the run uses -------------------------------------------------------
+
+    MODE = "pipeline"  # what the assignments name (Assign.mode): the worker half of this run
 
     def initial_points(self) -> list[int]:  # planning.Planning gives the real one
         raise NotImplementedError

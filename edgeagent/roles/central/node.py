@@ -21,8 +21,8 @@ import torch
 
 from edgeagent.config import CentralConfig
 from edgeagent.data import Dataset, load_dataset
-from edgeagent.errors import EdgeAgentError, TrainingError
-from edgeagent.models import ModelSpec
+from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
+from edgeagent.models import ModelSpec, num_layers
 from edgeagent.modes import mode
 from edgeagent.modes.base import CentralRun
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
@@ -126,7 +126,21 @@ class Central(Role):
         spec = ModelSpec(
             train.model, data.in_shape, data.num_classes, tuple(sorted(train.model_options.items()))
         )
-        self.mode.check(spec, self.config.workers)
+        try:
+            self.mode.check(spec, self.config.workers)
+        except PlanningError:
+            if self.config.mode != "pipeline":
+                raise
+            # More devices than the model has cut points: stages get several devices (hybrid stages).
+            hybrid = mode("hybrid")
+            hybrid.check(spec, self.config.workers)
+            log.warning(
+                "%d workers for a model of %d layers: more devices than stages, so the run uses hybrid "
+                "stages (--mode hybrid: a stage may be held by several devices)",
+                self.config.workers,
+                num_layers(spec),
+            )
+            self.mode = hybrid
         return data, spec
 
     def _finish(self) -> None:

@@ -25,6 +25,9 @@ class RunReport:
     train_seconds: float = 0.0
     partitions: list[dict[str, Any]] = field(default_factory=list)
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    # Hybrid stages: a replica of a replicated stage died and the others took its rows (no rollback).
+    failovers: list[dict[str, Any]] = field(default_factory=list)
+    mode: str = "pipeline"
     partition_mode: str = "dynamic"
     in_flight: int = 0
     aggregation: bool = True

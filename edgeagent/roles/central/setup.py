@@ -10,6 +10,7 @@ import torch
 
 from edgeagent.errors import TrainingError
 from edgeagent.pipeline.build import layer_slice
+from edgeagent.pipeline.groups import Groups
 from edgeagent.planner.dp import Link
 from edgeagent.protocol.messages import Assign, MeasureLink
 from edgeagent.protocol.topics import Family
@@ -41,11 +42,15 @@ class Setup(Handlers):
         momentum: dict[str, torch.Tensor] | None = None,
         worker_list: list[str] | None = None,
         points: list[int] | None = None,
+        groups: Groups | None = None,
     ) -> None:
         """Send ``device`` the Table I state and everything it needs to build its stage."""
         worker_list = worker_list or self.worker_list
         points = points or self.points
-        index = worker_list.index(device)
+        groups = self.groups if groups is None else groups
+        hybrid = self.MODE != "pipeline"
+        index = groups.member(device)[0] if hybrid else worker_list.index(device)
+        members, shares = groups.to_wire() if hybrid else ([], [])
         profile = self.profile
         self.send(
             self.topics.device(Family.CONTROL, device),
@@ -71,6 +76,10 @@ class Setup(Handlers):
                 metrics_interval=self.config.metrics_interval,
                 layer_shapes=[list(shape) for shape in profile.output_shapes],
                 layer_dtypes=list(profile.output_dtypes),
+                mode=self.MODE,
+                groups=members,
+                shares=shares,
+                share_version=groups.version,
             ),
         )
 

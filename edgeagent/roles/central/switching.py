@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.protocol.messages import Commit, Repartition
 from edgeagent.protocol.topics import Family
@@ -20,16 +21,20 @@ class Switching(Liveness):
 
     def _admit_joiners(self, plan: Plan, version: int) -> Fault | None:
         """Give joining devices the run's state for the new split; they fetch their layers in the switch."""
-        joiners = [d for d in plan.workers if d not in self.worker_list]
+        groups = plan.groups or Groups.single(plan.workers)
+        joiners = [d for d in groups.devices if d not in self.groups.devices]
         for device in joiners:
             self.inbox.ready.get(self.plan_id, {}).pop(device, None)
-            self._assign(device, committed=version - 1, worker_list=plan.workers, points=plan.points)
+            self._assign(
+                device, committed=version - 1, worker_list=plan.workers, points=plan.points, groups=groups
+            )
             self.workers[device] = self._worker_from(device)
         fault = self._wait_ready(self.plan_id, "built", set(joiners))
         if fault is not None:
             return fault
         for device in joiners:
-            self.joiners.remove(device)
+            if device in self.joiners:
+                self.joiners.remove(device)
             log.info("%s joined the run at batch %d", device, version)
             self.event("join", device=device, batch=version)
         return None
@@ -43,6 +48,7 @@ class Switching(Liveness):
         sources: list[str] | None = None,
         recovery: bool = False,
         reason: str = "",
+        groups: Groups | None = None,
     ) -> Fault | None:
         """Move layers to a new split: fetch, commit, build (the pipeline is drained or stopped).
 
@@ -51,6 +57,10 @@ class Switching(Liveness):
         that stops meanwhile is returned as a :class:`Fault`.
         """
         new_list = workers or self.worker_list
+        # Hybrid stages: every stage's devices in the new plan (one per stage unless told otherwise).
+        new_groups = groups if groups is not None else Groups.single(new_list)
+        members, shares = new_groups.to_wire() if self.MODE != "pipeline" else ([], [])
+        everyone = [d for d in new_groups.devices if d != self.device_id]
         # Plan ids are never reused: a switch that a fault interrupted must not lend its replies to the next.
         self.plan_counter = max(self.plan_counter, self.plan_id) + 1
         order = Repartition(
@@ -64,9 +74,14 @@ class Switching(Liveness):
             reason=reason,
             recovery=recovery,
             sources=sources or [],
+            groups=members,
+            shares=shares,
         )
-        for device in new_list[1:]:
-            self.send(self.topics.device(Family.CONTROL, device), order)
+        # Devices of the old plan that the new one leaves out hear of it too: they serve their layers
+        # until the commit (hybrid stages: a helper that is no longer needed).
+        for device in dict.fromkeys([*everyone, *self.groups.devices]):
+            if device != self.device_id:
+                self.send(self.topics.device(Family.CONTROL, device), order)
         switch = Switch.start(self.device_id, order, self.store, self.stage, self.spec, self.train.seed)
         assert switch is not None
         self.switch = switch
@@ -86,7 +101,7 @@ class Switching(Liveness):
             self.config.startup_timeout,
             lambda: f"layers {switch.pending} never arrived for plan {order.plan_id}",
             fault=holder_gone,
-        ) or self._wait_ready(order.plan_id, "fetched", set(new_list[1:]))
+        ) or self._wait_ready(order.plan_id, "fetched", set(everyone))
         if fault is not None:
             return fault
         self.send(self.topics.fixed(Family.COMMIT), Commit(run_id=self.run_id, plan_id=order.plan_id))
@@ -97,12 +112,13 @@ class Switching(Liveness):
         self.switch = None
         self._unsubscribe_stage()
         self.plan_id, self.points, self.worker_list = order.plan_id, list(points), list(new_list)
+        self.groups = new_groups
         self._subscribe_stage()
         # Snapshots of the old layout cannot restore the new one: start afresh at this version. The
         # workers' global replicas of it arrive before their "built" (same topic).
         self.store.clear()
         self.store.snapshot(self.stage)
-        fault = self._wait_ready(order.plan_id, "built", set(new_list[1:]))
+        fault = self._wait_ready(order.plan_id, "built", set(everyone))
         if fault is not None:
             return fault
         self.stage_times = []

@@ -135,7 +135,7 @@ class PipelineRun(Recovery):
         assert plan is not None
         version = loop.committed + 1
         fault = self._admit_joiners(plan, version) or self._switch_to(
-            plan.points, version=version, workers=plan.workers, reason=plan.reason
+            plan.points, version=version, workers=plan.workers, reason=plan.reason, groups=plan.groups
         )
         if fault is None:
             loop.pending = None
@@ -161,7 +161,9 @@ class PipelineRun(Recovery):
             plan.points,
             plan.reason,
         )
-        if plan.points == self.points and plan.workers == self.worker_list:
+        if plan.points == self.points and plan.workers == self.worker_list and (
+            plan.groups is None or plan.groups.members == self.groups.members
+        ):
             return
         loop.pending = plan
         self.report.partitions.append(
@@ -173,6 +175,7 @@ class PipelineRun(Recovery):
                 "reason": plan.reason,
                 "predicted_step": plan.predicted,
                 "measured_step_before": measured,
+                **({"groups": [list(g) for g in plan.groups.members]} if plan.groups is not None else {}),
             }
         )
 

@@ -27,6 +27,9 @@ class Replicas:
         self.worker = worker
         self.run = run
         self.store = WeightStore(worker.device_id)
+        # Hybrid stages: only a stage's primary sends replicas; its helpers hold the same weights and keep
+        # their own snapshots only (to serve a rollback if one of them becomes the primary).
+        self.sends = True
 
     def batch_done(self, batch_id: int) -> None:
         """Replicate if batch ``batch_id`` was the last one before a replication point."""
@@ -35,6 +38,9 @@ class Replicas:
         chain = run.chain_every > 0 and done % run.chain_every == 0
         full = run.global_every > 0 and done % run.global_every == 0
         if not (chain or full):
+            return
+        if not self.sends:
+            self.store.snapshot(run.stage)
             return
         # Snapshot now, on the training thread (a consistent version); encode and send on the
         # scheduler's thread so that training goes on meanwhile.
@@ -47,6 +53,9 @@ class Replicas:
         (the global one shares the reply topic with "built", so the central node has it first)."""
         self.store.clear()
         run = self.run
+        if not self.sends:
+            self.store.snapshot(run.stage)
+            return
         for topic, msg in self._messages(chain=run.chain_every > 0, full=run.global_every > 0):
             self.worker.send(topic, msg)
 

@@ -79,12 +79,17 @@ class PipelineSession:
         session._start(msg)
         return session
 
-    @staticmethod
-    def _build(worker: Worker, msg: Assign) -> Run | None:
-        if worker.device_id not in msg.worker_list:
+    @classmethod
+    def _stage_index(cls, worker: Worker, msg: Assign) -> int | None:
+        """The stage ``msg`` gives this device, or None if it gives it none."""
+        return msg.worker_list.index(worker.device_id) if worker.device_id in msg.worker_list else None
+
+    @classmethod
+    def _build(cls, worker: Worker, msg: Assign) -> Run | None:
+        index = cls._stage_index(worker, msg)
+        if index is None:
             worker.report_error("assign", f"not in the worker list {msg.worker_list}", msg.run_id)
             return None
-        index = msg.worker_list.index(worker.device_id)
         options = msg.options
         try:
             spec = ModelSpec.from_dict(msg.model)
@@ -147,23 +152,29 @@ class PipelineSession:
             self.replicas.replicate_now()
         self._say_ready("built")
 
-    def _subscribe_stage(self) -> None:
-        """Listen to the stage's inputs: activations of the stage before, gradients of the stage after."""
-        run, worker = self.run, self.worker
-        topics = worker.topics
-        run.sample = stage_input(run.spec, run.points[run.index], run.layer_shapes, run.layer_dtypes)
-        for pattern in run.subscriptions:
-            worker.stop_listening(pattern)
-        run.subscriptions = [topics.activations(run.index - 1)]
+    def _stage_subscriptions(self) -> list[str]:
+        """The stage's inputs (activations of the stage before, gradients of the stage after) and the
+        chain replicas it holds."""
+        run, topics = self.run, self.worker.topics
+        wanted = [topics.activations(run.index - 1)]
         if not run.is_last:
-            run.subscriptions.append(topics.gradients(run.index + 1))
+            wanted.append(topics.gradients(run.index + 1))
         # Chain replicas of the ``replicas`` stages before this one, wrapping around after the last stage
         # as planner.recovery.holders_of does (never of the central node's stage 0, which keeps its own).
         n = len(run.worker_list)
         for k in range(1, min(run.replicas, n - 1) + 1):
             source = (run.index - k) % n
             if source >= 1:
-                run.subscriptions.append(topics.device(Family.REPLICA, run.worker_list[source]))
+                wanted.append(topics.device(Family.REPLICA, run.worker_list[source]))
+        return wanted
+
+    def _subscribe_stage(self) -> None:
+        """Listen to what :meth:`_stage_subscriptions` names; echo the predecessor's link probes."""
+        run, worker = self.run, self.worker
+        run.sample = stage_input(run.spec, run.points[run.index], run.layer_shapes, run.layer_dtypes)
+        for pattern in run.subscriptions:
+            worker.stop_listening(pattern)
+        run.subscriptions = self._stage_subscriptions()
         for pattern in run.subscriptions:
             worker.listen(pattern)
         worker.probes.unwatch_all()

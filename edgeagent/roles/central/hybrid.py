@@ -1,0 +1,406 @@
+"""The hybrid mode's run on the central node: the pipeline run where a stage may be held by several devices.
+
+What differs from :class:`~edgeagent.roles.central.trainer.PipelineRun` (papers/000) is here:
+
+* **Planning** with :func:`edgeagent.planner.hybrid.solve_hybrid` over every device the run knows (the
+  stages' devices, devices it left out, devices that joined): the split, the devices of each stage and
+  their shares of the rows. The first plan assumes equal devices (PipeDream's start), or their true
+  speeds with ``--partition oracle`` (the optimum from batch 0); later re-splits use each device's
+  measured seconds per batch (``Gradient.device_times``).
+* **Pieces:** the stage after stage 0 may be several devices, each sending the gradient of its rows;
+  they are collected into the batch's gradient (:class:`~edgeagent.pipeline.rows.RowBuffer`), and the
+  last stage's evaluation results are added up over a tiling of each batch's rows.
+* **Failover inside a stage:** a dead device whose stage has other devices is not a fault: the survivors
+  take its share (``Reshare``), with no rollback and no layers moved. A stage left with no device falls
+  back to the pipeline's recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from edgeagent.compression import CompressionError
+from edgeagent.compression.stage import restore
+from edgeagent.errors import PlanningError
+from edgeagent.pipeline.groups import Groups, cover
+from edgeagent.pipeline.rows import RowBuffer
+from edgeagent.planner.hybrid import Device, HybridPlan, HybridProblem, predict_hybrid, solve_hybrid
+from edgeagent.protocol.messages import EvalResult, Gradient, Reshare
+from edgeagent.protocol.topics import Family
+from edgeagent.roles.central.context import Fault, Plan
+from edgeagent.roles.central.trainer import PipelineRun
+from edgeagent.runtime.role import Inbound
+
+log = logging.getLogger("edgeagent.roles.central")
+
+RESPLIT_GAIN = 0.05  # a new hybrid plan must be this much faster (predicted) than the current one
+
+
+class HybridRun(PipelineRun):
+    """One run of the hybrid mode on the central node (see the module doc)."""
+
+    MODE = "hybrid"
+
+    # -- the plan ------------------------------------------------------------------------------------
+
+    def initial_points(self) -> list[int]:
+        """The first plan over every discovered device: equal devices, or the true speeds (oracle)."""
+        devices = list(self.worker_list)
+        self.device_caps: dict[str, float] = {}
+        self.grad_pieces: dict[int, tuple[RowBuffer, dict[str, float]]] = {}
+        self.eval_pieces: dict[int, dict[tuple[int, int], EvalResult]] = {}
+        oracle = self.oracle = self.config.partition == "oracle"
+        caps = [self._true_cap(d) if oracle else 1.0 for d in devices]
+        plan = self._solve_hybrid(devices, caps, [math.inf] * len(devices))
+        self._adopt_plan(plan, devices)
+        return list(plan.points)
+
+    def _true_cap(self, device: str) -> float:
+        if device == self.device_id:
+            return self.config.slowdown
+        w = self.workers.get(device)
+        return w.slowdown if w is not None else 1.0
+
+    def _solve_hybrid(self, devices: list[str], caps: list[float], bandwidths: list[float]) -> HybridPlan:
+        latency = max((lk.latency for lk in self.links), default=0.0)
+        problem = HybridProblem(
+            layer_times=tuple(self.profile.seconds),
+            output_bytes=tuple(self.profile.output_bytes),
+            devices=tuple(
+                Device(
+                    capacity=c,
+                    bandwidth=b,
+                    latency=latency if k else 0.0,
+                    memory_limit=(self._limit_of(d) or None) if k else None,
+                )
+                for k, (d, c, b) in enumerate(zip(devices, caps, bandwidths, strict=True))
+            ),
+            param_bytes=self.param_bytes,
+            in_flight=self.train.in_flight,
+            activation_factor=self._comm_factor(len(self.worker_list)),
+            max_replicas=self.config.max_replicas,
+        )
+        try:
+            return solve_hybrid(problem)
+        except ValueError as exc:
+            raise PlanningError(
+                f"{exc}; give the devices more memory (--memory-limit-mb, device profiles), add devices, "
+                "or lower --in-flight / the batch size"
+            ) from None
+
+    def _adopt_plan(self, plan: HybridPlan, devices: list[str]) -> None:
+        groups = Groups(
+            tuple(tuple(devices[d] for d in group) for group in plan.groups), plan.shares, self.groups.version
+        )
+        self.groups = groups
+        self.worker_list = groups.primaries
+        left_out = [d for d in devices if d not in groups.devices]
+        log.info(
+            "hybrid plan: layers %s held by %s%s (predicted %.1f ms per batch)",
+            list(plan.points),
+            [list(g) for g in groups.members],
+            f"; left out: {left_out}" if left_out else "",
+            1e3 * plan.time,
+        )
+
+    def execute(self) -> Any:
+        """As the pipeline's, without the oracle's switch: the first plan already is the oracle's."""
+        self.report.mode = self.MODE
+        partition = self.config.partition
+        if partition == "oracle":
+            self.config = self.config.model_copy(update={"partition": "uniform"})
+        try:
+            return super().execute()
+        finally:
+            self.config = self.config.model_copy(update={"partition": partition})
+
+    def _build_workers(self) -> None:
+        """Every device of every stage builds its stage (helpers too)."""
+        for device in self.groups.devices[1:]:
+            self._assign(
+                device, weights=self.initial, momentum=self.initial_momentum, committed=self.start_version - 1
+            )
+        self.store.snapshot(self.stage)
+        self._subscribe_stage()
+        self._wait_ready(self.plan_id, "built", set(self.groups.devices[1:]))
+
+    def _record_partition(self, batch: int, reason: str, predicted: float | None = None) -> None:
+        if batch == self.start_version and not self.report.partitions and not self.resume:
+            reason = (
+                "initial: the hybrid DP fed the true speeds (oracle)"
+                if self.oracle
+                else "initial: the hybrid DP over equal devices"
+            )
+        super()._record_partition(batch, reason, predicted)
+        self.report.partitions[-1]["groups"] = [list(g) for g in self.groups.members]
+        self.report.partitions[-1]["shares"] = [list(s) for s in self.groups.shares]
+
+    def metrics(self) -> dict[str, Any] | None:
+        values = super().metrics()
+        if values is not None:
+            values["groups"] = [list(g) for g in self.groups.members]
+            values["shares"] = [[round(x, 3) for x in s] for s in self.groups.shares]
+        return values
+
+    # -- measured speeds and the re-split job ---------------------------------------------------------
+
+    def _stage_work(self, device: str) -> float:
+        k = self.groups.stage_of(device)
+        if k is None:
+            return 0.0
+        return sum(self.profile.seconds[self.points[k] : self.points[k + 1]])
+
+    def _note_device_times(self, times: dict[str, float]) -> None:
+        """Each device's capacity from its seconds per whole batch (papers/000 eq. 1-3, per device)."""
+        for device, seconds in times.items():
+            work = self._stage_work(device)
+            if work > 0 and seconds > 0:
+                self.device_caps[device] = seconds / work
+        group_times = []
+        for group in self.groups.members[1:]:
+            known = [times[d] for d in group if times.get(d, 0) > 0]
+            group_times.append(1.0 / sum(1.0 / t for t in known) if len(known) == len(group) else 0.0)
+        if all(group_times):
+            self.stage_times = group_times
+
+    def _start_planning(self) -> None:
+        """The hybrid DP over every device the run may use, from measured capacities where known."""
+        caps = self._measured_capacities()
+        if caps is None or self.plan_job is not None:
+            return
+        own = sum(self.runner.recent) / max(1, len(self.runner.recent))
+        work0 = sum(self.profile.seconds[self.points[0] : self.points[1]])
+        if work0 > 0 and own > 0:
+            self.device_caps[self.device_id] = own / work0
+        devices = [self.device_id, *sorted(d for d in self._usable() if d != self.device_id)]
+        known = [c for d, c in self.device_caps.items() if d != self.device_id] or [1.0]
+        mean = sum(known) / len(known)
+        device_caps = [self.device_caps.get(d, mean) for d in devices]
+        slowest = min((lk.bandwidth for lk in self.links), default=math.inf)
+        bandwidths = [math.inf, *[slowest] * (len(devices) - 1)]
+        current = self._current_time(devices, device_caps, bandwidths)
+        job: Future[Plan] = Future()
+
+        def run() -> None:
+            try:
+                plan = self._solve_hybrid(devices, device_caps, bandwidths)
+                groups = Groups(
+                    tuple(tuple(devices[d] for d in g) for g in plan.groups), plan.shares, self.groups.version
+                )
+                moving = groups.members != self.groups.members or list(plan.points) != self.points
+                # A switch drains the pipeline and moves layers: only for a clear gain (5 %).
+                if moving and not plan.time < (1 - RESPLIT_GAIN) * current:
+                    groups, points = self.groups, list(self.points)
+                    reason = (
+                        f"kept: the hybrid DP's plan would gain {1e3 * (current - plan.time):.1f} ms/batch"
+                    )
+                    job.set_result(Plan(points, current, reason, groups.primaries, groups))
+                    return
+                reason = f"hybrid DP: {1e3 * current:.1f} -> {1e3 * plan.time:.1f} ms/batch predicted"
+                job.set_result(Plan(list(plan.points), plan.time, reason, groups.primaries, groups))
+            except Exception as exc:  # a planning bug must not stop training: keep the split
+                job.set_exception(exc)
+
+        if self.node.background(run, f"plan-{self.plan_id}"):
+            self.plan_job = job
+
+    def _current_time(self, devices: list[str], caps: list[float], bandwidths: list[float]) -> float:
+        """The predicted seconds per batch of the current plan under the same model as the new one."""
+        index = {d: k for k, d in enumerate(devices)}
+        try:
+            groups = [tuple(sorted(index[d] for d in g)) for g in self.groups.members]
+            problem = HybridProblem(
+                layer_times=tuple(self.profile.seconds),
+                output_bytes=tuple(self.profile.output_bytes),
+                devices=tuple(Device(c, b) for c, b in zip(caps, bandwidths, strict=True)),
+                param_bytes=self.param_bytes,
+                in_flight=self.train.in_flight,
+                activation_factor=self._comm_factor(len(self.worker_list)),
+            )
+            return predict_hybrid(problem, self.points, groups)
+        except (KeyError, ValueError):
+            return math.inf
+
+    def _usable(self) -> list[str]:
+        """Devices the next plan may use: the live devices of the run, those it left out, joiners."""
+        live = [d for d, w in self.workers.items() if w.online]
+        return list(dict.fromkeys([*live, *self.joiners]))
+
+    # -- pieces: the gradients of stage 1's devices, the evaluation results of the last stage's ------
+
+    def on_gradient(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, Gradient)
+        if not self._ours(msg) or msg.plan_id != self.plan_id:
+            return
+        problem = self._take_piece(msg)
+        if problem is not None:
+            self.node.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
+
+    def _take_piece(self, msg: Gradient) -> str | None:
+        expected = self.runner.outputs.get(msg.batch_id)
+        if expected is None:
+            return None  # committed already (a piece computed again after a failover), or stale
+        try:
+            g = restore(msg.g)
+        except CompressionError as exc:
+            return str(exc)
+        shape, dtype = expected
+        total = shape[0]
+        lo, hi = msg.rows or (0, total)
+        if (msg.total or total) != total or tuple(g.shape) != (hi - lo, *shape[1:]) or g.dtype != dtype:
+            return f"rows [{lo}, {hi}) of {msg.total} shaped {tuple(g.shape)} do not fit the output {shape}"
+        buffer, times = self.grad_pieces.setdefault(msg.batch_id, (RowBuffer(total), {}))
+        row_loss = msg.row_loss if msg.rows else [msg.loss] * total
+        row_correct = msg.row_correct if msg.rows else [0] * total
+        problem = buffer.add(
+            lo,
+            hi,
+            {
+                "g": g,
+                "loss": torch.tensor(row_loss, dtype=torch.float64),
+                "correct": torch.tensor(row_correct, dtype=torch.int64),
+            },
+        )
+        if problem is not None:
+            return problem
+        times.update(msg.device_times)
+        if buffer.complete:
+            del self.grad_pieces[msg.batch_id]
+            self._note_device_times(times)
+            whole = buffer.take(0, total)
+            self.inbox.gradients[msg.batch_id] = Gradient(
+                run_id=msg.run_id,
+                plan_id=msg.plan_id,
+                stage=msg.stage,
+                batch_id=msg.batch_id,
+                g=whole["g"],
+                loss=float(whole["loss"].sum()) / total,
+                correct=int(whole["correct"].sum()),
+                stage_times=list(self.stage_times),
+                device_times=times,
+            )
+        return None
+
+    def on_eval_result(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, EvalResult)
+        if not self._ours(msg) or msg.plan_id != self.plan_id:
+            return
+        if msg.batch_id not in self.inbox.eval_ids:
+            if self.inbox.eval_ids:
+                self.node.discard(item, f"no evaluation batch {msg.batch_id} is out")
+            return
+        if msg.batch_id in self.inbox.results:
+            return  # whole already (a piece computed again after a failover)
+        total = msg.total or msg.count
+        lo, hi = msg.rows or (0, total)
+        pieces = self.eval_pieces.setdefault(msg.batch_id, {})
+        pieces[(lo, hi)] = msg
+        tiling = cover(pieces, total)
+        if tiling is None:
+            return
+        parts = [pieces[rows] for rows in tiling]
+        del self.eval_pieces[msg.batch_id]
+        self.inbox.results[msg.batch_id] = EvalResult(
+            run_id=msg.run_id,
+            plan_id=msg.plan_id,
+            batch_id=msg.batch_id,
+            correct=sum(p.correct for p in parts),
+            count=total,
+            loss_sum=sum(p.loss_sum for p in parts),
+        )
+
+    # -- failover inside a stage -------------------------------------------------------------------
+
+    def _check_liveness(self) -> Fault | None:
+        """A dead device of a replicated stage: the survivors take its rows (no fault). Anything else (a
+        stage with no device left, late gradients) is the pipeline's fault."""
+        self._failover_dead()
+        fault = super()._check_liveness()  # also marks devices that missed their heartbeats
+        if fault is not None and fault.dead and self._failover_dead():
+            return super()._check_liveness()
+        return fault
+
+    def _failover_dead(self) -> bool:
+        """Fail over the dead devices of stages that have others left; whether there were any."""
+        dead = [d for d in self.groups.devices[1:] if (w := self.workers.get(d)) is not None and not w.online]
+        orphaned = set(self.groups.orphaned(dead))
+        survivable = [d for d in dead if self.groups.stage_of(d) not in orphaned]
+        if survivable:
+            self._failover(survivable)
+        return bool(survivable)
+
+    def _failover(self, dead: list[str]) -> None:
+        detected = self.clock()
+        new, changed = self.groups.without(dead)
+        if not changed:
+            return
+        old_list = list(self.worker_list)
+        self.groups = new
+        self.worker_list = new.primaries
+        members, shares = new.to_wire()
+        self.send(
+            self.topics.fixed(Family.COMMAND),
+            Reshare(
+                run_id=self.run_id,
+                plan_id=self.plan_id,
+                share_version=new.version,
+                worker_list=list(self.worker_list),
+                groups=members,
+                shares=shares,
+            ),
+        )
+        if old_list != self.worker_list:  # a primary died: the last stage's replica topic may move
+            self._unsubscribe_stage_of(old_list)
+            self._subscribe_stage()
+        now = time.monotonic()
+        for batch in self.sent_at:
+            self.sent_at[batch] = now  # the survivors compute those batches again: their timers restart
+        batch = len(self.report.timeline) + self.start_version
+        entry = {
+            "batch": batch,
+            "devices": sorted(dead),
+            "stages": changed,
+            "detected": round(detected, 4),
+            "groups": [list(g) for g in new.members],
+            "shares": [list(s) for s in new.shares],
+        }
+        self.report.failovers.append(entry)
+        log.warning(
+            "failover at batch %d: %s stopped; stage(s) %s go on with %s (no rollback)",
+            batch,
+            sorted(dead),
+            changed,
+            [list(new.members[k]) for k in changed],
+        )
+        self.event("failover", batch=batch, devices=sorted(dead), stages=changed, groups=members)
+        self._refresh_deadline()
+
+    def _unsubscribe_stage_of(self, worker_list: list[str]) -> None:
+        current = self.worker_list
+        self.worker_list = worker_list
+        try:
+            self._unsubscribe_stage()
+        finally:
+            self.worker_list = current
+
+    def _backward(self, loop: Any, grad: Gradient | None) -> None:
+        super()._backward(loop, grad)
+        failovers = self.report.failovers
+        if failovers and "resumed" not in failovers[-1]:
+            failovers[-1]["resumed"] = round(self.clock(), 4)
+
+    def _switch_to(self, points: list[int], **kwargs: Any) -> Fault | None:
+        self.grad_pieces.clear()
+        self.eval_pieces.clear()
+        return super()._switch_to(points, **kwargs)
+
+
+__all__ = ["HybridRun"]

@@ -1,0 +1,656 @@
+"""The hybrid mode's half of a run on a worker: one member of a stage that several devices may hold.
+
+A :class:`HybridSession` is a :class:`~edgeagent.roles.worker.session.PipelineSession` whose stage is held
+by a *group* of devices (``Assign.groups``; the primary, ``worker_list[k]``, first). Every batch's rows are
+split among the group in proportion to the members' shares (:mod:`edgeagent.pipeline.rows`): each member
+forwards and backwards only its rows, the stages before and after see the batch as pieces and collect
+them in :class:`~edgeagent.pipeline.rows.RowBuffer` s, and the members add up their parameter gradients
+(``GradSync`` on ``stage/<k>/sync``) before every update, so that each member applies the same update
+and weight stashing and vertical sync stay exact (:mod:`edgeagent.pipeline.groups`).
+
+Failover inside a stage: the central node's ``Reshare`` says who is left. The survivors keep every row of
+every batch not yet updated here (inputs and gradients: they receive all pieces), so they compute the
+batches again under the new shares from the first one not updated, with no rollback and no layer
+moved. A batch whose update was already whole under the old shares (the dead member's gradients came
+through) is applied as it was.
+
+Only the primary sends the stage's replicas (Sec. III-E); helpers keep snapshots of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from edgeagent.compression import CompressionError
+from edgeagent.compression.stage import restore
+from edgeagent.errors import TrainingError
+from edgeagent.pipeline.groups import Groups, cover
+from edgeagent.pipeline.rows import RowBuffer, Rows
+from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
+from edgeagent.protocol.messages import (
+    Activation,
+    Assign,
+    Commit,
+    EvalResult,
+    Gradient,
+    GradSync,
+    Message,
+    Repartition,
+    Reshare,
+)
+from edgeagent.roles.worker.run import EVAL_QUEUE_LIMIT, Run, stage_input
+from edgeagent.roles.worker.session import PipelineSession
+from edgeagent.runtime.compute import Clock, emulate_slowdown
+from edgeagent.runtime.role import Handler, Inbound
+
+if TYPE_CHECKING:
+    from edgeagent.roles.worker.node import Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Head:
+    """What the first piece of a batch says about the whole batch."""
+
+    version: int
+    total: int
+
+
+@dataclass
+class HybridState:
+    """A member's bookkeeping of the batches not yet updated on its stage (see the module doc)."""
+
+    groups: Groups
+    next_apply: int  # the first batch whose update is not applied here
+    inputs: dict[int, RowBuffer] = field(default_factory=dict)  # training inputs (x, y) by batch
+    heads: dict[int, Head] = field(default_factory=dict)
+    grads: dict[int, RowBuffer] = field(default_factory=dict)  # gradients from the next stage by batch
+    times: dict[int, dict[str, float]] = field(default_factory=dict)  # device times riding with them
+    rows: dict[int, Rows] = field(default_factory=dict)  # the rows this member forwarded of each batch
+    syncs: dict[int, dict[int, dict[str, GradSync]]] = field(default_factory=dict)  # batch, version, device
+    evals: dict[int, RowBuffer] = field(default_factory=dict)  # evaluation inputs by batch
+    eval_versions: dict[int, int] = field(default_factory=dict)
+    eval_done: dict[int, int] = field(default_factory=dict)  # batch -> the groups version it was done for
+    leaving: int | None = None  # the plan without this device: serve its fetches until the commit
+
+    def clear(self, next_apply: int) -> None:
+        self.next_apply = next_apply
+        for table in (self.inputs, self.heads, self.grads, self.times, self.rows, self.syncs):
+            table.clear()
+        self.clear_evals()
+
+    def clear_evals(self) -> None:
+        self.evals.clear()
+        self.eval_versions.clear()
+        self.eval_done.clear()
+
+    def forget(self, batch_id: int) -> None:
+        for table in (self.inputs, self.heads, self.grads, self.times, self.rows, self.syncs):
+            table.pop(batch_id, None)
+
+
+class HybridSession(PipelineSession):
+    """One member of a (possibly replicated) stage of a hybrid run (see the module doc)."""
+
+    def __init__(self, worker: Worker, run: Run, groups: Groups) -> None:
+        super().__init__(worker, run)
+        self.hy = HybridState(groups, next_apply=run.next_backward)
+        self.replicas.sends = self._is_primary
+
+    @classmethod
+    def open(cls, worker: Worker, msg: Assign) -> HybridSession | None:
+        try:
+            groups = Groups.of(msg.worker_list, msg.groups, msg.shares, msg.share_version)
+        except ValueError as exc:
+            worker.report_error("assign", f"bad stage groups: {exc}", msg.run_id)
+            return None
+        run = cls._build(worker, msg)
+        if run is None:
+            return None
+        worker.leave_run()
+        session = cls(worker, run, groups)
+        session._start(msg)
+        return session
+
+    @classmethod
+    def _stage_index(cls, worker: Worker, msg: Assign) -> int | None:
+        for k, group in enumerate(msg.groups or [[d] for d in msg.worker_list]):
+            if worker.device_id in group:
+                return k
+        return None
+
+    @property
+    def _group(self) -> tuple[str, ...]:
+        return self.hy.groups.members[self.run.index]
+
+    @property
+    def _is_primary(self) -> bool:
+        return self._group[0] == self.worker.device_id
+
+    def _my_rows(self, total: int) -> Rows:
+        return self.hy.groups.rows(self.run.index, self.worker.device_id, total)
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    def _stage_subscriptions(self) -> list[str]:
+        wanted = super()._stage_subscriptions()
+        if len(self._group) > 1:
+            wanted.append(self.worker.topics.syncs(self.run.index))
+        return wanted
+
+    def _subscribe_stage(self) -> None:
+        """As the pipeline's, but only what changed is unsubscribed: a piece published meanwhile must not
+        be lost (a failover changes the subscriptions while batches are in flight)."""
+        run, worker = self.run, self.worker
+        run.sample = stage_input(run.spec, run.points[run.index], run.layer_shapes, run.layer_dtypes)
+        before, run.subscriptions = run.subscriptions, self._stage_subscriptions()
+        for topic in before:
+            if topic not in run.subscriptions:
+                worker.stop_listening(topic)
+        for topic in run.subscriptions:
+            if topic not in before:
+                worker.listen(topic)
+        worker.probes.unwatch_all()
+        worker.probes.watch(run.worker_list[run.index - 1])
+
+    # -- the session's interface -----------------------------------------------------------------
+
+    def handlers(self) -> dict[type[Message], Handler]:
+        return {
+            **super().handlers(),
+            GradSync: self._on_sync,
+            Reshare: self._on_reshare,
+        }
+
+    def has_work(self) -> bool:
+        return self._next_eval() is not None or self._can_apply() or self._ready() is not None
+
+    def step(self) -> None:
+        """An evaluation batch first, then an update that is whole, then 1F1B's next pass."""
+        eid = self._next_eval()
+        if eid is not None:
+            self._evaluate_rows(eid)
+            return
+        if self._can_apply():
+            self._apply()
+            return
+        kind = self._ready()
+        if kind == "F":
+            self._forward_rows(self.run.next_forward)
+        elif kind == "B":
+            self._backward_rows(self.run.next_backward)
+
+    def metrics(self) -> dict[str, Any]:
+        values = super().metrics()
+        values["group"] = list(self._group)
+        values["replica"] = self._group.index(self.worker.device_id)
+        return values
+
+    # -- intake --------------------------------------------------------------------------------
+
+    def _on_activation(self, item: Inbound) -> None:
+        msg, run, hy = item.message, self.run, self.hy
+        assert isinstance(msg, Activation)
+        if not run.matches(msg.run_id, msg.plan_id):
+            return
+        train = msg.mode == "train"
+        if train and msg.batch_id < hy.next_apply:
+            return  # already updated here (a duplicate, or a piece computed again after a failover)
+        problem = run.activation_problem(msg)
+        if (
+            problem is None
+            and not train
+            and msg.batch_id not in hy.evals
+            and len(hy.evals) >= EVAL_QUEUE_LIMIT
+        ):
+            problem = f"{len(hy.evals)} evaluation batches already wait here"
+        taken: Activation | None = None
+        if problem is None:
+            taken, problem = run.runner.take_activation(
+                msg, sample=run.sample, num_classes=run.spec.num_classes
+            )
+        if taken is not None:
+            problem = self._take_piece(taken)
+        if problem is not None:
+            self.worker.discard(item, f"activation of batch {msg.batch_id}: {problem}")
+
+    def _take_piece(self, msg: Activation) -> str | None:
+        hy = self.hy
+        y = msg.y
+        total = msg.total or int(y.shape[0])
+        lo, hi = msg.rows or (0, total)
+        if y.shape[:1] != (hi - lo,):
+            return f"{tuple(y.shape)[:1]} labels for rows [{lo}, {hi})"
+        train = msg.mode == "train"
+        buffers, versions = (hy.inputs, None) if train else (hy.evals, hy.eval_versions)
+        buffer = buffers.get(msg.batch_id)
+        if buffer is None:
+            buffer = buffers[msg.batch_id] = RowBuffer(total)
+            if train:
+                hy.heads[msg.batch_id] = Head(msg.version, total)
+            elif versions is not None:
+                versions[msg.batch_id] = msg.version
+        elif buffer.total != total:
+            return f"a piece of {total} rows, earlier pieces said {buffer.total}"
+        elif train and hy.heads[msg.batch_id].version != msg.version:
+            return f"weight version {msg.version}, earlier pieces said {hy.heads[msg.batch_id].version}"
+        return buffer.add(lo, hi, {"x": msg.tensor, "y": y})
+
+    def _on_gradient(self, item: Inbound) -> None:
+        msg, run, hy = item.message, self.run, self.hy
+        assert isinstance(msg, Gradient)
+        if not run.matches(msg.run_id, msg.plan_id) or msg.batch_id < hy.next_apply:
+            return
+        problem = None
+        if msg.batch_id >= run.next_forward + run.window:
+            problem = f"more than {run.window} batches ahead of the next one here ({run.next_forward})"
+        else:
+            problem = self._take_gradient(msg)
+        if problem is not None:
+            self.worker.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
+
+    def _take_gradient(self, msg: Gradient) -> str | None:
+        hy = self.hy
+        try:
+            g = restore(msg.g)
+        except CompressionError as exc:
+            return str(exc)
+        total = msg.total or int(g.shape[0])
+        lo, hi = msg.rows or (0, total)
+        expected = self._output_meta()
+        if g.shape[:1] != (hi - lo,) or (expected is not None and (tuple(g.shape[1:]), g.dtype) != expected):
+            return f"shape {tuple(g.shape)} {g.dtype} does not fit rows [{lo}, {hi}) of this stage's output"
+        row_loss = msg.row_loss if msg.rows else [msg.loss] * total
+        row_correct = msg.row_correct if msg.rows else [0] * total
+        buffer = hy.grads.get(msg.batch_id)
+        if buffer is None:
+            buffer = hy.grads[msg.batch_id] = RowBuffer(total)
+        elif buffer.total != total:
+            return f"a piece of {total} rows, earlier pieces said {buffer.total}"
+        problem = buffer.add(
+            lo,
+            hi,
+            {
+                "g": g,
+                "loss": torch.tensor(row_loss, dtype=torch.float64),
+                "correct": torch.tensor(row_correct, dtype=torch.int64),
+            },
+        )
+        if problem is None:
+            hy.times.setdefault(msg.batch_id, {}).update(msg.device_times)
+        return problem
+
+    def _output_meta(self) -> tuple[tuple[int, ...], torch.dtype] | None:
+        """One sample of this stage's output (the layer profile), for checking gradient pieces."""
+        run = self.run
+        last = run.points[run.index + 1] - 1
+        if len(run.layer_shapes) <= last or len(run.layer_dtypes) <= last:
+            return None
+        dtype = getattr(torch, run.layer_dtypes[last], None)
+        if not isinstance(dtype, torch.dtype):
+            return None
+        return tuple(run.layer_shapes[last]), dtype
+
+    def _on_sync(self, item: Inbound) -> None:
+        msg, run, hy = item.message, self.run, self.hy
+        assert isinstance(msg, GradSync)
+        if not run.matches(msg.run_id, msg.plan_id) or msg.stage != run.index:
+            return
+        if msg.device_id == self.worker.device_id or msg.batch_id < hy.next_apply:
+            return  # our own (kept locally), or an update applied already
+        if msg.batch_id >= hy.next_apply + run.window:
+            self.worker.discard(item, f"gradient sync of batch {msg.batch_id}: too far ahead")
+            return
+        params = dict(run.stage.module.named_parameters())
+        wrong = [
+            name
+            for name in set(params) | set(msg.grads)
+            if name not in params or name not in msg.grads or msg.grads[name].shape != params[name].shape
+        ]
+        if wrong:
+            self.worker.discard(
+                item, f"gradient sync of batch {msg.batch_id}: parameters {sorted(wrong)} do not fit"
+            )
+            return
+        hy.syncs.setdefault(msg.batch_id, {}).setdefault(msg.share_version, {})[msg.device_id] = msg
+
+    # -- 1F1B over rows --------------------------------------------------------------------------
+
+    def _ready(self) -> Kind | None:
+        run = self.run
+        if run.switch is not None or self.hy.leaving is not None:
+            return None
+        held = run.next_forward - run.next_backward
+        fwd = self._can_forward(run.next_forward) and (
+            run.is_last or admit(held, stage_bound(run.in_flight, run.index))
+        )
+        bwd = (
+            (not run.is_last)
+            and run.next_backward < run.next_forward
+            and self._can_backward(run.next_backward)
+        )
+        return next_kind(run.last, fwd, bwd)
+
+    def _can_forward(self, batch_id: int) -> bool:
+        buffer, head = self.hy.inputs.get(batch_id), self.hy.heads.get(batch_id)
+        if buffer is None or head is None or head.version not in self.run.stage.stashed_versions:
+            return False
+        return buffer.covers(*self._my_rows(buffer.total))
+
+    def _can_backward(self, batch_id: int) -> bool:
+        lo, hi = self.hy.rows.get(batch_id, (0, 0))
+        if hi == lo:
+            return True
+        buffer = self.hy.grads.get(batch_id)
+        return buffer is not None and buffer.covers(lo, hi)
+
+    def _forward_rows(self, batch_id: int) -> None:
+        run, worker, hy = self.run, self.worker, self.hy
+        buffer, head = hy.inputs[batch_id], hy.heads[batch_id]
+        total = buffer.total
+        lo, hi = self._my_rows(total)
+        run.next_forward = batch_id + 1
+        run.last = "F"
+        hy.rows[batch_id] = (lo, hi)
+        if hy.evals:
+            hy.clear_evals()  # training goes on: the evaluation is over
+        if hi == lo:  # fewer rows than members: nothing to do here for this batch
+            if run.is_last:
+                run.next_backward = batch_id + 1
+            return
+        cols = buffer.take(lo, hi)
+        x, y = cols["x"], cols["y"]
+        run.batch_size = hi - lo
+        runner = run.runner
+        started = Clock()
+        run.stage.pin(batch_id, head.version)
+        out, version = run.stage.forward(batch_id, x, head.version)
+        if run.is_last:
+            worker.fault_at_backward(batch_id)
+            result = run.stage.backward(batch_id, labels=y, total=total, defer=True)
+            run.next_backward = batch_id + 1
+            runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
+            runner.batch_done()
+            assert result.row_loss is not None and result.row_correct is not None
+            self._send_rows_gradient(
+                batch_id, result.grad_input, (lo, hi), total, result.row_loss, result.row_correct, {}, []
+            )
+            self._contribute(batch_id, (lo, hi), total, result.param_grads or {})
+            return
+        runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
+        activation = runner.activation(
+            out,
+            y,
+            run_id=run.run_id,
+            plan_id=run.plan_id,
+            batch_id=batch_id,
+            version=version,
+            mode="train",
+            epoch=batch_id // max(1, run.batches_per_epoch),
+        )
+        activation = dataclasses.replace(activation, rows=[lo, hi], total=total)
+        run.codecs.message_sent(worker.send(worker.topics.activations(run.index), activation))
+
+    def _backward_rows(self, batch_id: int) -> None:
+        run, worker, hy = self.run, self.worker, self.hy
+        lo, hi = hy.rows.get(batch_id, (0, 0))
+        run.next_backward = batch_id + 1
+        run.last = "B"
+        if hi == lo:
+            return
+        buffer = hy.grads[batch_id]
+        cols = buffer.take(lo, hi)
+        run.runner.gradient_arrived(batch_id)
+        worker.fault_at_backward(batch_id)
+        started = Clock()
+        result = run.stage.backward(batch_id, grad_output=cols["g"], defer=True)
+        run.runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
+        run.runner.batch_done()
+        self._send_rows_gradient(
+            batch_id,
+            result.grad_input,
+            (lo, hi),
+            buffer.total,
+            cols["loss"],
+            cols["correct"],
+            hy.times.get(batch_id, {}),
+            [],
+        )
+        self._contribute(batch_id, (lo, hi), buffer.total, result.param_grads or {})
+
+    def _send_rows_gradient(
+        self,
+        batch_id: int,
+        grad: torch.Tensor | None,
+        rows: Rows,
+        total: int,
+        row_loss: torch.Tensor,
+        row_correct: torch.Tensor,
+        downstream_times: dict[str, float],
+        downstream: list[float],
+    ) -> None:
+        run, worker = self.run, self.worker
+        lo, hi = rows
+        if grad is None:
+            raise TrainingError(f"stage {run.index} produced no input gradient for batch {batch_id}")
+        losses = [float(v) for v in row_loss.tolist()]
+        correct = [int(v) for v in row_correct.tolist()]
+        # This device's seconds per whole batch (its time over its share of the rows) rides along.
+        times = {**downstream_times, worker.device_id: run.runner.per_batch() * total / (hi - lo)}
+        gradient = run.runner.gradient(
+            grad,
+            run_id=run.run_id,
+            plan_id=run.plan_id,
+            batch_id=batch_id,
+            loss=sum(losses) / total,
+            correct=sum(correct),
+            downstream=downstream,
+        )
+        gradient = dataclasses.replace(
+            gradient,
+            rows=[lo, hi],
+            total=total,
+            row_loss=losses,
+            row_correct=correct,
+            device_times=times,
+        )
+        run.codecs.message_sent(worker.send(worker.topics.gradients(run.index), gradient))
+
+    # -- the update: the members' gradients added up -----------------------------------------------
+
+    def _contribute(self, batch_id: int, rows: Rows, total: int, grads: dict[str, torch.Tensor]) -> None:
+        run, worker, hy = self.run, self.worker, self.hy
+        msg = GradSync(
+            run_id=run.run_id,
+            plan_id=run.plan_id,
+            stage=run.index,
+            batch_id=batch_id,
+            share_version=hy.groups.version,
+            device_id=worker.device_id,
+            rows=list(rows),
+            total=total,
+            grads=grads,
+        )
+        hy.syncs.setdefault(batch_id, {}).setdefault(hy.groups.version, {})[worker.device_id] = msg
+        if len(self._group) > 1:
+            worker.send(worker.topics.syncs(run.index), msg)
+
+    def _whole(self, batch_id: int) -> list[GradSync] | None:
+        """The contributions that make the batch's update whole (one groups version), in row order."""
+        for _version, by_device in sorted(self.hy.syncs.get(batch_id, {}).items()):
+            pieces = {(m.rows[0], m.rows[1]): m for m in by_device.values()}
+            total = next(iter(by_device.values())).total
+            tiling = cover(pieces, total)
+            if tiling is not None:
+                return [pieces[rows] for rows in tiling]
+        return None
+
+    def _can_apply(self) -> bool:
+        hy = self.hy
+        return hy.leaving is None and self.run.switch is None and self._whole(hy.next_apply) is not None
+
+    def _apply(self) -> None:
+        run, hy = self.run, self.hy
+        batch_id = hy.next_apply
+        parts = self._whole(batch_id)
+        assert parts is not None
+        total: dict[str, torch.Tensor] = {}
+        for part in parts:
+            for name, g in part.grads.items():
+                total[name] = g.clone() if name not in total else total[name] + g
+        run.stage.apply_gradients(total)
+        run.stage.forget(batch_id)  # computed again after a failover, but whole already: drop it
+        run.stage.unpin(batch_id)
+        hy.next_apply = batch_id + 1
+        run.next_forward = max(run.next_forward, batch_id + 1)
+        run.next_backward = max(run.next_backward, batch_id + 1)
+        lo, hi = hy.rows.get(batch_id, (0, 0))
+        hy.forget(batch_id)
+        run.batches += 1
+        run.samples += hi - lo
+        self.replicas.batch_done(batch_id)
+
+    # -- evaluation over rows -----------------------------------------------------------------------
+
+    def _next_eval(self) -> int | None:
+        hy = self.hy
+        for eid, buffer in hy.evals.items():
+            if hy.eval_done.get(eid) != hy.groups.version and buffer.covers(*self._my_rows(buffer.total)):
+                return eid
+        return None
+
+    def _evaluate_rows(self, eid: int) -> None:
+        run, worker, hy = self.run, self.worker, self.hy
+        buffer = hy.evals[eid]
+        hy.eval_done[eid] = hy.groups.version
+        lo, hi = self._my_rows(buffer.total)
+        if hi == lo:
+            return
+        worker.fault_at_evaluation(eid)
+        cols = buffer.take(lo, hi)
+        x, y = cols["x"], cols["y"]
+        started = Clock()
+        out = run.stage.evaluate(x)
+        emulate_slowdown(started, worker.slowdown, worker.times)
+        if not run.is_last:
+            activation = run.runner.activation(
+                out,
+                y,
+                run_id=run.run_id,
+                plan_id=run.plan_id,
+                batch_id=eid,
+                version=hy.eval_versions.get(eid, 0),
+                mode="eval",
+                epoch=0,
+            )
+            activation = dataclasses.replace(activation, rows=[lo, hi], total=buffer.total)
+            run.codecs.message_sent(worker.send(worker.topics.activations(run.index), activation))
+            return
+        result = EvalResult(
+            run_id=run.run_id,
+            plan_id=run.plan_id,
+            batch_id=eid,
+            correct=int((out.argmax(dim=1) == y).sum()),
+            count=hi - lo,
+            loss_sum=float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
+            rows=[lo, hi],
+            total=buffer.total,
+        )
+        worker.send(worker.topics.results(run.index), result)
+
+    # -- failover inside a stage, re-splits --------------------------------------------------------
+
+    def _on_reshare(self, item: Inbound) -> None:
+        msg, run, hy = self._command(item, Reshare), self.run, self.hy
+        if msg is None or msg.plan_id != run.plan_id or msg.share_version <= hy.groups.version:
+            return
+        try:
+            new = Groups.of(msg.worker_list, msg.groups, msg.shares, msg.share_version)
+        except ValueError as exc:
+            self.worker.report_error("command", f"reshare: {exc}", run.run_id)
+            return
+        if new.stage_of(self.worker.device_id) != run.index or len(new.members) != run.num_stages:
+            log.warning(
+                "%s: the run goes on without this device (groups %s); leaving run %s",
+                self.worker.device_id,
+                [list(g) for g in new.members],
+                run.run_id,
+            )
+            self._end(rejoin=True)
+            return
+        changed = new.members[run.index] != self._group
+        hy.groups = new
+        run.worker_list = new.primaries
+        self.replicas.sends = self._is_primary
+        if changed:
+            self._redo()
+        self._subscribe_stage()
+        log.info(
+            "%s: stage %d is now held by %s (shares %s); computing again from batch %d",
+            self.worker.device_id,
+            run.index,
+            list(self._group),
+            [round(x, 3) for x in new.shares[run.index]],
+            hy.next_apply,
+        )
+
+    def _redo(self) -> None:
+        """Compute every batch not yet updated here again, with this member's new rows."""
+        run, hy = self.run, self.hy
+        first = hy.next_apply
+        for batch_id in range(first, run.next_forward):
+            run.stage.forget(batch_id)
+            run.runner.outputs.pop(batch_id, None)
+            hy.rows.pop(batch_id, None)
+        run.next_forward = run.next_backward = first
+        run.last = None
+        run.runner.step_seconds = 0.0
+
+    def _on_repartition(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, Repartition)
+        run = self.run
+        if msg.run_id != run.run_id or msg.plan_id <= run.plan_id:
+            return
+        in_plan = (
+            any(self.worker.device_id in g for g in msg.groups) or self.worker.device_id in msg.worker_list
+        )
+        if not in_plan:
+            # Not in the new plan, but others may fetch this device's layers: serve until the commit.
+            log.info(
+                "%s: no stage in plan %d; serving its fetches until the commit",
+                self.worker.device_id,
+                msg.plan_id,
+            )
+            self.hy.leaving = msg.plan_id
+            return
+        super()._on_repartition(item)
+
+    def _on_commit(self, item: Inbound) -> None:
+        msg, run, hy = item.message, self.run, self.hy
+        assert isinstance(msg, Commit)
+        if msg.run_id == run.run_id and hy.leaving is not None and msg.plan_id == hy.leaving:
+            log.info(
+                "%s: plan %d is committed without this device; leaving the run",
+                self.worker.device_id,
+                msg.plan_id,
+            )
+            self._end(rejoin=True)
+            return
+        switch = run.switch if msg.run_id == run.run_id else None
+        if switch is None or msg.plan_id != switch.plan_id:
+            return
+        order = switch.order
+        hy.groups = Groups.of(order.worker_list, order.groups, order.shares)
+        hy.clear(order.version)
+        self.replicas.sends = self._is_primary
+        super()._on_commit(item)
+
+
+__all__ = ["HybridSession"]
