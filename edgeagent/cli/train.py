@@ -378,6 +378,17 @@ def _finish_report(report: Any, path: str | None) -> None:
         f"{data['samples_per_second']:.1f} samples/s; wall {data['wall_seconds']:.1f} s\n"
         f"  accuracy per epoch (%): {acc}\n  partition points: {data['partitions'][-1]['points']}"
     )
+    groups = data["partitions"][-1].get("groups") if data["partitions"] else None
+    if groups and any(len(g) > 1 for g in groups):
+        held = "; ".join(f"stage {k}: {' + '.join(g)}" for k, g in enumerate(groups))
+        console.print(f"  stages held by (hybrid): {held}")
+    for f in data.get("failovers", []):
+        resumed = f.get("resumed")
+        after = f"; training went on {resumed - f['detected']:.2f} s after detection" if resumed else ""
+        console.print(
+            f"  failover at batch {f['batch']}: {', '.join(f['devices'])} gone, stage(s) {f['stages']} "
+            f"went on with {[f['groups'][k] for k in f['stages']]} (no rollback{after})"
+        )
     for rec in data["recoveries"]:
         if rec.get("case") == "central":
             console.print(f"  resumed from the checkpoint of batch {rec['resumed_from']}")

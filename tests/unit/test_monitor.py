@@ -410,3 +410,33 @@ def test_an_unknown_state_is_shown_not_dropped(clock: FakeClock) -> None:
 
 def test_every_status_state_has_a_style() -> None:
     assert set(STATE_STYLES) == set(typing.get_args(StatusState))
+
+
+def test_replicated_stages_and_failovers_are_shown(clock: FakeClock) -> None:
+    """Hybrid stages: a stage held by several devices lists them; a failover is counted and summarised."""
+    state = ClusterState(clock=clock, wall=lambda: 1_700_000_000.0)
+    central = worker_metrics(0, 300.0, accuracy=0.5)
+    central |= {
+        "points": [0, 1, 3],
+        "workers": ["worker-1"],
+        "groups": [["central"], ["worker-1", "worker-2", "worker-3"]],
+    }
+    device(state, Family.METRICS, "central", Metrics(device_id="central", values=central, run_id=RUN))
+    text = text_of(state)
+    assert "worker-1 + worker-2 + worker-3  (x3)" in text
+    event(
+        state,
+        "failover",
+        batch=40,
+        devices=["worker-2"],
+        stages=[1],
+        groups=[["central"], ["worker-1", "worker-3"]],
+    )
+    text = text_of(state, width=220)
+    assert "worker-1 + worker-3  (x2)" in text and "worker-2 +" not in text
+    assert "1 failover" in text
+    assert "failover at batch 40: worker-2 gone, stage 1 goes on (no rollback)" in text
+    # Malformed groups from the network are ignored, not shown.
+    central["groups"] = "not a list"
+    device(state, Family.METRICS, "central", Metrics(device_id="central", values=central, run_id=RUN))
+    assert "worker-1 + worker-3  (x2)" in text_of(state)

@@ -81,12 +81,15 @@ class RunView:
     central: str = ""
     points: list[int] = field(default_factory=list)
     workers: list[str] = field(default_factory=list)
+    # Hybrid stages: the devices of every stage (primary first); empty = one device per stage (workers).
+    groups: list[list[str]] = field(default_factory=list)
     plan_id: int | None = None
     epoch: int | None = None
     accuracy: float | None = None  # of the latest epoch event
     loss: float | None = None
     running_accuracy: float | None = None  # the central node's metrics, between epochs
     recoveries: int = 0
+    failovers: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,9 @@ class ClusterState:
             run.points = points
         if workers:
             run.workers = workers
+        groups = _groups(values.get("groups"))
+        if groups:
+            run.groups = groups
         if accuracy is not None:
             run.running_accuracy = accuracy
 
@@ -254,11 +260,17 @@ class ClusterState:
             if points:
                 run.points = points
                 run.workers = workers
+                run.groups = _groups(details.get("groups"))
             plan = _int(details, "plan_id")
             if plan is not None:
                 run.plan_id = plan
             if event.name == "recovery":
                 run.recoveries += 1
+        elif event.name == "failover":
+            run.failovers += 1
+            groups = _groups(details.get("groups"))
+            if groups:
+                run.groups = groups
         elif event.name == "epoch":
             run.epoch = _int(details, "epoch")
             run.accuracy = _num(details, "accuracy")
@@ -293,3 +305,10 @@ class ClusterState:
         from edgeagent.ops.monitor.view import screen
 
         return screen(self, now=self._clock(), wall=self._wall())
+
+
+def _groups(value: Any) -> list[list[str]]:
+    """Every stage's devices from a message (a list of lists of ids), or [] if it is not one."""
+    if not isinstance(value, list) or not all(isinstance(g, list) for g in value):
+        return []
+    return [_strs(g) for g in value]

@@ -43,6 +43,10 @@ def _summary(name: str, d: Mapping[str, Any]) -> str | None:
             text += f", restarted {', '.join(restarted)}"
         back = _int(d, "rolled_back_to")
         return text + (f", rolled back to {back}" if back is not None else "")
+    if name == "failover":
+        devices = ", ".join(_strs(d.get("devices"))) or "?"
+        stages = ", ".join(str(k) for k in _ints(d.get("stages"))) or "?"
+        return f"failover{at}: {devices} gone, stage {stages} goes on (no rollback)"
     if name == "join":
         return f"join {d.get('device', '?')}{at}"
     if name == "compression":

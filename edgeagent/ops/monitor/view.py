@@ -39,6 +39,7 @@ EVENT_STYLES = {
     "slowdown": "yellow",
     "fault": "bold red",
     "recovery": "bold yellow",
+    "failover": "yellow",
     "join": "blue",
     "compression": "magenta",
     "error": "red",
@@ -153,6 +154,7 @@ def _run_panel(state: ClusterState, live: set[str]) -> Panel:
             (f"  ·  {run.recoveries} recover{'ies' if run.recoveries != 1 else 'y'}", "yellow")
             if run.recoveries
             else "",
+            (f"  ·  {run.failovers} failover{_s(run.failovers)}", "yellow") if run.failovers else "",
         )
         if run.accuracy is not None:
             loss = f" (loss {run.loss:.3f})" if run.loss is not None else ""
@@ -219,6 +221,8 @@ class _Screen:
 def _owners(run: RunView) -> list[str]:
     """The device of each stage; the worker list may include the central node (index 0) or not."""
     stages = len(run.points) - 1
+    if len(run.groups) == stages:  # hybrid stages: a replicated stage lists its devices
+        return [" + ".join(g) + (f"  (x{len(g)})" if len(g) > 1 else "") for g in run.groups]
     workers = list(run.workers)
     if len(workers) == stages - 1 and run.central:
         workers = [run.central, *workers]

@@ -125,5 +125,12 @@ class Switching(Liveness):
         self.bits = None  # a new split: tell every stage its codecs again
         self._apply_compression(epoch=version // max(1, self.per_epoch))
         self._refresh_deadline()
-        self.event("partition", points=points, batch=version, plan_id=self.plan_id, workers=new_list)
+        self.event(
+            "partition",
+            points=points,
+            batch=version,
+            plan_id=self.plan_id,
+            workers=new_list,
+            **({"groups": members} if members else {}),
+        )
         return None

@@ -1,0 +1,523 @@
+"""Hybrid stages (``--mode hybrid``): several devices per pipeline stage, against one device per stage.
+
+    python bench/hybrid.py [--only 1,2,3] [--quick] [--epochs 5] [--slowdowns 1,1,1,4,4]
+                           [--kill-at 205] [--after 60] [--victim ID] [--json FILE]
+
+Three scenarios, each a set of whole runs of ``edgeagent.cli.demo.run_demo`` in this process (the
+embedded broker, the central node here, the workers as local processes):
+
+1. **More devices than cut points.** Five workers for the three-layer MLP (``hidden=[128, 64]``) on
+   digits, 2 epochs, ``--mode pipeline`` (the default): with more workers than the model has stages the
+   central node switches to hybrid stages by itself. Checked: the report says ``mode == "hybrid"``, the
+   run trained every batch of every epoch, its final test accuracy, and the plan's groups (which stages
+   are held by several devices, which devices were left out).
+
+2. **Throughput.** Central + 4 workers at emulated slowdowns 1,1,1,4,4 (central first), MobileNetV2
+   (width 0.5) on 4096 synthetic 3x32x32 samples, batch 32 (as ``bench/heterogeneity.py``), 5 epochs.
+   (a) ``--mode hybrid --partition oracle``: the hybrid DP fed the true slowdowns chooses cuts, groups
+   and row shares at batch 0 and never re-plans; (b) the same with ``max_replicas=1``: the best plan with
+   one device per stage (the extra devices may stay idle). Printed: samples/s over the run and from
+   batch 20 on (start-up left out), the ratio (a)/(b) (goal >= 1.3x) and both plans.
+
+3. **Failover.** One replica of a replicated stage is killed with SIGKILL when batch 205 starts its
+   backward pass there, against today's recovery of the same kill in a one-device-per-stage pipeline.
+   The cluster of scenario 2 (MobileNetV2, slowdowns 1,1,1,4,4, partition oracle), 3 epochs of 102
+   batches cut to ``kill_at + after`` batches (``TrainConfig.max_batches``), so batch 205 is reached:
+   (a) ``--mode hybrid``: the victim is a non-primary member of a replicated stage of the hybrid plan
+   (the one with the largest share), read off scenario 2's plan when it ran, else off a short probe run
+   with the same settings (``--victim`` overrides); the run is repeated once with a victim from its own
+   plan if its plan came out different; (b) ``--mode pipeline`` with the same 4 workers, the same kill:
+   today's recovery (FTPipeHD's: roll back to the newest replica, re-split over the survivors).
+   Both are timed like ``bench/recovery.py`` on the report's clock (training seconds, evaluation out):
+   detection = the last progress before the fault (the last committed batch; the kill itself is not in
+   the report and follows it within a batch) -> the fault detected; detection -> resume (hybrid:
+   ``failovers[0]["detected"]`` -> ``["resumed"]``, the survivors recompute the dead member's rows and
+   the next batch commits; pipeline: probe, new split, weight moves, commit); the replay (pipeline:
+   resume -> the fault batch done again, ``batches_replayed`` batches; hybrid: 0 batches, checked on the
+   timeline: no batch id repeats); time lost = the fault batch's delay against the pre-fault pace
+   (``edgeagent.ops.report.recovery_times``; the same formula for the hybrid failover). Goal: the
+   hybrid failover loses at least 5x less time.
+
+What the paper counts (Asteroid, MobiCom 2024): throughput up to 12.2x plain pipeline or data
+parallelism and 2.1x the best earlier hybrid planner, for the plan its DP picks; its fault tolerance
+re-plans the pipeline around a lost device 14x faster than the baselines' recovery. Ours beside
+them: (2) the hybrid plan over the best one-device-per-stage plan of the same DP (``max_replicas=1``),
+that is, the gain of replicated stages alone; (3) time lost, today's pipeline recovery / hybrid
+failover. Set-up differences: Asteroid ran Jetson/Raspberry Pi clusters over Wi-Fi with real
+heterogeneity; ours are processes on one 2-core machine with emulated slowdowns (CPU time scaled by
+sleeping), every message through one MQTT broker on loopback (amqtt, in this process), small data
+sets and a few epochs. On 2 cores the devices also compete for the CPU, so a plan with more busy
+devices gains less than its predicted time says.
+
+``--quick`` is a smoke test (about 2-4 minutes): 1 epoch, a few dozen batches, the kill at batch 30.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgeagent.cli.demo import run_demo
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.data import batches_per_epoch, load_dataset
+from edgeagent.ops.logs import setup_logging
+from edgeagent.ops.report import recovery_times
+from edgeagent.roles.central import RunReport
+
+DATASET = "synthetic:4096:3x32x32:10"  # as bench/heterogeneity.py and bench/recovery.py
+BATCH = 32
+MLP3 = {"hidden": [128, 64]}  # the three-layer MLP: 64 -> 128 -> 64 -> 10
+STEADY_FROM = 20  # batches left out of the steady samples/s (start-up, first messages)
+PACE_WINDOW = 20  # batches before the fault whose mean time is the pre-fault pace (as recovery_times)
+# Asteroid (MobiCom 2024): throughput over the best earlier hybrid planner / over plain pipeline or
+# data parallelism; pipeline recovery against the baselines'.
+PAPER_VS_HYBRID = 2.1
+PAPER_VS_PLAIN = 12.2
+PAPER_RECOVERY = 14.0
+GOAL_THROUGHPUT = 1.3
+GOAL_LOST = 5.0
+
+
+def run(
+    model: str,
+    dataset: str,
+    slowdowns: list[float],
+    *,
+    epochs: int,
+    model_options: dict[str, Any] | None = None,
+    max_batches: int | None = None,
+    kills: dict[str, int | str] | None = None,
+    **settings: Any,
+) -> RunReport:
+    """One demo run; ``settings`` go to :class:`CentralConfig` (mode, partition, max_replicas)."""
+    train = TrainConfig(
+        model=model,
+        model_options=model_options or {},
+        dataset=dataset,
+        epochs=epochs,
+        batch_size=BATCH,
+        max_batches=max_batches,
+    )
+    config = CentralConfig(train=train, progress=False, **settings)
+    return run_demo(
+        config, workers=len(slowdowns) - 1, slowdowns=slowdowns, broker=None, show_progress=False, kills=kills
+    )
+
+
+def plan_of(report: RunReport, index: int = 0) -> dict[str, Any]:
+    """The ``index``-th plan of a run: points, groups (central first), shares (None when the report's
+    entry has none: a re-split's entry carries its groups only)."""
+    p = report.partitions[index]
+    workers = p.get("workers") or report.workers
+    groups = p.get("groups") or [["central"], *([w] for w in workers)]
+    shares = p.get("shares")
+    if groups and shares is None and all(len(g) == 1 for g in groups):
+        shares = [[1.0] for _ in groups]
+    return {"batch": p["batch"], "points": list(p["points"]), "groups": groups, "shares": shares}
+
+
+def describe(plan: dict[str, Any], devices: list[str] | None = None) -> str:
+    """``[0, 5, 21]: central | worker-1 .4 + worker-2 .4 ...`` and the devices left out."""
+    stages = []
+    shares = plan["shares"] or [[None] * len(g) for g in plan["groups"]]
+    for group, share in zip(plan["groups"], shares, strict=True):
+        if len(group) == 1:
+            stages.append(group[0])
+        else:
+            stages.append(
+                " + ".join(d if x is None else f"{d} {x:.2f}" for d, x in zip(group, share, strict=True))
+            )
+    text = f"{plan['points']}: " + " | ".join(stages)
+    used = {d for g in plan["groups"] for d in g}
+    idle = [d for d in devices or [] if d not in used]
+    return text + (f"  (idle: {', '.join(idle)})" if idle else "")
+
+
+def rate_from(report: RunReport, start: int) -> float:
+    """Samples/s from batch ``start`` to the end (training seconds, evaluation excluded)."""
+    rows = [r for r in report.timeline if r["batch"] >= start]
+    if len(rows) < 2 or rows[-1]["t"] <= rows[0]["t"]:
+        return report.samples_per_second
+    return (len(rows) - 1) * BATCH / (rows[-1]["t"] - rows[0]["t"])
+
+
+# -- scenario 1 -----------------------------------------------------------------------------------------
+
+
+def scenario1(epochs: int, workers: int) -> dict[str, Any]:
+    started = time.monotonic()
+    report = run("mlp", "digits", [1.0] * (workers + 1), epochs=epochs, model_options=MLP3)
+    data = load_dataset("digits")
+    expected = batches_per_epoch(int(data.x_train.shape[0]), BATCH) * epochs
+    ids = [int(r["batch"]) for r in report.timeline]
+    plan = plan_of(report)
+    return {
+        "mode": report.mode,
+        "batches": report.batches,
+        "expected_batches": expected,
+        "epochs_evaluated": len(report.test_accuracy_per_epoch),
+        "to_the_end": report.batches == expected
+        and ids[-1:] == [expected - 1]
+        and len(report.test_accuracy_per_epoch) == epochs,
+        "final_accuracy": report.final_accuracy,
+        "accuracy_per_epoch": report.test_accuracy_per_epoch,
+        "samples_per_second": report.samples_per_second,
+        "plans": [plan_of(report, i) for i in range(len(report.partitions))],
+        "replicated": [k for k, g in enumerate(plan["groups"]) if len(g) > 1],
+        "workers": [f"worker-{i + 1}" for i in range(workers)],
+        "wall_seconds": time.monotonic() - started,
+    }
+
+
+def print_scenario1(r: dict[str, Any], epochs: int) -> None:
+    print(
+        f"Scenario 1: more devices than cut points: {len(r['workers'])} workers, the 3-layer MLP "
+        f"(hidden=[128, 64]) on digits, batch {BATCH}, {epochs} epoch(s), --mode pipeline (the default)"
+    )
+    switched = "switched to hybrid by itself" if r["mode"] == "hybrid" else "NOT hybrid"
+    print(f"  report mode: {r['mode']!r} ({switched})")
+    print(
+        f"  trained to the end: {'yes' if r['to_the_end'] else 'NO'} ({r['batches']} of "
+        f"{r['expected_batches']} batches, {r['epochs_evaluated']} of {epochs} epochs evaluated)"
+    )
+    accs = ", ".join(f"{a:.1%}" for a in r["accuracy_per_epoch"])
+    print(
+        f"  final test accuracy {r['final_accuracy']:.1%} (per epoch: {accs}); "
+        f"{r['samples_per_second']:.0f} samples/s"
+    )
+    for plan in r["plans"]:
+        print(f"  plan from batch {plan['batch']}: {describe(plan, r['workers'])}")
+    replicated = r["replicated"]
+    print(f"  replicated stages: {replicated if replicated else 'none'} (stage 0 is the central node)")
+
+
+# -- scenario 2 -----------------------------------------------------------------------------------------
+
+
+def scenario2(slowdowns: list[float], epochs: int, max_batches: int | None) -> dict[str, Any]:
+    reports = {
+        "hybrid": run(
+            "mobilenetv2",
+            DATASET,
+            slowdowns,
+            epochs=epochs,
+            max_batches=max_batches,
+            mode="hybrid",
+            partition="oracle",
+        ),
+        "one per stage": run(
+            "mobilenetv2",
+            DATASET,
+            slowdowns,
+            epochs=epochs,
+            max_batches=max_batches,
+            mode="hybrid",
+            partition="oracle",
+            max_replicas=1,
+        ),
+    }
+    workers = [f"worker-{i + 1}" for i in range(len(slowdowns) - 1)]
+    rows: dict[str, Any] = {}
+    for name, r in reports.items():
+        rows[name] = {
+            "mode": r.mode,
+            "samples_per_second": r.samples_per_second,
+            "steady_samples_per_second": rate_from(r, STEADY_FROM),
+            "batches": r.batches,
+            "train_seconds": r.train_seconds,
+            "final_accuracy": r.final_accuracy,
+            "plans": [plan_of(r, i) for i in range(len(r.partitions))],
+            "links": r.links,
+            "workers": workers,
+        }
+    return rows
+
+
+def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int) -> None:
+    print(
+        f"\nScenario 2: throughput, central + {len(rows['hybrid']['workers'])} workers at slowdowns "
+        f"{slowdowns} (central first), MobileNetV2 (width 0.5) on {DATASET}, batch {BATCH}, "
+        f"{epochs} epoch(s), partition oracle"
+    )
+    head = f"from b{STEADY_FROM}"
+    print(f"{'plan':<30}{'samples/s':>10}{head:>10}{'batches':>9}{'train s':>9}{'final acc':>10}")
+    labels = {"hybrid": "(a) hybrid", "one per stage": "(b) max_replicas=1"}
+    for name, r in rows.items():
+        print(
+            f"{labels[name]:<30}{r['samples_per_second']:>10.1f}{r['steady_samples_per_second']:>10.1f}"
+            f"{r['batches']:>9}{r['train_seconds']:>9.1f}{r['final_accuracy']:>10.1%}"
+        )
+    for name, r in rows.items():
+        for plan in r["plans"]:
+            print(f"  {labels[name]} plan from batch {plan['batch']}: {describe(plan, r['workers'])}")
+    hy, one = rows["hybrid"], rows["one per stage"]
+    ratio = hy["samples_per_second"] / one["samples_per_second"]
+    steady = hy["steady_samples_per_second"] / one["steady_samples_per_second"]
+    print(
+        f"hybrid / one device per stage (samples/s) = {ratio:.2f}x over the run, {steady:.2f}x from batch "
+        f"{STEADY_FROM} on (goal >= {GOAL_THROUGHPUT}x; Asteroid: {PAPER_VS_HYBRID}x the best earlier "
+        f"hybrid planner, up to {PAPER_VS_PLAIN}x plain pipeline / data parallelism)"
+    )
+    if (
+        hy["plans"][0]["groups"] == one["plans"][0]["groups"]
+        and hy["plans"][0]["points"] == one["plans"][0]["points"]
+    ):
+        print("  the two plans are the same: the hybrid DP found no gain in replicating a stage here")
+
+
+# -- scenario 3 -----------------------------------------------------------------------------------------
+
+
+def pick_victim(plan: dict[str, Any]) -> str | None:
+    """A non-primary member of a replicated stage: the one with the largest share (the most rows to move)."""
+    best: tuple[float, str] | None = None
+    all_shares = plan["shares"] or [[1.0 / len(g)] * len(g) for g in plan["groups"]]
+    for group, shares in zip(plan["groups"], all_shares, strict=True):
+        for device, share in list(zip(group, shares, strict=True))[1:]:
+            if best is None or share > best[0]:
+                best = (share, device)
+    return best[1] if best else None
+
+
+def failover_times(report: RunReport, victim: str) -> dict[str, Any]:
+    """The hybrid failover's cost, counted as :func:`recovery_times` counts a recovery."""
+    if len(report.failovers) != 1 or report.recoveries:
+        raise RuntimeError(
+            f"expected one failover and no recovery after killing {victim}; got failovers "
+            f"{report.failovers}, recoveries {report.recoveries}"
+        )
+    (f,) = report.failovers
+    if f["devices"] != [victim] or "resumed" not in f:
+        raise RuntimeError(f"the failover is not the kill of {victim}, or it never resumed: {f}")
+    steps = [(int(r["batch"]), float(r["t"])) for r in report.timeline]
+    ids = [b for b, _ in steps]
+    before = [(b, t) for b, t in steps if t <= f["detected"]]
+    committed, last_progress = before[-1]
+    window = before[-1 - min(PACE_WINDOW, len(before) - 1) :]
+    pace = (window[-1][1] - window[0][1]) / max(1, len(window) - 1)
+    batch = int(f["batch"])
+    redone = next(t for b, t in steps if b == batch)
+    after = [(b, t) for b, t in steps if b >= batch + STEADY_FROM]
+    rate_after = (len(after) - 1) * BATCH / (after[-1][1] - after[0][1]) if len(after) > 1 else None
+    return {
+        "failover": f,
+        "batch": batch,
+        "committed": committed,
+        "pace": pace,
+        "detection": f["detected"] - last_progress,
+        "recovery": f["resumed"] - f["detected"],
+        "replay": max(0.0, redone - f["resumed"]),
+        "replayed": 0,
+        "repeated_ids": len(ids) - len(set(ids)),
+        "lost": redone - last_progress - (batch - committed) * pace,
+        "rate_after": rate_after,
+        "final_accuracy": report.final_accuracy,
+        "plan_before": plan_of(report),
+    }
+
+
+def plan_before(report: RunReport) -> dict[str, Any]:
+    """The last plan decided before any recovery (as bench/recovery.py's ``split_at``)."""
+    plans = [
+        i for i, p in enumerate(report.partitions) if not str(p.get("reason", "")).startswith("recovery")
+    ]
+    return plan_of(report, plans[-1])
+
+
+def recovery_cost(report: RunReport) -> dict[str, Any]:
+    """Today's recovery in the pipeline mode (``edgeagent.ops.report.recovery_times``)."""
+    if len(report.recoveries) != 1:
+        raise RuntimeError(f"expected one recovery, got {report.recoveries}")
+    cost = recovery_times(report.to_dict())
+    if cost is None:
+        raise RuntimeError(f"the report's recovery lacks its timings: {report.recoveries}")
+    (rec,) = report.recoveries
+    steps = [(int(r["batch"]), float(r["t"])) for r in report.timeline]
+    after = [(b, t) for b, t in steps if t > cost.resumed and b >= cost.batch + STEADY_FROM]
+    # replayed ids appear twice; keep the last completion of each
+    last = dict(after)
+    ids = sorted(last)
+    span = last[ids[-1]] - last[ids[0]] if len(ids) > 1 else 0.0
+    return {
+        "recovery_record": rec,
+        "batch": cost.batch,
+        "committed": cost.committed,
+        "pace": cost.pace,
+        "detection": cost.detection,
+        "recovery": cost.recovery,
+        "replay": cost.replay,
+        "replayed": cost.replayed,
+        "repeated_ids": len(steps) - len({b for b, _ in steps}),
+        "lost": cost.lost,
+        "rate_after": (len(ids) - 1) * BATCH / span if span > 0 else None,
+        "final_accuracy": report.final_accuracy,
+        "points_after": rec["points"],
+    }
+
+
+def scenario3(
+    slowdowns: list[float],
+    kill_at: int,
+    after: int,
+    epochs: int,
+    victim: str | None,
+    known_plan: dict[str, Any] | None,
+) -> dict[str, Any]:
+    settings: dict[str, Any] = {"mode": "hybrid", "partition": "oracle"}
+    stop = kill_at + after
+    notes: list[str] = []
+    if victim is None:
+        if known_plan is None:
+            probe = run("mobilenetv2", DATASET, slowdowns, epochs=1, max_batches=5, **settings)
+            known_plan = plan_of(probe)
+            notes.append(f"probe run's plan: {describe(known_plan)}")
+        victim = pick_victim(known_plan)
+        if victim is None:
+            raise RuntimeError(f"the hybrid plan replicates no stage, nothing to fail over: {known_plan}")
+    hybrid = None
+    for attempt in range(2):
+        report = run(
+            "mobilenetv2",
+            DATASET,
+            slowdowns,
+            epochs=epochs,
+            max_batches=stop,
+            kills={victim: kill_at},
+            **settings,
+        )
+        mine = plan_of(report)
+        if pick_victim(mine) is not None and victim in [d for g in mine["groups"] for d in g[1:]]:
+            hybrid = report
+            break
+        again = pick_victim(mine)
+        notes.append(f"attempt {attempt + 1}: plan {describe(mine)} did not have {victim} as a replica")
+        if again is None:
+            break
+        victim = again
+    if hybrid is None:
+        raise RuntimeError("; ".join(notes))
+    pipeline = run(
+        "mobilenetv2",
+        DATASET,
+        slowdowns,
+        epochs=epochs,
+        max_batches=stop,
+        kills={victim: kill_at},
+        mode="pipeline",
+        partition="oracle",
+    )
+    return {
+        "victim": victim,
+        "notes": notes,
+        "hybrid": failover_times(hybrid, victim),
+        "pipeline": {**recovery_cost(pipeline), "mode": pipeline.mode, "plan_before": plan_before(pipeline)},
+    }
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def print_scenario3(r: dict[str, Any], slowdowns: str, kill_at: int, stop: int) -> None:
+    print(
+        f"\nScenario 3: failover, central + 4 workers at slowdowns {slowdowns}, MobileNetV2 (width 0.5) on "
+        f"{DATASET}, batch {BATCH}, partition oracle, {stop} batches; {r['victim']} killed with SIGKILL when "
+        f"batch {kill_at} starts its backward pass"
+    )
+    for note in r["notes"]:
+        print(f"  {note}")
+    hy, pl = r["hybrid"], r["pipeline"]
+    print(f"  (a) hybrid plan: {describe(hy['plan_before'])}; {r['victim']} is a replica, not the primary")
+    print(f"  (b) pipeline plan before the fault: {describe(pl['plan_before'])}; mode {pl['mode']!r}")
+    rows = [
+        ("s per batch before the fault", "pace", "{:.3f}"),
+        ("(a) last progress -> detection (s)", "detection", "{:.2f}"),
+        ("(b) detection -> resume (s)", "recovery", "{:.2f}"),
+        ("(c) time lost, replay counted (s)", "lost", "{:.2f}"),
+        ("    resume -> fault batch done (s)", "replay", "{:.2f}"),
+        ("    batches replayed", "replayed", "{:.0f}"),
+        ("    batch ids repeated in the timeline", "repeated_ids", "{:.0f}"),
+        ("samples/s after the fault", "rate_after", "{:.1f}"),
+        ("final accuracy", "final_accuracy", "{:.1%}"),
+    ]
+    width = 40
+    print(f"\n{'':<{width}}{'hybrid failover':>17}{'pipeline recovery':>19}")
+    for label, key, fmt in rows:
+        print(f"{label:<{width}}{_cell(hy[key], fmt):>17}{_cell(pl[key], fmt):>19}")
+    f = hy["failover"]
+    print(
+        f"  hybrid: failover at batch {f['batch']}: stage(s) {f['stages']} go on with "
+        f"{[f['groups'][k] for k in f['stages']]}, shares {[f['shares'][k] for k in f['stages']]}"
+    )
+    rec = pl["recovery_record"]
+    print(
+        f"  pipeline: case {rec['case']}, fault at batch {rec['batch']}, rolled back to batch "
+        f"{rec['rolled_back_to']}, {rec['batches_replayed']} batches replayed, new split {rec['points']} on "
+        f"{rec['workers']}"
+    )
+    if hy["lost"] and pl["lost"] is not None:
+        ratio = pl["lost"] / hy["lost"] if hy["lost"] > 0 else float("inf")
+        print(
+            f"time lost: pipeline recovery / hybrid failover = {ratio:.1f}x (goal >= {GOAL_LOST:.0f}x; "
+            f"Asteroid: pipeline recovery {PAPER_RECOVERY:.0f}x faster than the baselines')"
+        )
+
+
+# -- main -----------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", default="1,2,3", help="scenarios to run, e.g. 2 or 1,3")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 epoch, few batches, kill at 30")
+    parser.add_argument("--epochs", type=int, default=None, help="scenario 2 (default 5; --quick 1)")
+    parser.add_argument("--epochs-mlp", type=int, default=2, help="scenario 1")
+    parser.add_argument("--workers-mlp", type=int, default=5, help="scenario 1")
+    parser.add_argument("--slowdowns", default="1,1,1,4,4", help="scenarios 2 and 3, central first")
+    parser.add_argument("--kill-at", type=int, default=None, help="scenario 3 (default 205; --quick 30)")
+    parser.add_argument("--after", type=int, default=None, help="batches after the kill (default 60)")
+    parser.add_argument(
+        "--victim", default=None, help="scenario 3: the worker to kill (default: from the plan)"
+    )
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    if not only or only - {"1", "2", "3"}:
+        parser.error(f"--only takes a subset of 1,2,3, got {args.only!r}")
+    setup_logging("WARNING")
+    slowdowns = [float(s) for s in args.slowdowns.split(",")]
+    epochs = args.epochs or (1 if args.quick else 5)
+    epochs_mlp = 1 if args.quick else args.epochs_mlp
+    kill_at = args.kill_at if args.kill_at is not None else (30 if args.quick else 205)
+    after = args.after if args.after is not None else (15 if args.quick else 60)
+    max_batches = 40 if args.quick else None
+    per_epoch = batches_per_epoch(int(load_dataset(DATASET).x_train.shape[0]), BATCH)
+    epochs3 = -(-(kill_at + after) // per_epoch)  # enough epochs to reach kill_at + after
+
+    results: dict[str, Any] = {}
+    started = time.monotonic()
+    if "1" in only:
+        results["scenario1"] = scenario1(epochs_mlp, args.workers_mlp)
+        print_scenario1(results["scenario1"], epochs_mlp)
+    if "2" in only:
+        results["scenario2"] = scenario2(slowdowns, epochs, max_batches)
+        print_scenario2(results["scenario2"], args.slowdowns, epochs)
+    if "3" in only:
+        known = results["scenario2"]["hybrid"]["plans"][0] if "scenario2" in results else None
+        results["scenario3"] = scenario3(slowdowns, kill_at, after, epochs3, args.victim, known)
+        print_scenario3(results["scenario3"], args.slowdowns, kill_at, kill_at + after)
+    print(f"\n(wall time {time.monotonic() - started:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""Hybrid stages with real processes and real brokers: more devices than cut points, exactness against the
+unreplicated pipeline, failover inside a stage under a real SIGKILL, joins as replicas.
+
+Which device holds which stage follows the DP over profiled layer times, which vary from run to run: the
+tests read the plan from the running central node (``Central.active.groups``) rather than assume one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from edgeagent.cli.demo import LocalWorkers
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.roles.central import Central, RunReport
+from edgeagent.roles.central.hybrid import HybridRun
+
+pytestmark = pytest.mark.slow
+
+MLP3 = {"hidden": [128, 64]}  # three layers: two cut points
+OnBatch = Callable[[int, "Central", LocalWorkers], None]
+
+
+def run(
+    broker: str,
+    *,
+    workers: int,
+    train: TrainConfig,
+    slowdowns: list[float] | None = None,
+    on_batch: OnBatch | None = None,
+    save: Path | None = None,
+    **central: Any,
+) -> RunReport:
+    """Central node in this process, workers as processes; ``on_batch`` runs as batches commit."""
+    central.setdefault("restart_window", 0.0)
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    config = CentralConfig(
+        cluster=cluster,
+        broker=broker,
+        workers=workers,
+        train=train,
+        progress=False,
+        save_model=str(save) if save else None,
+        **central,
+    )
+    local = LocalWorkers(workers, broker, cluster, slowdowns or [1.0] * workers).start_all()
+    node: Central
+
+    def progress(values: dict[str, Any]) -> None:
+        if on_batch is not None and "batch" in values:
+            on_batch(values["batch"], node, local)
+
+    node = Central(config, progress=progress)
+    try:
+        return node.run()
+    finally:
+        local.stop()
+
+
+def hybrid_run(node: Central) -> HybridRun:
+    assert isinstance(node.active, HybridRun)
+    return node.active
+
+
+def replicated(report: RunReport) -> list[list[str]]:
+    return [g for g in report.partitions[0]["groups"] if len(g) > 1]
+
+
+def test_more_workers_than_cut_points_train_to_the_end(broker_url: str) -> None:
+    """Five workers for a three-layer model (before: "cannot split 3 layers into 6 stages"): the run goes
+    hybrid by itself and the report says which stages are replicated."""
+    train = TrainConfig(epochs=2, model_options=MLP3)
+    report = run(broker_url, workers=5, train=train)
+    assert report.mode == "hybrid"
+    assert report.epochs == 2 and report.batches == 2 * 44  # 1437 digits for training, batches of 32
+    assert replicated(report), report.partitions[0]
+    assert report.recoveries == [] and report.failovers == []
+    assert report.final_accuracy > 0.5
+
+
+def test_replicated_stages_match_the_unreplicated_pipeline(amqtt_url: str, tmp_path: Path) -> None:
+    """Without staleness (in_flight=1) neither the split nor the replicas change the arithmetic: the
+    members' gradients of their rows add up to the whole batch's."""
+    train = TrainConfig(epochs=1, in_flight=1, aggregation=False, model_options=MLP3, max_batches=20)
+    run(amqtt_url, workers=2, train=train, save=tmp_path / "pipeline.pt", partition="uniform")
+    report = run(
+        amqtt_url, workers=5, train=train, save=tmp_path / "hybrid.pt", mode="hybrid", partition="uniform"
+    )
+    assert replicated(report)
+    plain = torch.load(tmp_path / "pipeline.pt", weights_only=True)
+    hybrid = torch.load(tmp_path / "hybrid.pt", weights_only=True)
+    assert plain.keys() == hybrid.keys()
+    for key in plain:
+        torch.testing.assert_close(hybrid[key], plain[key], rtol=1e-5, atol=1e-6)
+
+
+def kill_a_replica(at: int, *, primary: bool) -> tuple[OnBatch, list[str]]:
+    """SIGKILL a member of a replicated stage (its primary, or another) when batch ``at`` commits."""
+    killed: list[str] = []
+
+    def on_batch(batch: int, node: Central, local: LocalWorkers) -> None:
+        if batch != at or killed:
+            return
+        groups = hybrid_run(node).groups
+        stage = groups.replicated[0]
+        victim = groups.members[stage][0 if primary else -1]
+        killed.append(victim)
+        os.kill(local.procs[victim].pid, signal.SIGKILL)
+
+    return on_batch, killed
+
+
+def test_killing_a_replica_loses_no_update_and_replays_nothing(amqtt_url: str, tmp_path: Path) -> None:
+    """A replica dies mid-run: its stage's other devices take its rows, with no rollback; the weights end
+    as those of a run without the fault (no update lost or applied twice)."""
+    train = TrainConfig(epochs=1, in_flight=1, aggregation=False, model_options=MLP3)
+    clean = run(amqtt_url, workers=2, train=train, save=tmp_path / "clean.pt", partition="uniform")
+    on_batch, killed = kill_a_replica(20, primary=False)
+    faulty = run(
+        amqtt_url,
+        workers=5,
+        train=train,
+        save=tmp_path / "faulty.pt",
+        mode="hybrid",
+        partition="uniform",
+        on_batch=on_batch,
+    )
+    assert killed
+    (failover,) = faulty.failovers
+    assert failover["devices"] == killed and failover["detected"] <= failover["resumed"]
+    assert faulty.recoveries == []
+    batches = [entry["batch"] for entry in faulty.timeline]
+    assert batches == sorted(set(batches)) == list(range(clean.batches))  # nothing replayed
+    clean_w = torch.load(tmp_path / "clean.pt", weights_only=True)
+    faulty_w = torch.load(tmp_path / "faulty.pt", weights_only=True)
+    for key in clean_w:
+        torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)
+
+
+def test_the_primary_of_a_replicated_stage_dies_and_another_member_takes_over(amqtt_url: str) -> None:
+    """Pipelined (K = stages), the stage's primary killed: another member becomes the primary and the run
+    goes on without a rollback; it still learns."""
+    train = TrainConfig(epochs=2, model_options=MLP3)
+    on_batch, killed = kill_a_replica(30, primary=True)
+    report = run(amqtt_url, workers=5, train=train, mode="hybrid", partition="uniform", on_batch=on_batch)
+    (failover,) = report.failovers
+    assert failover["devices"] == killed
+    stage = failover["stages"][0]
+    assert killed[0] not in failover["groups"][stage]
+    assert report.recoveries == [] and report.epochs == 2
+    assert report.final_accuracy > 0.5
+
+
+def test_a_stage_with_no_device_left_falls_back_to_the_pipelines_recovery(amqtt_url: str) -> None:
+    train = TrainConfig(epochs=2, model_options=MLP3)
+    killed: list[str] = []
+
+    def on_batch(batch: int, node: Central, local: LocalWorkers) -> None:
+        if batch == 30 and not killed:
+            groups = hybrid_run(node).groups
+            alone = [g[0] for g in groups.members[1:] if len(g) == 1]
+            killed.append(alone[-1])
+            os.kill(local.procs[alone[-1]].pid, signal.SIGKILL)
+
+    # Two workers, one device per stage (max_replicas=1): every worker's stage dies with it.
+    report = run(amqtt_url, workers=2, train=train, mode="hybrid", max_replicas=1, on_batch=on_batch)
+    assert killed and report.failovers == []
+    (rec,) = report.recoveries
+    assert rec["lost"] == killed
+    assert report.epochs == 2
+
+
+def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
+    """A model whose compute sits in one convolution with few parameters: a device that joins helps most
+    as a second device on that convolution's stage, and the next re-split puts it there."""
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0])
+    local.start("worker-1")
+    train = TrainConfig(
+        epochs=2, model="tests.integration.hybrid_models:heavy_conv", dataset="synthetic:640:3x32x32:10"
+    )
+    config = CentralConfig(
+        cluster=cluster,
+        broker=amqtt_url,
+        workers=1,
+        train=train,
+        progress=False,
+        mode="hybrid",
+        slowdown=1.0,
+        repartition_first=5,
+        repartition_every=10,
+    )
+    from tests.integration.test_faults import run_with_newcomer
+
+    report = run_with_newcomer(amqtt_url, config, local, "worker-2", at=6)
+    joined = [p for p in report.partitions if any("worker-2" in g for g in p.get("groups", []))]
+    assert joined, report.partitions
+    assert ["worker-1", "worker-2"] in joined[0]["groups"] or ["worker-2", "worker-1"] in joined[0]["groups"]
+    assert report.epochs == 2
