@@ -21,30 +21,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from edgeagent.compression import CompressionError
-from edgeagent.compression.stage import restore
 from edgeagent.errors import TrainingError
 from edgeagent.pipeline.groups import Groups, cover
-from edgeagent.pipeline.rows import RowBuffer, Rows
+from edgeagent.pipeline.rows import Rows
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
 from edgeagent.protocol.messages import (
-    Activation,
     Assign,
     Commit,
     EvalResult,
-    Gradient,
     GradSync,
     Message,
     Repartition,
     Reshare,
 )
-from edgeagent.roles.worker.run import EVAL_QUEUE_LIMIT, Run, stage_input
-from edgeagent.roles.worker.session import PipelineSession
+from edgeagent.roles.worker.hybrid_intake import HybridIntake, HybridState
+from edgeagent.roles.worker.run import Run, stage_input
 from edgeagent.runtime.compute import Clock, emulate_slowdown
 from edgeagent.runtime.role import Handler, Inbound
 
@@ -54,48 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Head:
-    """What the first piece of a batch says about the whole batch."""
-
-    version: int
-    total: int
-
-
-@dataclass
-class HybridState:
-    """A member's bookkeeping of the batches not yet updated on its stage (see the module doc)."""
-
-    groups: Groups
-    next_apply: int  # the first batch whose update is not applied here
-    inputs: dict[int, RowBuffer] = field(default_factory=dict)  # training inputs (x, y) by batch
-    heads: dict[int, Head] = field(default_factory=dict)
-    grads: dict[int, RowBuffer] = field(default_factory=dict)  # gradients from the next stage by batch
-    times: dict[int, dict[str, float]] = field(default_factory=dict)  # device times riding with them
-    rows: dict[int, Rows] = field(default_factory=dict)  # the rows this member forwarded of each batch
-    syncs: dict[int, dict[int, dict[str, GradSync]]] = field(default_factory=dict)  # batch, version, device
-    evals: dict[int, RowBuffer] = field(default_factory=dict)  # evaluation inputs by batch
-    eval_versions: dict[int, int] = field(default_factory=dict)
-    eval_done: dict[int, int] = field(default_factory=dict)  # batch -> the groups version it was done for
-    leaving: int | None = None  # the plan without this device: serve its fetches until the commit
-
-    def clear(self, next_apply: int) -> None:
-        self.next_apply = next_apply
-        for table in (self.inputs, self.heads, self.grads, self.times, self.rows, self.syncs):
-            table.clear()
-        self.clear_evals()
-
-    def clear_evals(self) -> None:
-        self.evals.clear()
-        self.eval_versions.clear()
-        self.eval_done.clear()
-
-    def forget(self, batch_id: int) -> None:
-        for table in (self.inputs, self.heads, self.grads, self.times, self.rows, self.syncs):
-            table.pop(batch_id, None)
-
-
-class HybridSession(PipelineSession):
+class HybridSession(HybridIntake):
     """One member of a (possibly replicated) stage of a hybrid run (see the module doc)."""
 
     def __init__(self, worker: Worker, run: Run, groups: Groups) -> None:
@@ -191,134 +145,6 @@ class HybridSession(PipelineSession):
         values["group"] = list(self._group)
         values["replica"] = self._group.index(self.worker.device_id)
         return values
-
-    # -- intake --------------------------------------------------------------------------------
-
-    def _on_activation(self, item: Inbound) -> None:
-        msg, run, hy = item.message, self.run, self.hy
-        assert isinstance(msg, Activation)
-        if not run.matches(msg.run_id, msg.plan_id):
-            return
-        train = msg.mode == "train"
-        if train and msg.batch_id < hy.next_apply:
-            return  # already updated here (a duplicate, or a piece computed again after a failover)
-        problem = run.activation_problem(msg)
-        if (
-            problem is None
-            and not train
-            and msg.batch_id not in hy.evals
-            and len(hy.evals) >= EVAL_QUEUE_LIMIT
-        ):
-            problem = f"{len(hy.evals)} evaluation batches already wait here"
-        taken: Activation | None = None
-        if problem is None:
-            taken, problem = run.runner.take_activation(
-                msg, sample=run.sample, num_classes=run.spec.num_classes
-            )
-        if taken is not None:
-            problem = self._take_piece(taken)
-        if problem is not None:
-            self.worker.discard(item, f"activation of batch {msg.batch_id}: {problem}")
-
-    def _take_piece(self, msg: Activation) -> str | None:
-        hy = self.hy
-        y = msg.y
-        total = msg.total or int(y.shape[0])
-        lo, hi = msg.rows or (0, total)
-        if y.shape[:1] != (hi - lo,):
-            return f"{tuple(y.shape)[:1]} labels for rows [{lo}, {hi})"
-        train = msg.mode == "train"
-        buffers, versions = (hy.inputs, None) if train else (hy.evals, hy.eval_versions)
-        buffer = buffers.get(msg.batch_id)
-        if buffer is None:
-            buffer = buffers[msg.batch_id] = RowBuffer(total)
-            if train:
-                hy.heads[msg.batch_id] = Head(msg.version, total)
-            elif versions is not None:
-                versions[msg.batch_id] = msg.version
-        elif buffer.total != total:
-            return f"a piece of {total} rows, earlier pieces said {buffer.total}"
-        elif train and hy.heads[msg.batch_id].version != msg.version:
-            return f"weight version {msg.version}, earlier pieces said {hy.heads[msg.batch_id].version}"
-        return buffer.add(lo, hi, {"x": msg.tensor, "y": y})
-
-    def _on_gradient(self, item: Inbound) -> None:
-        msg, run, hy = item.message, self.run, self.hy
-        assert isinstance(msg, Gradient)
-        if not run.matches(msg.run_id, msg.plan_id) or msg.batch_id < hy.next_apply:
-            return
-        problem = None
-        if msg.batch_id >= run.next_forward + run.window:
-            problem = f"more than {run.window} batches ahead of the next one here ({run.next_forward})"
-        else:
-            problem = self._take_gradient(msg)
-        if problem is not None:
-            self.worker.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
-
-    def _take_gradient(self, msg: Gradient) -> str | None:
-        hy = self.hy
-        try:
-            g = restore(msg.g)
-        except CompressionError as exc:
-            return str(exc)
-        total = msg.total or int(g.shape[0])
-        lo, hi = msg.rows or (0, total)
-        expected = self._output_meta()
-        if g.shape[:1] != (hi - lo,) or (expected is not None and (tuple(g.shape[1:]), g.dtype) != expected):
-            return f"shape {tuple(g.shape)} {g.dtype} does not fit rows [{lo}, {hi}) of this stage's output"
-        row_loss = msg.row_loss if msg.rows else [msg.loss] * total
-        row_correct = msg.row_correct if msg.rows else [0] * total
-        buffer = hy.grads.get(msg.batch_id)
-        if buffer is None:
-            buffer = hy.grads[msg.batch_id] = RowBuffer(total)
-        elif buffer.total != total:
-            return f"a piece of {total} rows, earlier pieces said {buffer.total}"
-        problem = buffer.add(
-            lo,
-            hi,
-            {
-                "g": g,
-                "loss": torch.tensor(row_loss, dtype=torch.float64),
-                "correct": torch.tensor(row_correct, dtype=torch.int64),
-            },
-        )
-        if problem is None:
-            hy.times.setdefault(msg.batch_id, {}).update(msg.device_times)
-        return problem
-
-    def _output_meta(self) -> tuple[tuple[int, ...], torch.dtype] | None:
-        """One sample of this stage's output (the layer profile), for checking gradient pieces."""
-        run = self.run
-        last = run.points[run.index + 1] - 1
-        if len(run.layer_shapes) <= last or len(run.layer_dtypes) <= last:
-            return None
-        dtype = getattr(torch, run.layer_dtypes[last], None)
-        if not isinstance(dtype, torch.dtype):
-            return None
-        return tuple(run.layer_shapes[last]), dtype
-
-    def _on_sync(self, item: Inbound) -> None:
-        msg, run, hy = item.message, self.run, self.hy
-        assert isinstance(msg, GradSync)
-        if not run.matches(msg.run_id, msg.plan_id) or msg.stage != run.index:
-            return
-        if msg.device_id == self.worker.device_id or msg.batch_id < hy.next_apply:
-            return  # our own (kept locally), or an update applied already
-        if msg.batch_id >= hy.next_apply + run.window:
-            self.worker.discard(item, f"gradient sync of batch {msg.batch_id}: too far ahead")
-            return
-        params = dict(run.stage.module.named_parameters())
-        wrong = [
-            name
-            for name in set(params) | set(msg.grads)
-            if name not in params or name not in msg.grads or msg.grads[name].shape != params[name].shape
-        ]
-        if wrong:
-            self.worker.discard(
-                item, f"gradient sync of batch {msg.batch_id}: parameters {sorted(wrong)} do not fit"
-            )
-            return
-        hy.syncs.setdefault(msg.batch_id, {}).setdefault(msg.share_version, {})[msg.device_id] = msg
 
     # -- 1F1B over rows --------------------------------------------------------------------------
 
