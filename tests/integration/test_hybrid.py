@@ -144,11 +144,12 @@ def test_killing_a_replica_loses_no_update_and_replays_nothing(amqtt_url: str, t
         torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)
 
 
-def test_the_primary_of_a_replicated_stage_dies_and_another_member_takes_over(amqtt_url: str) -> None:
-    """Pipelined (K = stages), the stage's primary killed: another member becomes the primary and the run
-    goes on without a rollback; it still learns."""
+def test_the_primary_of_a_replicated_stage_dies_during_an_evaluation(amqtt_url: str) -> None:
+    """Pipelined (K = stages), the primary of a replicated stage killed as epoch 0 ends (its evaluation
+    streams through the pipeline): another member becomes the primary, the survivors evaluate the dead
+    device's rows too, and the run goes on without a rollback."""
     train = TrainConfig(epochs=2, model_options=MLP3)
-    on_batch, killed = kill_a_replica(30, primary=True)
+    on_batch, killed = kill_a_replica(43, primary=True)  # batch 43 is epoch 0's last
     report = run(amqtt_url, workers=5, train=train, mode="hybrid", partition="uniform", on_batch=on_batch)
     (failover,) = report.failovers
     assert failover["devices"] == killed
