@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, ClassVar
 from edgeagent.modes.pipeline import PipelineMode
 
 if TYPE_CHECKING:
-    from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
     from edgeagent.modes.base import WorkerSession
     from edgeagent.protocol.messages import Assign
-    from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.central.trainer import PipelineRun
     from edgeagent.roles.worker import Worker
 
 
@@ -42,15 +41,10 @@ class HybridMode(PipelineMode):
                 "pick a deeper model (--model, --model-option) or train without workers"
             )
 
-    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+    def _run_class(self) -> type[PipelineRun]:
         from edgeagent.roles.central.hybrid import HybridRun
 
-        run = HybridRun(central, central.config, data, spec, devices, resume=central.resume)
-        central.attach(run)
-        report = run.execute()
-        if central.config.save_model:
-            run.save_model(central.config.save_model)
-        return report
+        return HybridRun
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
         from edgeagent.roles.worker.hybrid import HybridSession

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from edgeagent.modes.base import WorkerSession
     from edgeagent.protocol.messages import Assign
     from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.central.trainer import PipelineRun
     from edgeagent.roles.worker import Worker
 
 
@@ -38,10 +39,13 @@ class PipelineMode:
                 "(--workers) or pick a deeper model (--model, --model-option)"
             )
 
-    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+    def _run_class(self) -> type[PipelineRun]:
         from edgeagent.roles.central.trainer import PipelineRun
 
-        run = PipelineRun(central, central.config, data, spec, devices, resume=central.resume)
+        return PipelineRun
+
+    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+        run = self._run_class()(central, central.config, data, spec, devices, resume=central.resume)
         central.attach(run)
         report = run.execute()
         if central.config.save_model:

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from edgeagent.protocol.messages import Gradient
 
 Rows = tuple[int, int]
 
@@ -106,4 +110,20 @@ class RowBuffer:
         return {name: column[lo:hi].clone() for name, column in self.columns.items()}
 
 
-__all__ = ["RowBuffer", "Rows", "rows_of", "split_rows"]
+def gradient_piece(msg: Gradient, g: torch.Tensor) -> tuple[Rows, int, dict[str, torch.Tensor]]:
+    """A gradient piece's rows, its batch's total rows and its columns for a :class:`RowBuffer`: the
+    gradient ``g`` (restored) and each row's loss and correctness (a whole-batch gradient spreads its
+    loss over the rows)."""
+    total = msg.total or int(g.shape[0])
+    rows = (msg.rows[0], msg.rows[1]) if msg.rows else (0, total)
+    row_loss = msg.row_loss if msg.rows else [msg.loss] * total
+    row_correct = msg.row_correct if msg.rows else [0] * total
+    columns = {
+        "g": g,
+        "loss": torch.tensor(row_loss, dtype=torch.float64),
+        "correct": torch.tensor(row_correct, dtype=torch.int64),
+    }
+    return rows, total, columns
+
+
+__all__ = ["RowBuffer", "Rows", "gradient_piece", "rows_of", "split_rows"]

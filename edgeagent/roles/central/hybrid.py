@@ -23,13 +23,11 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-import torch
-
 from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import restore
 from edgeagent.errors import PlanningError
 from edgeagent.pipeline.groups import Groups, cover
-from edgeagent.pipeline.rows import RowBuffer
+from edgeagent.pipeline.rows import RowBuffer, gradient_piece
 from edgeagent.planner.hybrid import Device, HybridPlan, HybridProblem, predict_hybrid, solve_hybrid
 from edgeagent.protocol.messages import EvalResult, Gradient, Reshare
 from edgeagent.protocol.topics import Family
@@ -252,22 +250,11 @@ class HybridRun(PipelineRun):
         except CompressionError as exc:
             return str(exc)
         shape, dtype = expected
-        total = shape[0]
-        lo, hi = msg.rows or (0, total)
-        if (msg.total or total) != total or tuple(g.shape) != (hi - lo, *shape[1:]) or g.dtype != dtype:
-            return f"rows [{lo}, {hi}) of {msg.total} shaped {tuple(g.shape)} do not fit the output {shape}"
+        (lo, hi), total, columns = gradient_piece(msg, g)
+        if total != shape[0] or tuple(g.shape) != (hi - lo, *shape[1:]) or g.dtype != dtype:
+            return f"rows [{lo}, {hi}) of {total} shaped {tuple(g.shape)} do not fit the output {shape}"
         buffer, times = self.grad_pieces.setdefault(msg.batch_id, (RowBuffer(total), {}))
-        row_loss = msg.row_loss if msg.rows else [msg.loss] * total
-        row_correct = msg.row_correct if msg.rows else [0] * total
-        problem = buffer.add(
-            lo,
-            hi,
-            {
-                "g": g,
-                "loss": torch.tensor(row_loss, dtype=torch.float64),
-                "correct": torch.tensor(row_correct, dtype=torch.int64),
-            },
-        )
+        problem = buffer.add(lo, hi, columns)
         if problem is not None:
             return problem
         times.update(msg.device_times)

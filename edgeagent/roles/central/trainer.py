@@ -161,8 +161,10 @@ class PipelineRun(Recovery):
             plan.points,
             plan.reason,
         )
-        if plan.points == self.points and plan.workers == self.worker_list and (
-            plan.groups is None or plan.groups.members == self.groups.members
+        if (
+            plan.points == self.points
+            and plan.workers == self.worker_list
+            and (plan.groups is None or plan.groups.members == self.groups.members)
         ):
             return
         loop.pending = plan

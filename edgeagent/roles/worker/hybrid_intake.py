@@ -15,7 +15,7 @@ import torch
 from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import restore
 from edgeagent.pipeline.groups import Groups
-from edgeagent.pipeline.rows import RowBuffer, Rows
+from edgeagent.pipeline.rows import RowBuffer, Rows, gradient_piece
 from edgeagent.protocol.messages import Activation, Gradient, GradSync
 from edgeagent.roles.worker.run import EVAL_QUEUE_LIMIT
 from edgeagent.roles.worker.session import PipelineSession
@@ -137,27 +137,16 @@ class HybridIntake(PipelineSession):
             g = restore(msg.g)
         except CompressionError as exc:
             return str(exc)
-        total = msg.total or int(g.shape[0])
-        lo, hi = msg.rows or (0, total)
+        (lo, hi), total, columns = gradient_piece(msg, g)
         expected = self._output_meta()
         if g.shape[:1] != (hi - lo,) or (expected is not None and (tuple(g.shape[1:]), g.dtype) != expected):
             return f"shape {tuple(g.shape)} {g.dtype} does not fit rows [{lo}, {hi}) of this stage's output"
-        row_loss = msg.row_loss if msg.rows else [msg.loss] * total
-        row_correct = msg.row_correct if msg.rows else [0] * total
         buffer = hy.grads.get(msg.batch_id)
         if buffer is None:
             buffer = hy.grads[msg.batch_id] = RowBuffer(total)
         elif buffer.total != total:
             return f"a piece of {total} rows, earlier pieces said {buffer.total}"
-        problem = buffer.add(
-            lo,
-            hi,
-            {
-                "g": g,
-                "loss": torch.tensor(row_loss, dtype=torch.float64),
-                "correct": torch.tensor(row_correct, dtype=torch.int64),
-            },
-        )
+        problem = buffer.add(lo, hi, columns)
         if problem is None:
             hy.times.setdefault(msg.batch_id, {}).update(msg.device_times)
         return problem
