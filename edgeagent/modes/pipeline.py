@@ -36,7 +36,8 @@ class PipelineMode:
             raise PlanningError(
                 f"model {spec.name!r} has {layers} layers: it cannot be split over the central node and "
                 f"{workers} workers (at most {layers - 1}); start fewer workers "
-                "(--workers) or pick a deeper model (--model, --model-option)"
+                "(--workers), pick a deeper model (--model, --model-option) or let a stage have several "
+                "devices (--mode hybrid)"
             )
 
     def _run_class(self) -> type[PipelineRun]:

@@ -126,7 +126,7 @@ def test_certs_in_a_directory_that_cannot_be_made(tmp_path: Path) -> None:
         (("--model", "resnet"), "unknown model 'resnet'"),
         (("--model-option", "hidden=abc"), "hidden"),
         (("--model-option", "widht=3"), "widht"),
-        (("--workers", "9"), "9 workers"),
+        (("--mode", "pipeline", "--workers", "9"), "9 workers"),
     ],
 )
 @pytest.mark.slow  # each case starts the demo's broker and workers before the run refuses the input
@@ -136,8 +136,12 @@ def test_demo_with_bad_training_input(args: tuple[str, ...], expected: str, tmp_
 
 
 def test_central_with_more_workers_than_layers(amqtt_url: str, cluster: str) -> None:
-    proc = run_cli("central", "--broker", amqtt_url, "--cluster", cluster, "--workers", "9")
-    assert_user_error(proc, "9 workers", "--workers")
+    # Asked for the pipeline mode by name (without --mode, the run goes hybrid: a stage may have
+    # several devices).
+    proc = run_cli(
+        "central", "--broker", amqtt_url, "--cluster", cluster, "--workers", "9", "--mode", "pipeline"
+    )
+    assert_user_error(proc, "9 workers", "--workers", "--mode hybrid")
 
 
 def test_central_with_an_unknown_model(amqtt_url: str, cluster: str) -> None:

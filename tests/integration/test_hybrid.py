@@ -25,6 +25,7 @@ from edgeagent.roles.central.hybrid import HybridRun
 pytestmark = pytest.mark.slow
 
 MLP3 = {"hidden": [128, 64]}  # three layers: two cut points
+HEAVY_DATA = "synthetic:640:3x32x32:10"
 OnBatch = Callable[[int, "Central", LocalWorkers], None]
 
 
@@ -75,14 +76,16 @@ def replicated(report: RunReport) -> list[list[str]]:
 
 def test_more_workers_than_cut_points_train_to_the_end(broker_url: str) -> None:
     """Five workers for a three-layer model (before: "cannot split 3 layers into 6 stages"): the run goes
-    hybrid by itself and the report says which stages are replicated."""
-    train = TrainConfig(epochs=2, model_options=MLP3)
+    hybrid by itself and the report says which stages are replicated. The model's compute sits in one
+    convolution with few parameters, so replicating its stage pays off over the measured links too."""
+    train = TrainConfig(epochs=1, model="tests.integration.hybrid_models:heavy_conv", dataset=HEAVY_DATA)
     report = run(broker_url, workers=5, train=train)
     assert report.mode == "hybrid"
-    assert report.epochs == 2 and report.batches == 2 * 44  # 1437 digits for training, batches of 32
-    assert replicated(report), report.partitions[0]
+    assert report.epochs == 1 and report.batches == len(report.timeline) == 15  # 480 samples in batches of 32
+    final = report.partitions[-1]  # planned again over the measured links before batch 0 if that differs
+    assert final["batch"] == 0
+    assert [g for g in final["groups"] if len(g) > 1], final
     assert report.recoveries == [] and report.failovers == []
-    assert report.final_accuracy > 0.5
 
 
 def test_replicated_stages_match_the_unreplicated_pipeline(amqtt_url: str, tmp_path: Path) -> None:
@@ -184,9 +187,7 @@ def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
     cluster = f"t{uuid.uuid4().hex[:8]}"
     local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0])
     local.start("worker-1")
-    train = TrainConfig(
-        epochs=2, model="tests.integration.hybrid_models:heavy_conv", dataset="synthetic:640:3x32x32:10"
-    )
+    train = TrainConfig(epochs=2, model="tests.integration.hybrid_models:heavy_conv", dataset=HEAVY_DATA)
     config = CentralConfig(
         cluster=cluster,
         broker=amqtt_url,

@@ -25,7 +25,7 @@ from typing import Any
 
 from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import restore
-from edgeagent.errors import PlanningError
+from edgeagent.errors import PlanningError, TrainingError
 from edgeagent.pipeline.groups import Groups, cover
 from edgeagent.pipeline.rows import RowBuffer, gradient_piece
 from edgeagent.planner.hybrid import Device, HybridPlan, HybridProblem, predict_hybrid, solve_hybrid
@@ -93,9 +93,7 @@ class HybridRun(PipelineRun):
             ) from None
 
     def _adopt_plan(self, plan: HybridPlan, devices: list[str]) -> None:
-        groups = Groups(
-            tuple(tuple(devices[d] for d in group) for group in plan.groups), plan.shares, self.groups.version
-        )
+        groups = self._groups_of(plan, devices)
         self.groups = groups
         self.worker_list = groups.primaries
         left_out = [d for d in devices if d not in groups.devices]
@@ -108,15 +106,42 @@ class HybridRun(PipelineRun):
         )
 
     def execute(self) -> Any:
-        """As the pipeline's, without the oracle's switch: the first plan already is the oracle's."""
         self.report.mode = self.MODE
-        partition = self.config.partition
-        if partition == "oracle":
-            self.config = self.config.model_copy(update={"partition": "uniform"})
-        try:
-            return super().execute()
-        finally:
-            self.config = self.config.model_copy(update={"partition": partition})
+        return super().execute()
+
+    def _plan_before_training(self) -> None:
+        """The first plan was made before any link was measured (the gradient exchange of a replicated
+        stage looked free): plan again with the measured links, and switch before batch 0 if it differs.
+        With ``--partition oracle`` the devices' true speeds, with ``dynamic`` equal devices;
+        ``uniform`` keeps the first plan (PipeDream's equal split ignores the links too)."""
+        if self.start_version or not self.links or self.config.partition == "uniform":
+            return
+        devices = [self.device_id, *sorted(d for d in self._usable() if d != self.device_id)]
+        caps = [self._true_cap(d) if self.oracle else 1.0 for d in devices]
+        plan = self._solve_hybrid(devices, caps, self._bandwidths(devices))
+        groups = self._groups_of(plan, devices)
+        if groups.members == self.groups.members and list(plan.points) == self.points:
+            return
+        what = "the true speeds (oracle)" if self.oracle else "equal devices"
+        reason = f"the hybrid DP over {what} and the measured links"
+        order = Plan(list(plan.points), plan.time, reason, groups.primaries, groups)
+        fault = self._admit_joiners(order, 0) or self._switch_to(
+            list(plan.points), version=0, workers=groups.primaries, groups=groups
+        )
+        if fault is not None:
+            raise TrainingError(f"before training started: {fault.reason}")
+        self._record_partition(0, reason, plan.time)
+
+    def _bandwidths(self, devices: list[str]) -> list[float]:
+        """Each device's link to the broker for the DP: the slowest measured stage link (links are
+        measured between consecutive stages, not per device; the central node is the broker's host)."""
+        slowest = min((lk.bandwidth for lk in self.links), default=math.inf)
+        return [math.inf, *[slowest] * (len(devices) - 1)]
+
+    def _groups_of(self, plan: HybridPlan, devices: list[str]) -> Groups:
+        return Groups(
+            tuple(tuple(devices[d] for d in group) for group in plan.groups), plan.shares, self.groups.version
+        )
 
     def _build_workers(self) -> None:
         """Every device of every stage builds its stage (helpers too)."""
@@ -131,9 +156,9 @@ class HybridRun(PipelineRun):
     def _record_partition(self, batch: int, reason: str, predicted: float | None = None) -> None:
         if batch == self.start_version and not self.report.partitions and not self.resume:
             reason = (
-                "initial: the hybrid DP fed the true speeds (oracle)"
+                "initial: the hybrid DP fed the true speeds (oracle), links not measured yet"
                 if self.oracle
-                else "initial: the hybrid DP over equal devices"
+                else "initial: the hybrid DP over equal devices, links not measured yet"
             )
         super()._record_partition(batch, reason, predicted)
         self.report.partitions[-1]["groups"] = [list(g) for g in self.groups.members]
@@ -180,17 +205,14 @@ class HybridRun(PipelineRun):
         known = [c for d, c in self.device_caps.items() if d != self.device_id] or [1.0]
         mean = sum(known) / len(known)
         device_caps = [self.device_caps.get(d, mean) for d in devices]
-        slowest = min((lk.bandwidth for lk in self.links), default=math.inf)
-        bandwidths = [math.inf, *[slowest] * (len(devices) - 1)]
+        bandwidths = self._bandwidths(devices)
         current = self._current_time(devices, device_caps, bandwidths)
         job: Future[Plan] = Future()
 
         def run() -> None:
             try:
                 plan = self._solve_hybrid(devices, device_caps, bandwidths)
-                groups = Groups(
-                    tuple(tuple(devices[d] for d in g) for g in plan.groups), plan.shares, self.groups.version
-                )
+                groups = self._groups_of(plan, devices)
                 moving = groups.members != self.groups.members or list(plan.points) != self.points
                 # A switch drains the pipeline and moves layers: only for a clear gain (5 %).
                 if moving and not plan.time < (1 - RESPLIT_GAIN) * current:

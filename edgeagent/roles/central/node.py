@@ -129,8 +129,8 @@ class Central(Role):
         try:
             self.mode.check(spec, self.config.workers)
         except PlanningError:
-            if self.config.mode != "pipeline":
-                raise
+            if self.config.mode != "pipeline" or "mode" in self.config.model_fields_set:
+                raise  # the pipeline mode asked for by name: one device per stage
             # More devices than the model has cut points: stages get several devices (hybrid stages).
             hybrid = mode("hybrid")
             hybrid.check(spec, self.config.workers)

@@ -53,14 +53,18 @@ class PipelineRun(Recovery):
             self.start_version,
             "resumed from a checkpoint" if self.resume else "initial: equal devices (PipeDream)",
         )
+        self._plan_before_training()
+        self._train()
+        return self.report
+
+    def _plan_before_training(self) -> None:
+        """``--partition oracle``: the DP fed the true slowdowns and the measured links, before batch 0."""
         if self.config.partition == "oracle" and len(self.worker_list) > 1:
             points = self._solve(self._problem(self._true_capacities()))
             fault = self._switch_to(points, version=0) if points != self.points else None
             if fault is not None:
                 raise TrainingError(f"before training started: {fault.reason}")
             self._record_partition(0, "oracle: the DP fed the true slowdowns")
-        self._train()
-        return self.report
 
     # -- the loop ------------------------------------------------------------------------------
 
