@@ -115,6 +115,9 @@ class HybridProblem:
     in_flight: int = 0  # batches in flight on stage 0; 0 = the number of stages (as dp.Problem)
     activation_factor: float = 1.0  # compressed / raw size of activations and gradients on the wire
     max_replicas: int | None = None  # most devices per stage; None = no bound
+    # The smallest share of a batch's rows a member of a replicated stage may get (batch normalisation
+    # over a handful of rows is noise: the central node asks for 8 rows when the model normalises).
+    min_share: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("layer_times", "output_bytes", "devices", "param_bytes"):
@@ -145,6 +148,8 @@ class HybridProblem:
             raise ValueError(f"activation_factor {self.activation_factor} must be finite and >= 0")
         if self.max_replicas is not None and self.max_replicas < 1:
             raise ValueError(f"max_replicas {self.max_replicas} must be >= 1 or None (no bound)")
+        if not 0.0 <= self.min_share <= 1.0:
+            raise ValueError(f"min_share {self.min_share} must be in [0, 1]")
 
     @property
     def num_layers(self) -> int:
@@ -335,6 +340,11 @@ class _Model:
             found = self._links[key] = forward + backward
         return found
 
+    def shares_allowed(self, counts: _Counts) -> bool:
+        """Whether every member of a group of these types gets at least ``min_share`` of the rows."""
+        st = self.stats(counts)
+        return st.size == 1 or min(st.share_of[t] for t, c in enumerate(counts) if c) >= self.p.min_share
+
     def predict(self, points: Sequence[int], groups: Groups) -> float:
         counts = [self.counts_of(g) for g in groups]
         worst = max(self.stage_time(self.stats(c), points[k], points[k + 1]) for k, c in enumerate(counts))
@@ -496,9 +506,13 @@ class _Search:
         self.threshold = _INF
 
     def _all_groups(self) -> list[_Counts]:
-        cap = self.model.p.max_replicas
-        ranges = [range(1)] + [range(c + 1) for c in self.model.counts[1:]]  # never the central node
-        return [g for g in itertools.product(*ranges) if sum(g) > 0 and (cap is None or sum(g) <= cap)]
+        cap, model = self.model.p.max_replicas, self.model
+        ranges = [range(1)] + [range(c + 1) for c in model.counts[1:]]  # never the central node
+        return [
+            g
+            for g in itertools.product(*ranges)
+            if sum(g) > 0 and (cap is None or sum(g) <= cap) and model.shares_allowed(g)
+        ]
 
     def options(self, used: _Counts) -> list[_Option]:
         found = self._options.get(used)
@@ -680,6 +694,7 @@ def brute_force_hybrid(p: HybridProblem) -> HybridPlan:
         (model.predict(points, groups), points, groups)
         for points, groups in all_plans(p)
         if model.plan_fits(points, groups)
+        and all(model.shares_allowed(model.counts_of(g)) for g in groups)
     ]
     if not scored:
         raise model.infeasible()

@@ -338,6 +338,9 @@ class GradSync(Message):
     rows: list[int]
     total: int
     grads: dict[str, torch.Tensor]
+    # The member's floating-point buffers (batch normalisation's running statistics): every member takes
+    # their row-weighted mean with the update, so the members evaluate alike.
+    buffers: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.rows:

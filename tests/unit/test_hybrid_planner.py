@@ -438,3 +438,31 @@ def test_eight_devices_and_twenty_five_layers() -> None:
     plan = solve_hybrid(p)
     check_valid(p, plan)
     assert plan.time < sum(p.layer_times) / 3
+
+
+def test_min_share_keeps_every_member_above_it_and_still_equals_brute_force() -> None:
+    """Batch normalisation over a handful of rows is noise: no member of a replicated stage gets less
+    than ``min_share`` of the rows (a slow device is left out of a fast group rather than given 3 rows)."""
+    rng = random.Random(7)
+    constrained = 0
+    for case in range(150):
+        p = replace(random_problem(rng, ties=case % 2 == 0), min_share=rng.choice([0.2, 0.3, 0.45]))
+        try:
+            expected = brute_force_hybrid(p)
+        except ValueError:
+            with pytest.raises(ValueError):
+                solve_hybrid(p)
+            continue
+        got = solve_hybrid(p)
+        assert got == expected, (case, p)
+        for shares in got.shares:
+            assert len(shares) == 1 or min(shares) >= p.min_share
+        free = solve_hybrid(replace(p, min_share=0.0))
+        constrained += any(len(s) > 1 and min(s) < p.min_share for s in free.shares)
+    assert constrained >= 5, constrained
+    fast, slow = Device(1.0), Device(4.0)
+    p = HybridProblem((0.1, 1.0), (100, 100), (Device(1.0), fast, fast, slow), param_bytes=(0, 0))
+    assert solve_hybrid(p).groups == ((0,), (1, 2, 3))  # 0.44, 0.44, 0.11 of the rows
+    assert solve_hybrid(replace(p, min_share=0.25)).groups == ((0,), (1, 2))
+    with pytest.raises(ValueError, match="min_share"):
+        replace(p, min_share=1.5)

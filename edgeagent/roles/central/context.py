@@ -160,6 +160,8 @@ class RunState:
         self.param_bytes = tuple(
             sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in model
         )
+        # Batch normalisation in the model: a replicated stage's members then need enough rows each.
+        self.normalises = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         self.profile = self._profile(model)
         self.points = self.initial_points()
         if resume is not None and len(resume["points"]) == len(self.worker_list) + 1:

@@ -38,6 +38,7 @@ from edgeagent.runtime.role import Inbound
 log = logging.getLogger("edgeagent.roles.central")
 
 RESPLIT_GAIN = 0.05  # a new hybrid plan must be this much faster (predicted) than the current one
+MIN_NORMALISED_ROWS = 8  # rows of a batch per member of a replicated stage, at least, with batch norm
 
 
 class HybridRun(PipelineRun):
@@ -83,6 +84,7 @@ class HybridRun(PipelineRun):
             in_flight=self.train.in_flight,
             activation_factor=self._comm_factor(len(self.worker_list)),
             max_replicas=self.config.max_replicas,
+            min_share=self._min_share(),
         )
         try:
             return solve_hybrid(problem)
@@ -91,6 +93,13 @@ class HybridRun(PipelineRun):
                 f"{exc}; give the devices more memory (--memory-limit-mb, device profiles), add devices, "
                 "or lower --in-flight / the batch size"
             ) from None
+
+    def _min_share(self) -> float:
+        """No member of a replicated stage gets fewer than ``MIN_NORMALISED_ROWS`` rows of a batch when
+        the model normalises its batches (statistics of 3 rows are noise: training stalls)."""
+        if not self.normalises:
+            return 0.0
+        return min(1.0, MIN_NORMALISED_ROWS / max(1, self.train.batch_size))
 
     def _adopt_plan(self, plan: HybridPlan, devices: list[str]) -> None:
         groups = self._groups_of(plan, devices)

@@ -302,6 +302,7 @@ class HybridSession(HybridIntake):
             rows=list(rows),
             total=total,
             grads=grads,
+            buffers=self._float_buffers() if len(self._group) > 1 else {},
         )
         hy.syncs.setdefault(batch_id, {}).setdefault(hy.groups.version, {})[worker.device_id] = msg
         if len(self._group) > 1:
@@ -317,6 +318,30 @@ class HybridSession(HybridIntake):
                 return [pieces[rows] for rows in tiling]
         return None
 
+    def _float_buffers(self) -> dict[str, torch.Tensor]:
+        return {
+            name: b.detach().clone()
+            for name, b in self.run.stage.module.named_buffers()
+            if b.is_floating_point()
+        }
+
+    def _average_buffers(self, parts: list[GradSync]) -> None:
+        """Batch normalisation's running statistics: the row-weighted mean of the members' (each
+        normalised only its rows), so every member holds the same."""
+        if not all(part.buffers for part in parts) or len(parts) < 2:
+            return
+        own = dict(self.run.stage.module.named_buffers())
+        with torch.no_grad():
+            for name, buffer in own.items():
+                if not buffer.is_floating_point() or any(name not in p.buffers for p in parts):
+                    continue
+                if any(p.buffers[name].shape != buffer.shape for p in parts):
+                    continue
+                mean = torch.zeros_like(buffer)
+                for p in parts:
+                    mean += (p.rows[1] - p.rows[0]) / p.total * p.buffers[name]
+                buffer.copy_(mean)
+
     def _can_apply(self) -> bool:
         hy = self.hy
         return hy.leaving is None and self.run.switch is None and self._whole(hy.next_apply) is not None
@@ -331,6 +356,7 @@ class HybridSession(HybridIntake):
             for name, g in part.grads.items():
                 total[name] = g.clone() if name not in total else total[name] + g
         run.stage.apply_gradients(total)
+        self._average_buffers(parts)
         run.stage.forget(batch_id)  # computed again after a failover, but whole already: drop it
         run.stage.unpin(batch_id)
         hy.next_apply = batch_id + 1
