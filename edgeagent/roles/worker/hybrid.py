@@ -142,8 +142,12 @@ class HybridSession(HybridIntake):
 
     def metrics(self) -> dict[str, Any]:
         values = super().metrics()
-        values["group"] = list(self._group)
-        values["replica"] = self._group.index(self.worker.device_id)
+        # The metrics thread may look while a switch changes the stage: read the groups once.
+        groups, me = self.hy.groups, self.worker.device_id
+        stage = groups.stage_of(me)
+        if stage is not None:
+            values["group"] = list(groups.members[stage])
+            values["replica"] = groups.members[stage].index(me)
         return values
 
     # -- 1F1B over rows --------------------------------------------------------------------------
@@ -330,17 +334,19 @@ class HybridSession(HybridIntake):
         normalised only its rows), so every member holds the same."""
         if not all(part.buffers for part in parts) or len(parts) < 2:
             return
-        own = dict(self.run.stage.module.named_buffers())
-        with torch.no_grad():
-            for name, buffer in own.items():
-                if not buffer.is_floating_point() or any(name not in p.buffers for p in parts):
-                    continue
-                if any(p.buffers[name].shape != buffer.shape for p in parts):
-                    continue
-                mean = torch.zeros_like(buffer)
-                for p in parts:
-                    mean += (p.rows[1] - p.rows[0]) / p.total * p.buffers[name]
-                buffer.copy_(mean)
+        module = self.run.stage.module
+        for name, buffer in list(module.named_buffers()):
+            if not buffer.is_floating_point():
+                continue
+            if any(name not in p.buffers or p.buffers[name].shape != buffer.shape for p in parts):
+                continue
+            mean = torch.zeros_like(buffer)
+            for p in parts:
+                mean += (p.rows[1] - p.rows[0]) / p.total * p.buffers[name]
+            # A new tensor, not copied into the old one: batches in flight saved the old one for their
+            # backward pass, and an in-place change would fail autograd's version check.
+            owner, _, leaf = name.rpartition(".")
+            module.get_submodule(owner)._buffers[leaf] = mean
 
     def _can_apply(self) -> bool:
         hy = self.hy
