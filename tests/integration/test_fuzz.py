@@ -55,6 +55,7 @@ from edgeagent.protocol.messages import (
     Event,
     FetchRequest,
     Gradient,
+    GradSync,
     Heartbeat,
     LinkReport,
     Message,
@@ -252,6 +253,17 @@ def base_messages(spec: ModelSpec) -> list[Message]:
             version=0,
         ),
         FetchRequest(run_id=FOREIGN, plan_id=1, requester=FUZZER, owner=WORKERS[0], layers=[1]),
+        GradSync(
+            run_id=FOREIGN,
+            plan_id=0,
+            stage=1,
+            batch_id=0,
+            share_version=0,
+            device_id=FUZZER,
+            rows=[0, 2],
+            total=4,
+            grads={"layers.1.0.weight": torch.zeros(2, 2)},
+        ),
     ]
     assert {m.KIND for m in messages} == set(MessageKind), "one message of every kind"
     return messages

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 MLP3 = {"hidden": [128, 64]}  # three layers: two cut points
 HEAVY_DATA = "synthetic:640:3x32x32:10"
+PI = 10.0  # an emulated Pi: 10x this machine
 OnBatch = Callable[[int, "Central", LocalWorkers], None]
 
 
@@ -79,7 +80,8 @@ def test_more_workers_than_cut_points_train_to_the_end(broker_url: str) -> None:
     hybrid by itself and the report says which stages are replicated. The model's compute sits in one
     convolution with few parameters, so replicating its stage pays off over the measured links too."""
     train = TrainConfig(epochs=1, model="tests.integration.hybrid_models:heavy_conv", dataset=HEAVY_DATA)
-    report = run(broker_url, workers=5, train=train)
+    # Pi-like devices (10x slower; the emulated time is slept, not spun): compute outweighs the links.
+    report = run(broker_url, workers=5, train=train, slowdowns=[PI] * 5, slowdown=PI)
     assert report.mode == "hybrid"
     assert report.epochs == 1 and report.batches == len(report.timeline) == 15  # 480 samples in batches of 32
     final = report.partitions[-1]  # planned again over the measured links before batch 0 if that differs
@@ -185,7 +187,7 @@ def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
     """A model whose compute sits in one convolution with few parameters: a device that joins helps most
     as a second device on that convolution's stage, and the next re-split puts it there."""
     cluster = f"t{uuid.uuid4().hex[:8]}"
-    local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0])
+    local = LocalWorkers(2, amqtt_url, cluster, [PI, PI])  # Pi-like: compute outweighs the links
     local.start("worker-1")
     train = TrainConfig(epochs=2, model="tests.integration.hybrid_models:heavy_conv", dataset=HEAVY_DATA)
     config = CentralConfig(
@@ -195,7 +197,7 @@ def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
         train=train,
         progress=False,
         mode="hybrid",
-        slowdown=1.0,
+        slowdown=PI,
         repartition_first=5,
         repartition_every=10,
     )
@@ -204,5 +206,5 @@ def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
     report = run_with_newcomer(amqtt_url, config, local, "worker-2", at=6)
     joined = [p for p in report.partitions if any("worker-2" in g for g in p.get("groups", []))]
     assert joined, report.partitions
-    assert ["worker-1", "worker-2"] in joined[0]["groups"] or ["worker-2", "worker-1"] in joined[0]["groups"]
+    assert any("worker-2" in g and len(g) > 1 for g in joined[0]["groups"]), joined[0]
     assert report.epochs == 2
