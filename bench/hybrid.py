@@ -1,45 +1,57 @@
 """Hybrid stages (``--mode hybrid``): several devices per pipeline stage, against one device per stage.
 
-    python bench/hybrid.py [--only 1,2,3] [--quick] [--epochs 5] [--slowdowns 1,1,1,4,4]
-                           [--kill-at 205] [--after 60] [--victim ID] [--json FILE]
+    python bench/hybrid.py [--only 1,2,3] [--quick] [--epochs 5] [--slowdowns 1,1,1,4,4] [--kill-at 205]
+                           [--after 60] [--victim ID] [--failover-partition uniform]
+                           [--pipeline-partition oracle] [--json FILE]
 
-Three scenarios, each a set of whole runs of ``edgeagent.cli.demo.run_demo`` in this process (the
+Four scenarios, each a set of whole runs of ``edgeagent.cli.demo.run_demo`` in this process (the
 embedded broker, the central node here, the workers as local processes):
 
 1. **More devices than cut points.** Five workers for the three-layer MLP (``hidden=[128, 64]``) on
-   digits, 2 epochs, ``--mode pipeline`` (the default): with more workers than the model has stages the
-   central node switches to hybrid stages by itself. Checked: the report says ``mode == "hybrid"``, the
-   run trained every batch of every epoch, its final test accuracy, and the plan's groups (which stages
-   are held by several devices, which devices were left out).
+   digits, 2 epochs, no ``--mode`` (the default, pipeline; asked for by name, the pipeline mode refuses
+   more workers than cut points): the central node switches to hybrid stages by itself. Checked: the
+   report says ``mode == "hybrid"``, the run trained every batch of every epoch, its final test
+   accuracy, and the plan's groups (which stages are held by several devices, which devices idle).
 
 2. **Throughput.** Central + 4 workers at emulated slowdowns 1,1,1,4,4 (central first), MobileNetV2
-   (width 0.5) on 4096 synthetic 3x32x32 samples, batch 32 (as ``bench/heterogeneity.py``), 5 epochs.
-   (a) ``--mode hybrid --partition oracle``: the hybrid DP fed the true slowdowns chooses cuts, groups
-   and row shares at batch 0 and never re-plans; (b) the same with ``max_replicas=1``: the best plan with
-   one device per stage (the extra devices may stay idle). Printed: samples/s over the run and from
-   batch 20 on (start-up left out), the ratio (a)/(b) (goal >= 1.3x), both plans, and each run's test
-   accuracy and train loss per epoch (a hybrid run that learns less than its twin is flagged: the
-   throughput of a run that does not train is no gain).
+   (width 0.5) on 4096 synthetic 3x32x32 samples, batch 32 (as ``bench/heterogeneity.py``), 5 epochs of
+   102 batches. (a) ``--mode hybrid --partition oracle``: the hybrid DP fed the true slowdowns chooses
+   cuts, groups and row shares (once before the links are measured, again over the measured links
+   before batch 0) and never re-plans; (b) the same with ``max_replicas=1``: the best plan with one
+   device per stage (the extra devices may stay idle). Printed: samples/s over the run and from batch
+   20 on (start-up left out), the ratio (a)/(b) (goal >= 1.3x), every plan with its reason, and each
+   run's test accuracy and train loss per epoch (a hybrid run that ends well below its twin is flagged:
+   throughput that does not train is no gain).
 
 3. **Failover.** One replica of a replicated stage is killed with SIGKILL when batch 205 starts its
    backward pass there, against today's recovery of the same kill in a one-device-per-stage pipeline.
-   The cluster of scenario 2 (MobileNetV2, slowdowns 1,1,1,4,4, partition oracle), 3 epochs of 102
-   batches cut to ``kill_at + after`` batches (``TrainConfig.max_batches``), so batch 205 is reached:
-   (a) ``--mode hybrid``: the victim is a non-primary member of a replicated stage of the hybrid plan
-   (the one with the largest share), read off scenario 2's plan when it ran, else off a short probe run
-   with the same settings (``--victim`` overrides); the run is repeated once with a victim from its own
-   plan if its plan came out different; (b) ``--mode pipeline`` with the same 4 workers, the same kill:
-   today's recovery (FTPipeHD's: roll back to the newest replica, re-split over the survivors).
+   The cluster of scenario 2 (MobileNetV2, slowdowns 1,1,1,4,4), 3 epochs of 102 batches cut to
+   ``kill_at + after`` = 265 batches (``TrainConfig.max_batches``), so batch 205 is reached.
+   (a) ``--mode hybrid --partition uniform`` (``--failover-partition``): the hybrid DP over equal
+   devices, never re-planned, so a stage is replicated (over the measured links the DP of scenario 2
+   may well replicate nothing, and then there is no replica to kill); the victim is the non-primary
+   member with the largest share of a replicated stage in a short probe run's plan (the same settings;
+   with ``--failover-partition oracle`` scenario 2's plan when it ran; ``--victim`` overrides), and the
+   run is repeated once with a victim from its own plan if its plan came out different.
+   (b) ``--mode pipeline --partition oracle`` (``--pipeline-partition``) with the same 4 workers and
+   the same kill: today's recovery (FTPipeHD's: roll back to the newest replica, re-split over the
+   survivors), from the best one-device-per-stage split.
    Both are timed like ``bench/recovery.py`` on the report's clock (training seconds, evaluation out):
-   detection = the last progress before the fault (the last committed batch; the kill itself is not in
-   the report and follows it within a batch) -> the fault detected; detection -> resume (hybrid:
-   ``failovers[0]["detected"]`` -> ``["resumed"]``, the survivors recompute the dead member's rows and
-   the next batch commits; pipeline: probe, new split, weight moves, commit); the replay (pipeline:
-   resume -> the fault batch done again, ``batches_replayed`` batches; hybrid: 0 batches, checked on the
-   timeline: no batch id repeats); time lost = the fault batch's delay against the pre-fault pace
-   (``edgeagent.ops.report.recovery_times``; the same formula for the hybrid failover), also divided by
-   that pace (batches lost: the two plans do not run at the same pace). Goal: the hybrid failover
-   loses at least 5x less time.
+   (a) detection = the last progress before the fault (the last committed batch; the kill is not in
+   the report, it follows that commit within about a batch) -> the fault detected (hybrid:
+   ``failovers[0]["detected"]``); (b) detection -> resume (hybrid: -> ``failovers[0]["resumed"]``, the
+   survivors take the dead member's rows and the next batch commits; pipeline: probe, new split, weight
+   moves, commit); the replay (pipeline: resume -> the fault batch done again, ``batches_replayed``
+   batches; hybrid: 0 batches, checked on the timeline: no batch id repeats); (c) time lost = the fault
+   batch's delay against the pre-fault pace (``edgeagent.ops.report.recovery_times``; the same formula
+   for the hybrid failover), also divided by that pace (batches lost: the two plans do not run at the
+   same pace). Goal: the hybrid failover loses at least 5x less time.
+
+4. **Throughput where replicated stages pay off** (Asteroid's premise: a stage's compute sits in a
+   layer no cut can split). ``bench/hybrid_models.py:one_heavy_layer`` (a full-resolution 3x3
+   convolution between a cheap first layer and a cheap head) on 2048 synthetic 3x32x32 samples,
+   2 epochs, Pi-like devices: scenario 2's slowdowns times 10 (10,10,10,40,40; the emulated time is
+   slept, so compute outweighs the links on this machine, as on Pis). The same (a)/(b) comparison.
 
 What the paper counts (Asteroid, MobiCom 2024): throughput up to 12.2x plain pipeline or data
 parallelism and 2.1x the best earlier hybrid planner, for the plan its DP picks; its fault tolerance
@@ -52,7 +64,8 @@ sleeping), every message through one MQTT broker on loopback (amqtt, in this pro
 sets and a few epochs. On 2 cores the devices also compete for the CPU, so a plan with more busy
 devices gains less than its predicted time says.
 
-``--quick`` is a smoke test (about 2-4 minutes): 1 epoch, a few dozen batches, the kill at batch 30.
+``--quick`` is a smoke test (about 4-5 minutes): 1 epoch, a few dozen batches, the kill at batch 55 (after
+the first chain replication at 50). The default run takes about 12-15 minutes on the 2-core machine.
 """
 
 from __future__ import annotations
@@ -84,6 +97,11 @@ PAPER_VS_HYBRID = 2.1
 PAPER_VS_PLAIN = 12.2
 PAPER_RECOVERY = 14.0
 GOAL_THROUGHPUT = 1.3
+# Scenario 4: the premise of replicated stages (one layer holds the compute; no cut can split it) on
+# Pi-like devices (the emulated slowdowns times PI: compute outweighs the links on this machine).
+HEAVY_MODEL = "bench.hybrid_models:one_heavy_layer"
+HEAVY_DATASET = "synthetic:2048:3x32x32:10"
+PI = 10.0
 GOAL_LOST = 5.0
 ACCURACY_GAP = 0.05  # a hybrid run this far below its one-device-per-stage twin is flagged
 
@@ -123,7 +141,20 @@ def plan_of(report: RunReport, index: int = 0) -> dict[str, Any]:
     shares = p.get("shares")
     if groups and shares is None and all(len(g) == 1 for g in groups):
         shares = [[1.0] for _ in groups]
-    return {"batch": p["batch"], "points": list(p["points"]), "groups": groups, "shares": shares}
+    return {
+        "batch": p["batch"],
+        "points": list(p["points"]),
+        "groups": groups,
+        "shares": shares,
+        "reason": p.get("reason", ""),
+    }
+
+
+def plan_in_force(report: RunReport, batch: int) -> dict[str, Any]:
+    """The plan that ran batch ``batch``: the last one decided at or before it (a plan made again over
+    the measured links before batch 0 is at batch 0 too)."""
+    index = max(i for i, p in enumerate(report.partitions) if p["batch"] <= batch)
+    return plan_of(report, index)
 
 
 def describe(plan: dict[str, Any], devices: list[str] | None = None) -> str:
@@ -143,6 +174,19 @@ def describe(plan: dict[str, Any], devices: list[str] | None = None) -> str:
     return text + (f"  (idle: {', '.join(idle)})" if idle else "")
 
 
+def plans_with_rates(report: RunReport) -> list[dict[str, Any]]:
+    """Every plan, with the samples/s of the batches it ran (None: superseded before any batch, e.g. the
+    first plan, made again over the measured links before batch 0)."""
+    plans = [plan_of(report, i) for i in range(len(report.partitions))]
+    for k, plan in enumerate(plans):
+        end = plans[k + 1]["batch"] if k + 1 < len(plans) else report.batches
+        rows = [r for r in report.timeline if plan["batch"] <= r["batch"] < end]
+        span = rows[-1]["t"] - rows[0]["t"] if len(rows) > 1 else 0.0
+        plan["samples_per_second"] = (len(rows) - 1) * BATCH / span if span > 0 else None
+        plan["batches_run"] = len(rows)
+    return plans
+
+
 def rate_from(report: RunReport, start: int) -> float:
     """Samples/s from batch ``start`` to the end (training seconds, evaluation excluded)."""
     rows = [r for r in report.timeline if r["batch"] >= start]
@@ -160,7 +204,7 @@ def scenario1(epochs: int, workers: int) -> dict[str, Any]:
     data = load_dataset("digits")
     expected = batches_per_epoch(int(data.x_train.shape[0]), BATCH) * epochs
     ids = [int(r["batch"]) for r in report.timeline]
-    plan = plan_of(report)
+    plan = plan_of(report, -1)
     return {
         "mode": report.mode,
         "batches": report.batches,
@@ -172,7 +216,7 @@ def scenario1(epochs: int, workers: int) -> dict[str, Any]:
         "final_accuracy": report.final_accuracy,
         "accuracy_per_epoch": report.test_accuracy_per_epoch,
         "samples_per_second": report.samples_per_second,
-        "plans": [plan_of(report, i) for i in range(len(report.partitions))],
+        "plans": plans_with_rates(report),
         "replicated": [k for k, g in enumerate(plan["groups"]) if len(g) > 1],
         "workers": [f"worker-{i + 1}" for i in range(workers)],
         "wall_seconds": time.monotonic() - started,
@@ -182,7 +226,7 @@ def scenario1(epochs: int, workers: int) -> dict[str, Any]:
 def print_scenario1(r: dict[str, Any], epochs: int) -> None:
     print(
         f"Scenario 1: more devices than cut points: {len(r['workers'])} workers, the 3-layer MLP "
-        f"(hidden=[128, 64]) on digits, batch {BATCH}, {epochs} epoch(s), --mode pipeline (the default)"
+        f"(hidden=[128, 64]) on digits, batch {BATCH}, {epochs} epoch(s), no --mode (the default: pipeline)"
     )
     switched = "switched to hybrid by itself" if r["mode"] == "hybrid" else "NOT hybrid"
     print(f"  report mode: {r['mode']!r} ({switched})")
@@ -197,33 +241,53 @@ def print_scenario1(r: dict[str, Any], epochs: int) -> None:
     )
     for plan in r["plans"]:
         print(f"  plan from batch {plan['batch']}: {describe(plan, r['workers'])}")
+        rate = plan["samples_per_second"]
+        ran = (
+            f"{plan['batches_run']} batches at {rate:.0f} samples/s"
+            if rate
+            else "superseded before any batch"
+        )
+        print(f"      ({plan['reason']}; {ran})")
     replicated = r["replicated"]
-    print(f"  replicated stages: {replicated if replicated else 'none'} (stage 0 is the central node)")
+    print(
+        f"  replicated stages in the final plan: {replicated if replicated else 'none'} "
+        "(stage 0 is the central node)"
+    )
 
 
 # -- scenario 2 -----------------------------------------------------------------------------------------
 
 
-def scenario2(slowdowns: list[float], epochs: int, max_batches: int | None) -> dict[str, Any]:
+def scenario2(
+    slowdowns: list[float],
+    epochs: int,
+    max_batches: int | None,
+    model: str = "mobilenetv2",
+    dataset: str = DATASET,
+    central_slowdown: float | None = None,
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"slowdown": central_slowdown} if central_slowdown is not None else {}
     reports = {
         "hybrid": run(
-            "mobilenetv2",
-            DATASET,
+            model,
+            dataset,
             slowdowns,
             epochs=epochs,
             max_batches=max_batches,
             mode="hybrid",
             partition="oracle",
+            **extra,
         ),
         "one per stage": run(
-            "mobilenetv2",
-            DATASET,
+            model,
+            dataset,
             slowdowns,
             epochs=epochs,
             max_batches=max_batches,
             mode="hybrid",
             partition="oracle",
             max_replicas=1,
+            **extra,
         ),
     }
     workers = [f"worker-{i + 1}" for i in range(len(slowdowns) - 1)]
@@ -239,17 +303,18 @@ def scenario2(slowdowns: list[float], epochs: int, max_batches: int | None) -> d
             "accuracy_per_epoch": r.test_accuracy_per_epoch,
             "train_loss_per_epoch": r.train_loss_per_epoch,
             "plans": [plan_of(r, i) for i in range(len(r.partitions))],
+            "in_force": plan_in_force(r, 0),
             "links": r.links,
             "workers": workers,
         }
     return rows
 
 
-def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int) -> None:
+def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int, title: str = "") -> None:
+    title = title or f"Scenario 2: throughput, MobileNetV2 (width 0.5) on {DATASET}"
     print(
-        f"\nScenario 2: throughput, central + {len(rows['hybrid']['workers'])} workers at slowdowns "
-        f"{slowdowns} (central first), MobileNetV2 (width 0.5) on {DATASET}, batch {BATCH}, "
-        f"{epochs} epoch(s), partition oracle"
+        f"\n{title}, central + {len(rows['hybrid']['workers'])} workers at slowdowns {slowdowns} "
+        f"(central first), batch {BATCH}, {epochs} epoch(s), partition oracle"
     )
     head = f"from b{STEADY_FROM}"
     print(f"{'plan':<30}{'samples/s':>10}{head:>10}{'batches':>9}{'train s':>9}{'final acc':>10}")
@@ -262,6 +327,7 @@ def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int) -> None:
     for name, r in rows.items():
         for plan in r["plans"]:
             print(f"  {labels[name]} plan from batch {plan['batch']}: {describe(plan, r['workers'])}")
+            print(f"      ({plan['reason']})")
     for name, r in rows.items():
         accs = ", ".join(f"{a:.1%}" for a in r["accuracy_per_epoch"])
         losses = ", ".join(f"{x:.3f}" for x in r["train_loss_per_epoch"])
@@ -279,11 +345,11 @@ def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int) -> None:
         f"{STEADY_FROM} on (goal >= {GOAL_THROUGHPUT}x; Asteroid: {PAPER_VS_HYBRID}x the best earlier "
         f"hybrid planner, up to {PAPER_VS_PLAIN}x plain pipeline / data parallelism)"
     )
-    if (
-        hy["plans"][0]["groups"] == one["plans"][0]["groups"]
-        and hy["plans"][0]["points"] == one["plans"][0]["points"]
-    ):
-        print("  the two plans are the same: the hybrid DP found no gain in replicating a stage here")
+    mine, best = hy["in_force"], one["in_force"]
+    if mine["groups"] == best["groups"] and mine["points"] == best["points"]:
+        print("  the plans that trained are the same: the hybrid DP found no gain in replicating a stage")
+    elif all(len(g) == 1 for g in mine["groups"]):
+        print("  the hybrid plan that trained has one device per stage: the DP replicated no stage")
 
 
 # -- scenario 3 -----------------------------------------------------------------------------------------
@@ -334,7 +400,6 @@ def failover_times(report: RunReport, victim: str) -> dict[str, Any]:
         "lost_batches": lost / pace if pace > 0 else None,
         "rate_after": rate_after,
         "final_accuracy": report.final_accuracy,
-        "plan_before": plan_of(report),
     }
 
 
@@ -384,36 +449,37 @@ def scenario3(
     after: int,
     epochs: int,
     victim: str | None,
+    partitions: tuple[str, str],
     known_plan: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    settings: dict[str, Any] = {"mode": "hybrid", "partition": "oracle"}
+    """``partitions``: the hybrid run's and the pipeline run's; ``known_plan``: the hybrid plan of an
+    earlier run with the same settings (None: a short probe run finds it)."""
+    settings: dict[str, Any] = {"mode": "hybrid", "partition": partitions[0]}
     stop = kill_at + after
     notes: list[str] = []
     if victim is None:
         if known_plan is None:
-            probe = run("mobilenetv2", DATASET, slowdowns, epochs=1, max_batches=5, **settings)
-            known_plan = plan_of(probe)
+            probe = run("mobilenetv2", DATASET, slowdowns, epochs=1, max_batches=3, **settings)
+            known_plan = plan_in_force(probe, 0)
             notes.append(f"probe run's plan: {describe(known_plan)}")
         victim = pick_victim(known_plan)
         if victim is None:
-            raise RuntimeError(f"the hybrid plan replicates no stage, nothing to fail over: {known_plan}")
+            raise RuntimeError(
+                f"the hybrid plan replicates no stage, nothing to fail over: {describe(known_plan)} "
+                "(try --failover-partition uniform)"
+            )
     hybrid = None
     for attempt in range(2):
+        kills: dict[str, int | str] = {victim: kill_at}
         report = run(
-            "mobilenetv2",
-            DATASET,
-            slowdowns,
-            epochs=epochs,
-            max_batches=stop,
-            kills={victim: kill_at},
-            **settings,
+            "mobilenetv2", DATASET, slowdowns, epochs=epochs, max_batches=stop, kills=kills, **settings
         )
-        mine = plan_of(report)
-        if pick_victim(mine) is not None and victim in [d for g in mine["groups"] for d in g[1:]]:
+        mine = plan_in_force(report, kill_at)
+        if victim in [d for g in mine["groups"] for d in g[1:]]:
             hybrid = report
             break
-        again = pick_victim(mine)
         notes.append(f"attempt {attempt + 1}: plan {describe(mine)} did not have {victim} as a replica")
+        again = pick_victim(mine)
         if again is None:
             break
         victim = again
@@ -427,12 +493,13 @@ def scenario3(
         max_batches=stop,
         kills={victim: kill_at},
         mode="pipeline",
-        partition="oracle",
+        partition=partitions[1],
     )
     return {
         "victim": victim,
+        "partitions": list(partitions),
         "notes": notes,
-        "hybrid": failover_times(hybrid, victim),
+        "hybrid": {**failover_times(hybrid, victim), "plan_before": plan_in_force(hybrid, kill_at)},
         "pipeline": {**recovery_cost(pipeline), "mode": pipeline.mode, "plan_before": plan_before(pipeline)},
     }
 
@@ -444,7 +511,8 @@ def _cell(value: float | None, fmt: str) -> str:
 def print_scenario3(r: dict[str, Any], slowdowns: str, kill_at: int, stop: int) -> None:
     print(
         f"\nScenario 3: failover, central + 4 workers at slowdowns {slowdowns}, MobileNetV2 (width 0.5) on "
-        f"{DATASET}, batch {BATCH}, partition oracle, {stop} batches; {r['victim']} killed with SIGKILL when "
+        f"{DATASET}, batch {BATCH}, {stop} batches, partition {r['partitions'][0]} (hybrid) and "
+        f"{r['partitions'][1]} (pipeline); {r['victim']} killed with SIGKILL when "
         f"batch {kill_at} starts its backward pass"
     )
     for note in r["notes"]:
@@ -457,7 +525,7 @@ def print_scenario3(r: dict[str, Any], slowdowns: str, kill_at: int, stop: int) 
         ("(a) last progress -> detection (s)", "detection", "{:.2f}"),
         ("(b) detection -> resume (s)", "recovery", "{:.2f}"),
         ("(c) time lost, replay counted (s)", "lost", "{:.2f}"),
-        ("    the same in batches at the pre-fault pace", "lost_batches", "{:.1f}"),
+        ("    in batches at the pre-fault pace", "lost_batches", "{:.1f}"),
         ("    resume -> fault batch done (s)", "replay", "{:.2f}"),
         ("    batches replayed", "replayed", "{:.0f}"),
         ("    batch ids repeated in the timeline", "repeated_ids", "{:.0f}"),
@@ -497,27 +565,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", default="1,2,3", help="scenarios to run, e.g. 2 or 1,3")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 1 epoch, few batches, kill at 30")
+    parser.add_argument("--only", default="1,2,3,4", help="scenarios to run, e.g. 2 or 1,3")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 epoch, few batches, kill at 55")
     parser.add_argument("--epochs", type=int, default=None, help="scenario 2 (default 5; --quick 1)")
     parser.add_argument("--epochs-mlp", type=int, default=2, help="scenario 1")
     parser.add_argument("--workers-mlp", type=int, default=5, help="scenario 1")
     parser.add_argument("--slowdowns", default="1,1,1,4,4", help="scenarios 2 and 3, central first")
-    parser.add_argument("--kill-at", type=int, default=None, help="scenario 3 (default 205; --quick 30)")
+    parser.add_argument("--kill-at", type=int, default=None, help="scenario 3 (default 205; --quick 55)")
     parser.add_argument("--after", type=int, default=None, help="batches after the kill (default 60)")
     parser.add_argument(
         "--victim", default=None, help="scenario 3: the worker to kill (default: from the plan)"
     )
+    parser.add_argument(
+        "--failover-partition",
+        default="uniform",
+        choices=["uniform", "oracle", "dynamic"],
+        help="scenario 3, the hybrid run (uniform: the plan over equal devices, which replicates a stage)",
+    )
+    parser.add_argument(
+        "--pipeline-partition",
+        default="oracle",
+        choices=["uniform", "oracle", "dynamic"],
+        help="scenario 3, the pipeline run",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    if not only or only - {"1", "2", "3"}:
-        parser.error(f"--only takes a subset of 1,2,3, got {args.only!r}")
+    if not only or only - {"1", "2", "3", "4"}:
+        parser.error(f"--only takes a subset of 1,2,3,4, got {args.only!r}")
     setup_logging("WARNING")
     slowdowns = [float(s) for s in args.slowdowns.split(",")]
     epochs = args.epochs or (1 if args.quick else 5)
     epochs_mlp = 1 if args.quick else args.epochs_mlp
-    kill_at = args.kill_at if args.kill_at is not None else (30 if args.quick else 205)
+    kill_at = args.kill_at if args.kill_at is not None else (55 if args.quick else 205)
     after = args.after if args.after is not None else (15 if args.quick else 60)
     max_batches = 40 if args.quick else None
     per_epoch = batches_per_epoch(int(load_dataset(DATASET).x_train.shape[0]), BATCH)
@@ -532,9 +612,23 @@ def main() -> None:
         results["scenario2"] = scenario2(slowdowns, epochs, max_batches)
         print_scenario2(results["scenario2"], args.slowdowns, epochs)
     if "3" in only:
-        known = results["scenario2"]["hybrid"]["plans"][0] if "scenario2" in results else None
-        results["scenario3"] = scenario3(slowdowns, kill_at, after, epochs3, args.victim, known)
+        partitions = (args.failover_partition, args.pipeline_partition)
+        known = None
+        if "scenario2" in results and args.failover_partition == "oracle":
+            known = results["scenario2"]["hybrid"]["in_force"]  # the same settings, the same plan
+        results["scenario3"] = scenario3(slowdowns, kill_at, after, epochs3, args.victim, partitions, known)
         print_scenario3(results["scenario3"], args.slowdowns, kill_at, kill_at + after)
+    if "4" in only:
+        pi = [PI * x for x in slowdowns]
+        results["scenario4"] = scenario2(
+            pi, 1 if args.quick else 2, max_batches, HEAVY_MODEL, HEAVY_DATASET, pi[0]
+        )
+        print_scenario2(
+            results["scenario4"],
+            ",".join(f"{x:g}" for x in pi),
+            1 if args.quick else 2,
+            f"Scenario 4: throughput, one layer holds the compute ({HEAVY_MODEL}) on {HEAVY_DATASET}",
+        )
     print(f"\n(wall time {time.monotonic() - started:.0f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
