@@ -693,8 +693,7 @@ def brute_force_hybrid(p: HybridProblem) -> HybridPlan:
     scored = [
         (model.predict(points, groups), points, groups)
         for points, groups in all_plans(p)
-        if model.plan_fits(points, groups)
-        and all(model.shares_allowed(model.counts_of(g)) for g in groups)
+        if model.plan_fits(points, groups) and all(model.shares_allowed(model.counts_of(g)) for g in groups)
     ]
     if not scored:
         raise model.infeasible()

@@ -110,9 +110,7 @@ DEVICE_PUBLISHED: frozenset[Family] = frozenset(
         Family.REQUEST,
     }
 )
-_STAGE_FAMILIES = {
-    f.value: f for f in (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)
-}
+_STAGE_FAMILIES = {f.value: f for f in (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)}
 _FIXED_FAMILIES = {
     f.value: f for f in (Family.DISCOVER, Family.ANNOUNCE, Family.COMMIT, Family.COMMAND, Family.EVENTS)
 }

@@ -116,5 +116,3 @@ class LinkProbes:
             except TrainingError:
                 if time.monotonic() >= deadline:
                     raise TrainingError(f"no probe echo from {target} within {timeout:.0f} s") from None
-
-

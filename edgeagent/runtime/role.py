@@ -369,5 +369,3 @@ class Role:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
-
-

@@ -381,7 +381,9 @@ class HybridRun(PipelineRun):
         now = time.monotonic()
         for batch in self.sent_at:
             self.sent_at[batch] = now  # the survivors compute those batches again: their timers restart
-        batch = len(self.report.timeline) + self.start_version
+        # The next batch to commit (the timeline repeats replayed batches after a rollback).
+        timeline = self.report.timeline
+        batch = int(timeline[-1]["batch"]) + 1 if timeline else self.start_version
         entry = {
             "batch": batch,
             "devices": sorted(dead),

@@ -181,7 +181,14 @@ class PipelineRun(Recovery):
                 "reason": plan.reason,
                 "predicted_step": plan.predicted,
                 "measured_step_before": measured,
-                **({"groups": [list(g) for g in plan.groups.members]} if plan.groups is not None else {}),
+                **(
+                    {
+                        "groups": [list(g) for g in plan.groups.members],
+                        "shares": [list(s) for s in plan.groups.shares],
+                    }
+                    if plan.groups is not None
+                    else {}
+                ),
             }
         )
 
