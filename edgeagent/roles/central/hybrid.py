@@ -21,6 +21,7 @@ import logging
 import math
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from edgeagent.compression import CompressionError
@@ -38,6 +39,10 @@ from edgeagent.runtime.role import Inbound
 log = logging.getLogger("edgeagent.roles.central")
 
 RESPLIT_GAIN = 0.05  # a new hybrid plan must be this much faster (predicted) than the current one
+# After a re-split, the new plan's step is measured over this many batches; if it is this much slower
+# than the plan before it measured, the run goes back to that plan and never picks the new one again.
+MEASURE_BATCHES = 20
+REVERT_MARGIN = 0.10
 MIN_NORMALISED_ROWS = 8  # rows of a batch per member of a replicated stage, at least, with batch norm
 
 
@@ -54,6 +59,11 @@ class HybridRun(PipelineRun):
         self.device_caps: dict[str, float] = {}
         self.grad_pieces: dict[int, tuple[RowBuffer, dict[str, float]]] = {}
         self.eval_pieces: dict[int, dict[tuple[int, int], EvalResult]] = {}
+        # Measured feedback on re-splits: when the current plan started (training clock, first batch),
+        # the plan before it with its measured step, and plans measured slower than their predecessor.
+        self.plan_started: tuple[float, int] | None = None
+        self.previous: tuple[list[int], Groups, float] | None = None
+        self.rejected: set[tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]] = set()
         oracle = self.oracle = self.config.partition == "oracle"
         caps = [self._true_cap(d) if oracle else 1.0 for d in devices]
         plan = self._solve_hybrid(devices, caps, [math.inf] * len(devices))
@@ -67,8 +77,19 @@ class HybridRun(PipelineRun):
         return w.slowdown if w is not None else 1.0
 
     def _solve_hybrid(self, devices: list[str], caps: list[float], bandwidths: list[float]) -> HybridPlan:
+        try:
+            return solve_hybrid(self._hybrid_problem(devices, caps, bandwidths))
+        except ValueError as exc:
+            raise PlanningError(
+                f"{exc}; give the devices more memory (--memory-limit-mb, device profiles), add devices, "
+                "or lower --in-flight / the batch size"
+            ) from None
+
+    def _hybrid_problem(
+        self, devices: list[str], caps: list[float], bandwidths: list[float]
+    ) -> HybridProblem:
         latency = max((lk.latency for lk in self.links), default=0.0)
-        problem = HybridProblem(
+        return HybridProblem(
             layer_times=tuple(self.profile.seconds),
             output_bytes=tuple(self.profile.output_bytes),
             devices=tuple(
@@ -86,13 +107,6 @@ class HybridRun(PipelineRun):
             max_replicas=self.config.max_replicas,
             min_share=self._min_share(),
         )
-        try:
-            return solve_hybrid(problem)
-        except ValueError as exc:
-            raise PlanningError(
-                f"{exc}; give the devices more memory (--memory-limit-mb, device profiles), add devices, "
-                "or lower --in-flight / the batch size"
-            ) from None
 
     def _min_share(self) -> float:
         """No member of a replicated stage gets fewer than ``MIN_NORMALISED_ROWS`` rows of a batch when
@@ -223,6 +237,11 @@ class HybridRun(PipelineRun):
                 plan = self._solve_hybrid(devices, device_caps, bandwidths)
                 groups = self._groups_of(plan, devices)
                 moving = groups.members != self.groups.members or list(plan.points) != self.points
+                if moving and _key(list(plan.points), groups) in self.rejected:
+                    groups, points = self.groups, list(self.points)
+                    reason = "kept: the hybrid DP's plan was measured slower than this one before"
+                    job.set_result(Plan(points, current, reason, groups.primaries, groups))
+                    return
                 # A switch drains the pipeline and moves layers: only for a clear gain (5 %).
                 if moving and not plan.time < (1 - RESPLIT_GAIN) * current:
                     groups, points = self.groups, list(self.points)
@@ -244,14 +263,7 @@ class HybridRun(PipelineRun):
         index = {d: k for k, d in enumerate(devices)}
         try:
             groups = [tuple(sorted(index[d] for d in g)) for g in self.groups.members]
-            problem = HybridProblem(
-                layer_times=tuple(self.profile.seconds),
-                output_bytes=tuple(self.profile.output_bytes),
-                devices=tuple(Device(c, b) for c, b in zip(caps, bandwidths, strict=True)),
-                param_bytes=self.param_bytes,
-                in_flight=self.train.in_flight,
-                activation_factor=self._comm_factor(len(self.worker_list)),
-            )
+            problem = replace(self._hybrid_problem(devices, caps, bandwidths), min_share=0.0)
             return predict_hybrid(problem, self.points, groups)
         except (KeyError, ValueError):
             return math.inf
@@ -420,7 +432,62 @@ class HybridRun(PipelineRun):
     def _switch_to(self, points: list[int], **kwargs: Any) -> Fault | None:
         self.grad_pieces.clear()
         self.eval_pieces.clear()
-        return super()._switch_to(points, **kwargs)
+        before, old = self._measured_step(), (list(self.points), self.groups)
+        fault = super()._switch_to(points, **kwargs)
+        if fault is None:
+            # A re-split is measured against the plan before it; a recovery starts afresh.
+            measured = before is not None and not kwargs.get("recovery") and self.train_started
+            self.previous = (old[0], old[1], before) if measured and before is not None else None
+            self.plan_started = None
+        return fault
+
+    # -- measured feedback on re-splits ------------------------------------------------------------
+
+    def _next_batch(self) -> int:
+        timeline = self.report.timeline
+        return int(timeline[-1]["batch"]) + 1 if timeline else self.start_version
+
+    def _measured_step(self) -> float | None:
+        """Training seconds per batch of the current plan since it started (None before 5 batches)."""
+        if self.plan_started is None:
+            return None
+        started, first = self.plan_started
+        done = self._next_batch() - first
+        return (self.clock() - started) / done if done >= 5 else None
+
+    def _after_batch(self, done: int, loss: float, correct: int) -> None:
+        if self.plan_started is None:
+            self.plan_started = (self.clock(), done)
+        super()._after_batch(done, loss, correct)
+        self._check_previous(done)
+
+    def _check_previous(self, done: int) -> None:
+        """``MEASURE_BATCHES`` after a re-split: back to the plan before if the new one measures slower."""
+        if self.previous is None or self.plan_job is not None or self.plan_started is None:
+            return
+        if done - self.plan_started[1] < MEASURE_BATCHES or done >= self.total:
+            return
+        points, groups, before = self.previous
+        self.previous = None
+        measured = self._measured_step()
+        alive = all((w := self.workers.get(d)) is None or w.online for d in groups.devices[1:])
+        slower = measured is not None and measured > (1 + REVERT_MARGIN) * before
+        if not slower or not alive or _key(points, groups) in self.rejected:
+            return
+        assert measured is not None
+        self.rejected.add(_key(self.points, self.groups))
+        reason = (
+            f"back to the plan before: the re-split measured {1e3 * measured:.1f} ms/batch, the plan "
+            f"before {1e3 * before:.1f}"
+        )
+        log.warning("%s", reason)
+        job: Future[Plan] = Future()
+        job.set_result(Plan(points, before, reason, groups.primaries, groups))
+        self.plan_job = job
+
+
+def _key(points: list[int], groups: Groups) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
+    return tuple(points), groups.members
 
 
 __all__ = ["HybridRun"]

@@ -1,0 +1,74 @@
+"""Measured feedback on hybrid re-splits (roles/central/hybrid.py): a re-split that measures slower than
+the plan before it is undone, and the DP's plan is not chosen again. The run's state is set by hand:
+these rules read only the plan, the timeline and the clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeagent.pipeline.groups import Groups
+from edgeagent.roles.central.context import DeviceState
+from edgeagent.roles.central.hybrid import MEASURE_BATCHES, HybridRun, _key
+from edgeagent.roles.central.report import RunReport
+
+OLD = Groups((("central",), ("w1", "w2")), ((1.0,), (0.5, 0.5)))
+NEW = Groups((("central",), ("w1",), ("w2",)), ((1.0,), (1.0,), (1.0,)))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def a_run(before: float) -> tuple[Any, Clock]:
+    """A HybridRun just switched from OLD ([0, 2, 3], measured ``before`` s/batch) to NEW at batch 100."""
+    run: Any = object.__new__(HybridRun)
+    clock = Clock()
+    run.clock = clock
+    run.report = RunReport(run_id="r", model="m", dataset="d", workers=["w1", "w2"])
+    run.points, run.groups = [0, 1, 2, 3], NEW
+    run.previous = ([0, 2, 3], OLD, before)
+    run.plan_started = (0.0, 100)
+    run.plan_job = None
+    run.total = 1000
+    run.rejected = set()
+    run.workers = {d: DeviceState(d, 0.0) for d in ("w1", "w2")}
+    return run, clock
+
+
+def commit(run: Any, clock: Clock, until: int, step: float) -> None:
+    start = int(run.report.timeline[-1]["batch"]) + 1 if run.report.timeline else 100
+    for batch in range(start, until):
+        clock.now += step
+        run.report.timeline.append({"batch": batch, "t": clock.now, "loss": 1.0})
+
+
+def test_a_slower_re_split_is_undone_and_not_chosen_again() -> None:
+    run, clock = a_run(before=0.010)
+    commit(run, clock, 100 + MEASURE_BATCHES - 1, step=0.030)
+    run._check_previous(100 + MEASURE_BATCHES - 1)
+    assert run.plan_job is None  # not measured long enough yet
+    commit(run, clock, 100 + MEASURE_BATCHES, step=0.030)
+    run._check_previous(100 + MEASURE_BATCHES)
+    job = getattr(run, "plan_job")  # noqa: B009 - a fresh read: the check above narrowed it to None
+    plan = job.result()
+    assert plan.points == [0, 2, 3] and plan.groups == OLD and "back to the plan before" in plan.reason
+    assert _key([0, 1, 2, 3], NEW) in run.rejected and run.previous is None
+
+
+def test_a_re_split_that_measures_as_fast_stays() -> None:
+    run, clock = a_run(before=0.010)
+    commit(run, clock, 100 + MEASURE_BATCHES, step=0.0105)  # within the 10 % margin
+    run._check_previous(100 + MEASURE_BATCHES)
+    assert run.plan_job is None and run.rejected == set() and run.previous is None
+
+
+def test_no_way_back_to_a_plan_whose_device_is_gone() -> None:
+    run, clock = a_run(before=0.010)
+    run.workers["w2"].online = False
+    commit(run, clock, 100 + MEASURE_BATCHES, step=0.030)
+    run._check_previous(100 + MEASURE_BATCHES)
+    assert run.plan_job is None
