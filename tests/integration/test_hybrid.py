@@ -176,7 +176,16 @@ def test_a_stage_with_no_device_left_falls_back_to_the_pipelines_recovery(amqtt_
             os.kill(local.procs[alone[-1]].pid, signal.SIGKILL)
 
     # Two workers, one device per stage (max_replicas=1): every worker's stage dies with it.
-    report = run(amqtt_url, workers=2, train=train, mode="hybrid", max_replicas=1, on_batch=on_batch)
+    # (partition uniform: the plan over equal devices, links free, so both workers hold a stage.)
+    report = run(
+        amqtt_url,
+        workers=2,
+        train=train,
+        mode="hybrid",
+        max_replicas=1,
+        partition="uniform",
+        on_batch=on_batch,
+    )
     assert killed and report.failovers == []
     (rec,) = report.recoveries
     assert rec["lost"] == killed
