@@ -571,6 +571,9 @@ class Repartition(Message):
     # Hybrid stages of the new plan (as ``Assign.groups`` and ``Assign.shares``); empty = one per stage.
     groups: list[list[str]] = dataclasses.field(default_factory=list)
     shares: list[list[float]] = dataclasses.field(default_factory=list)
+    # Batches in flight from stage 0 under the new plan (the number of stages unless --in-flight says);
+    # 0 = unchanged. A plan with more stages than the first one pipelines deeper.
+    in_flight: int = 0
 
     def __post_init__(self) -> None:
         _check_groups(self.groups, self.shares, self.worker_list)

@@ -76,6 +76,7 @@ class Switching(Liveness):
             sources=sources or [],
             groups=members,
             shares=shares,
+            in_flight=self.train.in_flight or len(new_list),
         )
         # Devices of the old plan that the new one leaves out hear of it too: they serve their layers
         # until the commit (hybrid stages: a helper that is no longer needed).

@@ -143,6 +143,7 @@ class Run:
             list(order.worker_list),
         )
         self.index, self.switch = switch.plan.stage, None
+        self.in_flight = order.in_flight or self.in_flight
         self.runner = StageRunner(stage, self.index, codecs=self.codecs)  # a new stage, a new data path
         self.forwards.clear()
         self.backwards.clear()
