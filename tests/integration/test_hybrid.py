@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 MLP3 = {"hidden": [128, 64]}  # three layers: two cut points
 HEAVY_DATA = "synthetic:640:3x32x32:10"
+HEAVY_MODEL = "tests.integration.hybrid_models:heavy_conv"
 PI = 10.0  # an emulated Pi: 10x this machine
 OnBatch = Callable[[int, "Central", LocalWorkers], None]
 
@@ -75,7 +76,7 @@ def test_more_workers_than_cut_points_train_to_the_end(mosquitto_url: str) -> No
     """Five workers for a three-layer model (before: "cannot split 3 layers into 6 stages"): the run goes
     hybrid by itself and the report says which stages are replicated. The model's compute sits in one
     convolution with few parameters, so replicating its stage pays off over the measured links too."""
-    train = TrainConfig(epochs=1, model="tests.integration.hybrid_models:heavy_conv", dataset=HEAVY_DATA)
+    train = TrainConfig(epochs=1, model=HEAVY_MODEL, dataset=HEAVY_DATA)
     # Pi-like devices (10x slower; the emulated time is slept, not spun): compute outweighs the links.
     report = run(mosquitto_url, workers=5, train=train, slowdowns=[PI] * 5, slowdown=PI)
     assert report.mode == "hybrid"
@@ -109,7 +110,9 @@ def test_replicas_match_the_unreplicated_pipeline_and_a_killed_one_loses_no_upda
     members' gradients of their rows add up to the whole batch's), and a replica that dies mid-run costs
     nothing either: its stage's other devices take its rows with no rollback. The weights end as those of
     the unreplicated pipeline without the fault: no update lost or applied twice."""
-    train = TrainConfig(epochs=1, in_flight=1, aggregation=False, model_options=MLP3)
+    # The compute sits in the second layer (not the central node's): every plan over equal devices
+    # replicates its stage, whatever the profiled layer times.
+    train = TrainConfig(epochs=2, in_flight=1, aggregation=False, model=HEAVY_MODEL, dataset=HEAVY_DATA)
     clean = run(amqtt_url, workers=2, train=train, save=tmp_path / "clean.pt", partition="uniform")
     on_batch, killed = kill_a_replica(20, primary=False)
     faulty = run(
@@ -138,15 +141,14 @@ def test_the_primary_of_a_replicated_stage_dies_during_an_evaluation(amqtt_url: 
     """Pipelined (K = stages), the primary of a replicated stage killed as the epoch ends (its evaluation
     streams through the pipeline): another member becomes the primary, the survivors evaluate the dead
     device's rows too, and the run goes on without a rollback."""
-    train = TrainConfig(epochs=1, model_options=MLP3)
-    on_batch, killed = kill_a_replica(43, primary=True)  # batch 43 is the epoch's last
+    train = TrainConfig(epochs=1, model=HEAVY_MODEL, dataset=HEAVY_DATA)
+    on_batch, killed = kill_a_replica(14, primary=True)  # batch 14 is the epoch's last
     report = run(amqtt_url, workers=5, train=train, mode="hybrid", partition="uniform", on_batch=on_batch)
     (failover,) = report.failovers
     assert failover["devices"] == killed
     stage = failover["stages"][0]
     assert killed[0] not in failover["groups"][stage]
-    assert report.recoveries == [] and report.epochs == 1
-    assert report.final_accuracy > 0.5
+    assert report.recoveries == [] and report.epochs == 1 and report.batches == 15
 
 
 def test_a_stage_with_no_device_left_falls_back_to_the_pipelines_recovery(amqtt_url: str) -> None:
@@ -183,7 +185,7 @@ def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
     cluster = f"t{uuid.uuid4().hex[:8]}"
     local = LocalWorkers(2, amqtt_url, cluster, [PI, PI])  # Pi-like: compute outweighs the links
     local.start("worker-1")
-    train = TrainConfig(epochs=2, model="tests.integration.hybrid_models:heavy_conv", dataset=HEAVY_DATA)
+    train = TrainConfig(epochs=2, model=HEAVY_MODEL, dataset=HEAVY_DATA)
     config = CentralConfig(
         cluster=cluster,
         broker=amqtt_url,
