@@ -201,7 +201,12 @@ def _plain_sum(values: Sequence[int]) -> int:
 
 
 def _memory(p: Problem, k: int, params: int, activations: int) -> float:
-    outstanding = in_flight_at(p, k)
+    return memory_bytes(in_flight_at(p, k), params, activations)
+
+
+def memory_bytes(outstanding: int, params: int, activations: int) -> float:
+    """A stage's memory with ``outstanding`` batches in flight on it: ``P * (f + 1 + 2) + f * A`` (its
+    weights, a stashed version per batch in flight, gradients and momentum; the batches' activations)."""
     return float(params * (outstanding + 1 + 2) + outstanding * activations)
 
 
@@ -265,7 +270,7 @@ def _infeasible(p: Problem) -> ValueError:
     )
 
 
-def _prefix_table(values: Sequence[float]) -> list[list[float]]:
+def prefix_table(values: Sequence[float]) -> list[list[float]]:
     """``table[s][e - s - 1] == range_sum(values, s, e)`` bit for bit (same order of additions)."""
     table = []
     for s in range(len(values)):
@@ -294,7 +299,7 @@ def solve(p: Problem) -> list[int]:
     the optimum and whose prefix ``A[k-1][s]`` is within it too.
     """
     n, num_layers = p.num_stages, p.num_layers
-    times = _prefix_table(p.layer_times)
+    times = prefix_table(p.layer_times)
     sizes = p.param_bytes if p.param_bytes is not None else (0,) * num_layers
     params = [list(itertools.accumulate(sizes[s:])) for s in range(num_layers)]
     acts = [list(itertools.accumulate(p.output_bytes[s:])) for s in range(num_layers)]

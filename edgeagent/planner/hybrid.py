@@ -47,14 +47,8 @@ within a relative ``1e-12`` of the optimum counts as optimal; among those, the o
    before it, ...), then
 4. the lexicographically smallest ``groups`` (stage by stage, each an ascending tuple of indices).
 
-Algorithm (:func:`solve_hybrid`). Devices with equal ``(capacity, bandwidth, latency, memory_limit)``
-are interchangeable, so a group is a multiset of device *types* (counts per type). A suffix of the
-pipeline depends only on the state ``(s, used, prev, slot)``: the first layer left, the counts of
-devices already used per type, the type multiset of the previous stage (for the link in front) and, with
-memory limits, the stage position that ``f`` depends on. Pass 1 computes the optimal bottleneck by a
-memoised min-max recursion over these states; pass 2 repeats it keeping only components within the
-tolerance and minimising the tie key, whose groups are mapped to concrete devices by taking each type's
-lowest unused indices in stage order (which is the lexicographically smallest choice for given types).
+The exact DP is :func:`edgeagent.planner.hybrid_dp.solve_hybrid`; :func:`brute_force_hybrid` here
+checks it on small cases.
 """
 
 from __future__ import annotations
@@ -64,15 +58,16 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from edgeagent.planner.dp import memory_bytes, prefix_table
 from edgeagent.planner.partition import check_points
 
-_INF = math.inf
+INF = math.inf
 TIE_TOLERANCE = 1e-12  # relative: plans within it of the optimum are ties
 
 Groups = tuple[tuple[int, ...], ...]
 # The tie key: (devices used, stages, negated points from the last, groups); smaller is better.
-_Key = tuple[int, int, tuple[int, ...], Groups]
-_Counts = tuple[int, ...]  # devices per type; type 0 is the central node
+TieKey = tuple[int, int, tuple[int, ...], Groups]
+Counts = tuple[int, ...]  # devices per type; type 0 is the central node
 
 
 @dataclass(frozen=True)
@@ -212,7 +207,7 @@ class HybridPlan:
 
 
 @dataclass(frozen=True)
-class _Stats:
+class GroupStats:
     """What the cost model needs of one group (a multiset of device types)."""
 
     size: int
@@ -225,7 +220,7 @@ class _Stats:
     limit: float  # the smallest memory limit of the members (inf when none)
 
 
-def _make_stats(reps: Sequence[Device], counts: _Counts) -> _Stats:
+def _make_stats(reps: Sequence[Device], counts: Counts) -> GroupStats:
     present = [(t, reps[t]) for t, c in enumerate(counts) if c]
     size = sum(counts)
     if size == 1:
@@ -240,7 +235,7 @@ def _make_stats(reps: Sequence[Device], counts: _Counts) -> _Stats:
     for t, d in present:
         share_of[t] = 1.0 if size == 1 else capacity / d.capacity
     limits = [d.memory_limit for _, d in present if d.memory_limit is not None]
-    return _Stats(
+    return GroupStats(
         size=size,
         capacity=capacity,
         share_of=tuple(share_of),
@@ -248,38 +243,21 @@ def _make_stats(reps: Sequence[Device], counts: _Counts) -> _Stats:
         min_bandwidth=min(d.bandwidth for _, d in present),
         max_latency=max(d.latency for _, d in present),
         sync=() if size == 1 else tuple((d.bandwidth, d.latency) for _, d in present),
-        limit=min(limits, default=_INF),
+        limit=min(limits, default=INF),
     )
-
-
-def _memory(f: int, params: int, activations: int) -> float:
-    """``dp._memory``: ``P * (f + 1 + 2) + f * A`` bytes with ``f`` batches in flight on the stage."""
-    return float(params * (f + 1 + 2) + f * activations)
-
-
-def _prefix_table(values: Sequence[float]) -> list[list[float]]:
-    """``table[s][e - s - 1] == range_sum(values, s, e)`` bit for bit (same order of additions)."""
-    table = []
-    for s in range(len(values)):
-        row, acc = [], 0.0
-        for m in range(s, len(values)):
-            acc += values[m]
-            row.append(acc)
-        table.append(row)
-    return table
 
 
 def _int_prefix_table(values: Sequence[int]) -> list[list[int]]:
     return [list(itertools.accumulate(values[s:])) for s in range(len(values))]
 
 
-class _Model:
+class CostModel:
     """The cost model of one problem, with devices grouped into types and cached group statistics."""
 
     def __init__(self, p: HybridProblem) -> None:
         self.p = p
         self.num_layers = p.num_layers
-        self.times = _prefix_table(p.layer_times)
+        self.times = prefix_table(p.layer_times)
         self.params = _int_prefix_table(p.param_bytes or (0,) * p.num_layers)
         self.acts = _int_prefix_table(p.output_bytes)
         # Type 0 is the central node alone; workers of equal parameters share a type, numbered by
@@ -295,25 +273,25 @@ class _Model:
                 self.members.append([])
             self.members[t].append(d)
             self.type_of.append(t)
-        self.counts: _Counts = tuple(len(m) for m in self.members)
-        self.central: _Counts = (1,) + (0,) * (len(self.counts) - 1)
+        self.counts: Counts = tuple(len(m) for m in self.members)
+        self.central: Counts = (1,) + (0,) * (len(self.counts) - 1)
         self.limited = any(d.memory_limit is not None for d in p.devices)
-        self._stats: dict[_Counts, _Stats] = {}
-        self._links: dict[tuple[_Counts, _Counts, int], float] = {}
+        self._stats: dict[Counts, GroupStats] = {}
+        self._links: dict[tuple[Counts, Counts, int], float] = {}
 
-    def stats(self, counts: _Counts) -> _Stats:
+    def stats(self, counts: Counts) -> GroupStats:
         found = self._stats.get(counts)
         if found is None:
             found = self._stats[counts] = _make_stats(self.reps, counts)
         return found
 
-    def counts_of(self, group: Sequence[int]) -> _Counts:
+    def counts_of(self, group: Sequence[int]) -> Counts:
         counts = [0] * len(self.counts)
         for d in group:
             counts[self.type_of[d]] += 1
         return tuple(counts)
 
-    def stage_time(self, st: _Stats, s: int, e: int) -> float:
+    def stage_time(self, st: GroupStats, s: int, e: int) -> float:
         """Compute ``T(s, e) * C_G`` plus, for replicas, the gradient exchange."""
         t = self.times[s][e - s - 1] * st.capacity
         if st.size > 1:
@@ -321,13 +299,13 @@ class _Model:
             t += max(total / bandwidth + latency for bandwidth, latency in st.sync)
         return t
 
-    def fits(self, st: _Stats, s: int, e: int, f: int) -> bool:
+    def fits(self, st: GroupStats, s: int, e: int, f: int) -> bool:
         """Whether the stage's memory with ``f`` batches in flight is within every member's limit."""
-        if st.limit == _INF:
+        if st.limit == INF:
             return True
-        return _memory(f, self.params[s][e - s - 1], self.acts[s][e - s - 1]) <= st.limit
+        return memory_bytes(f, self.params[s][e - s - 1], self.acts[s][e - s - 1]) <= st.limit
 
-    def link(self, before: _Counts, after: _Counts, s: int) -> float:
+    def link(self, before: Counts, after: Counts, s: int) -> float:
         """The link term (forward + backward) between groups ``before`` and ``after`` at cut ``s``."""
         key = (before, after, s)
         found = self._links.get(key)
@@ -340,7 +318,7 @@ class _Model:
             found = self._links[key] = forward + backward
         return found
 
-    def shares_allowed(self, counts: _Counts) -> bool:
+    def shares_allowed(self, counts: Counts) -> bool:
         """Whether every member of a group of these types gets at least ``min_share`` of the rows."""
         st = self.stats(counts)
         return st.size == 1 or min(st.share_of[t] for t, c in enumerate(counts) if c) >= self.p.min_share
@@ -417,249 +395,31 @@ def _check_plan(p: HybridProblem, points: Sequence[int], groups: Sequence[Sequen
 def plan_shares(p: HybridProblem, groups: Sequence[Sequence[int]]) -> tuple[tuple[float, ...], ...]:
     """Each member's fraction of every batch's rows, per stage in the order of ``groups``:
     ``C_G / C_d``, proportional to ``1 / C_d`` and summing to 1 (exactly 1.0 for a single device)."""
-    return _Model(p).shares(_check_groups(p, groups))
+    return CostModel(p).shares(_check_groups(p, groups))
 
 
 def predict_hybrid(p: HybridProblem, points: Sequence[int], groups: Sequence[Sequence[int]]) -> float:
     """The plan's seconds per batch: the largest stage time (compute + gradient exchange) and link term."""
-    return _Model(p).predict(points, _check_plan(p, points, groups))
+    return CostModel(p).predict(points, _check_plan(p, points, groups))
 
 
 def fits_hybrid(p: HybridProblem, points: Sequence[int], groups: Sequence[Sequence[int]]) -> bool:
     """Whether every member of every stage has the stage's memory within its ``memory_limit`` (``<=``)."""
-    return _Model(p).plan_fits(points, _check_plan(p, points, groups))
+    return CostModel(p).plan_fits(points, _check_plan(p, points, groups))
 
 
-def _threshold(optimum: float) -> float:
+def tie_threshold(optimum: float) -> float:
     return optimum + abs(optimum) * TIE_TOLERANCE
 
 
-def _key(points: Sequence[int], groups: Groups) -> _Key:
+def tie_key(points: Sequence[int], groups: Groups) -> TieKey:
     return (sum(len(g) for g in groups), len(groups), tuple(-x for x in reversed(points)), groups)
 
 
-def _plan(model: _Model, key: _Key) -> HybridPlan:
+def plan_from_key(model: CostModel, key: TieKey) -> HybridPlan:
     points = tuple(-x for x in reversed(key[2]))
     groups = key[3]
     return HybridPlan(points, groups, model.shares(groups), model.predict(points, groups))
-
-
-# --------------------------------------------------------------------------------------------------
-# The exact DP
-
-
-class _Slots:
-    """How many batches are in flight on a stage, as a small state ``slot`` of the recursion.
-
-    * No memory limit anywhere: memory never matters, ``slot`` is always 0.
-    * ``in_flight == 0``: ``f = n - k`` is the number of stages from ``k`` to the end, so ``slot`` counts
-      the stages still to place (the suffix must have exactly that many).
-    * ``in_flight > 0``: ``f = max(1, in_flight - k)``, so ``slot`` is the stage index ``k``, capped where
-      ``f`` stops changing.
-    """
-
-    def __init__(self, p: HybridProblem, limited: bool) -> None:
-        self.mode = "free" if not limited else ("tail" if p.in_flight == 0 else "head")
-        self.in_flight = p.in_flight
-        self.cap = max(1, p.in_flight - 1)
-
-    def starts(self, num_layers: int, num_devices: int) -> list[tuple[int, int]]:
-        """``(f of stage 0, slot of stage 1)`` for every way the pipeline may start."""
-        if self.mode == "free":
-            return [(1, 0)]
-        if self.mode == "head":
-            return [(self.in_flight, min(1, self.cap))]
-        return [(n, n - 1) for n in range(1, min(num_layers, num_devices) + 1)]
-
-    def in_flight_of(self, slot: int) -> int:
-        if self.mode == "tail":
-            return slot
-        return max(1, self.in_flight - slot) if self.mode == "head" else 1
-
-    def following(self, slot: int) -> int:
-        if self.mode == "tail":
-            return slot - 1
-        return min(slot + 1, self.cap) if self.mode == "head" else 0
-
-    def can_end(self, slot: int) -> bool:
-        return self.mode != "tail" or slot == 0
-
-    def stages_left(self, slot: int) -> int:
-        """Stages that must still follow this one (only known when they are counted)."""
-        return slot - 1 if self.mode == "tail" else 0
-
-
-_Option = tuple[_Counts, _Counts, _Stats]  # (group, used after it, its statistics)
-
-
-class _Search:
-    """The memoised recursion over ``(s, used, prev, slot)``: the best suffix from layer ``s``."""
-
-    def __init__(self, model: _Model) -> None:
-        self.model = model
-        self.slots = _Slots(model.p, model.limited)
-        self.groups = self._all_groups()
-        self._options: dict[_Counts, list[_Option]] = {}
-        self._times: dict[tuple[int, _Counts, _Counts, int], float] = {}
-        self._keys: dict[tuple[int, _Counts, _Counts, int], _Key | None] = {}
-        self._concrete: dict[tuple[_Counts, _Counts], tuple[int, ...]] = {}
-        self.threshold = _INF
-
-    def _all_groups(self) -> list[_Counts]:
-        cap, model = self.model.p.max_replicas, self.model
-        ranges = [range(1)] + [range(c + 1) for c in model.counts[1:]]  # never the central node
-        return [
-            g
-            for g in itertools.product(*ranges)
-            if sum(g) > 0 and (cap is None or sum(g) <= cap) and model.shares_allowed(g)
-        ]
-
-    def options(self, used: _Counts) -> list[_Option]:
-        found = self._options.get(used)
-        if found is None:
-            limits = self.model.counts
-            found = []
-            for g in self.groups:
-                after = tuple(u + x for u, x in zip(used, g, strict=True))
-                if all(a <= c for a, c in zip(after, limits, strict=True)):
-                    found.append((g, after, self.model.stats(g)))
-            self._options[used] = found
-        return found
-
-    def _last_end(self, s: int, option: _Option, slot: int) -> int:
-        """The last end layer a stage from ``s`` may take, or ``s`` when the option cannot work."""
-        left = self.slots.stages_left(slot)
-        spare = sum(self.model.counts) - sum(option[1])
-        return s if spare < left else self.model.num_layers - left
-
-    # Pass 1: the optimal bottleneck -------------------------------------------------------------
-
-    def suffix_time(self, s: int, used: _Counts, prev: _Counts, slot: int) -> float:
-        key = (s, used, prev, slot)
-        found = self._times.get(key)
-        if found is None:
-            found = self._times[key] = self._best_time(s, used, prev, slot)
-        return found
-
-    def _best_time(self, s: int, used: _Counts, prev: _Counts, slot: int) -> float:
-        model, slots = self.model, self.slots
-        if s == model.num_layers:
-            return 0.0 if slots.can_end(slot) else _INF
-        if slots.mode == "tail" and slot == 0:
-            return _INF
-        f, following, best = slots.in_flight_of(slot), slots.following(slot), _INF
-        for option in self.options(used):
-            group, after, st = option
-            link = model.link(prev, group, s)
-            if link >= best:
-                continue
-            for e in range(s + 1, self._last_end(s, option, slot) + 1):
-                if not model.fits(st, s, e, f):
-                    break
-                stage = model.stage_time(st, s, e)
-                if stage >= best:
-                    break
-                value = max(link, stage, self.suffix_time(e, after, group, following))
-                best = min(best, value)
-        return best
-
-    def optimum(self) -> float:
-        model, best = self.model, _INF
-        central = model.stats(model.central)
-        for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
-            for e in range(1, model.num_layers + 1):
-                if not model.fits(central, 0, e, f):
-                    break
-                stage = model.stage_time(central, 0, e)
-                if stage >= best:
-                    break
-                best = min(best, max(stage, self.suffix_time(e, model.central, model.central, slot)))
-        return best
-
-    # Pass 2: the tie rule among plans within the threshold --------------------------------------
-
-    def concrete(self, group: _Counts, used: _Counts) -> tuple[int, ...]:
-        """The lowest unused device indices of each type, ascending."""
-        found = self._concrete.get((group, used))
-        if found is None:
-            members = self.model.members
-            picked = (members[t][used[t] + i] for t, c in enumerate(group) for i in range(c))
-            found = self._concrete[(group, used)] = tuple(sorted(picked))
-        return found
-
-    def suffix_key(self, s: int, used: _Counts, prev: _Counts, slot: int) -> _Key | None:
-        """The smallest tie key of a suffix from ``s`` whose every component is within the threshold."""
-        key = (s, used, prev, slot)
-        if key not in self._keys:
-            self._keys[key] = self._best_key(s, used, prev, slot)
-        return self._keys[key]
-
-    def _best_key(self, s: int, used: _Counts, prev: _Counts, slot: int) -> _Key | None:
-        model, slots, limit = self.model, self.slots, self.threshold
-        if s == model.num_layers:
-            return (0, 0, (-s,), ()) if slots.can_end(slot) else None
-        if slots.mode == "tail" and slot == 0:
-            return None
-        f, following = slots.in_flight_of(slot), slots.following(slot)
-        best: _Key | None = None
-        for option in self.options(used):
-            group, after, st = option
-            if model.link(prev, group, s) > limit:
-                continue
-            for e in range(s + 1, self._last_end(s, option, slot) + 1):
-                if not model.fits(st, s, e, f) or model.stage_time(st, s, e) > limit:
-                    break
-                if self.suffix_time(e, after, group, following) > limit:
-                    continue
-                rest = self.suffix_key(e, after, group, following)
-                if rest is None:  # pragma: no cover - suffix_time <= limit guarantees a suffix
-                    continue
-                candidate = (
-                    st.size + rest[0],
-                    1 + rest[1],
-                    (*rest[2], -s),
-                    (self.concrete(group, used), *rest[3]),
-                )
-                if best is None or candidate < best:
-                    best = candidate
-        return best
-
-    def best_key(self, threshold: float) -> _Key | None:
-        self.threshold = threshold
-        model, best = self.model, None
-        central = model.stats(model.central)
-        for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
-            for e in range(1, model.num_layers + 1):
-                if not model.fits(central, 0, e, f) or model.stage_time(central, 0, e) > threshold:
-                    break
-                if self.suffix_time(e, model.central, model.central, slot) > threshold:
-                    continue
-                rest = self.suffix_key(e, model.central, model.central, slot)
-                if rest is None:  # pragma: no cover - suffix_time <= threshold guarantees a suffix
-                    continue
-                candidate = (1 + rest[0], 1 + rest[1], (*rest[2], 0), ((0,), *rest[3]))
-                if best is None or candidate < best:
-                    best = candidate
-        return best
-
-
-def solve_hybrid(p: HybridProblem) -> HybridPlan:
-    """The optimal hybrid plan (exact), with the module's tie rule. Raises ``ValueError`` if no plan fits
-    the memory limits.
-
-    Pass 1 finds the optimal bottleneck, pass 2 the plan with the smallest tie key among those whose every
-    stage and link is within ``optimum * (1 + 1e-12)``; both recurse over ``(s, used, prev, slot)`` states
-    (see the module docstring), so identical devices cost nothing extra.
-    """
-    model = _Model(p)
-    search = _Search(model)
-    optimum = search.optimum()
-    if optimum == _INF:
-        raise model.infeasible()
-    key = search.best_key(_threshold(optimum))
-    if key is None:  # pragma: no cover - the optimum itself is within the threshold
-        raise AssertionError(f"no plan within the optimum {optimum}")
-    return _plan(model, key)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -689,7 +449,7 @@ def all_plans(p: HybridProblem) -> Iterator[tuple[tuple[int, ...], Groups]]:
 def brute_force_hybrid(p: HybridProblem) -> HybridPlan:
     """Every plan of :func:`all_plans` that fits memory, minimising :func:`predict_hybrid` with
     :func:`solve_hybrid`'s tolerance and tie rule. Exponential: for tests."""
-    model = _Model(p)
+    model = CostModel(p)
     scored = [
         (model.predict(points, groups), points, groups)
         for points, groups in all_plans(p)
@@ -697,5 +457,7 @@ def brute_force_hybrid(p: HybridProblem) -> HybridPlan:
     ]
     if not scored:
         raise model.infeasible()
-    threshold = _threshold(min(t for t, _, _ in scored))
-    return _plan(model, min(_key(points, groups) for t, points, groups in scored if t <= threshold))
+    threshold = tie_threshold(min(t for t, _, _ in scored))
+    return plan_from_key(
+        model, min(tie_key(points, groups) for t, points, groups in scored if t <= threshold)
+    )

@@ -19,8 +19,8 @@ from edgeagent.planner.hybrid import (
     fits_hybrid,
     plan_shares,
     predict_hybrid,
-    solve_hybrid,
 )
+from edgeagent.planner.hybrid_dp import solve_hybrid
 from edgeagent.planner.partition import check_points
 
 
