@@ -10,7 +10,7 @@
    the paper's CR counts ("the additional data, e.g. the coefficients alpha, and information needed
    for the distributed parallel training including the weight version and the batch id", Sec.
    4.3.1): a real Activation (Gradient for backward) built by the runtime's ``StageCodecs`` and
-   ``protocol.messages.encode``, with its envelope, header fields, labels, codec id, shape and
+   ``protocol.wire.encode``, with its envelope, header fields, labels, codec id, shape and
    scales. "w/o enc." messages are the same with one byte per base (a payload only its size is
    real). Not counted: MQTT's framing (fixed header, topic, packet id) and the chunk headers above
    768 KiB (the paper does not say whether its sizes count its HTTP framing). Set-up differences: the
@@ -46,7 +46,8 @@ from edgeagent.compression.stage import NONE, StageCodecs
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.ops.logs import setup_logging
-from edgeagent.protocol.messages import Activation, Gradient, encode
+from edgeagent.protocol.messages import Activation, Gradient
+from edgeagent.protocol.wire import encode
 
 KB = 1024
 RUN_ID = "3f9c2a7d1b04"  # run ids are 12 hex digits
@@ -112,7 +113,7 @@ def table3(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, dict[str, in
 
     "tensor": the codec's output alone (codes plus its parameters), the raw float32 tensor for the
     originals. "message": the encoded message that carries it, through the real encoder
-    (``StageCodecs`` compresses, ``protocol.messages.encode`` frames): envelope, header fields (run,
+    (``StageCodecs`` compresses, ``protocol.wire.encode`` frames): envelope, header fields (run,
     plan, stage, batch id, weight version), the labels (Activation) or loss and stage times
     (Gradient), the codec id, shape and scales. Backward rows are Gradient messages, compared with
     the uncompressed Gradient ("backward original").

@@ -85,8 +85,9 @@ from edgeagent.broker.credentials import CredentialStore
 from edgeagent.cli.demo import throwaway_logins, worker_command
 from edgeagent.config import TrainConfig
 from edgeagent.errors import ProtocolError
-from edgeagent.protocol.messages import Event, Metrics, decode
+from edgeagent.protocol.messages import Event, Metrics
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.wire import decode
 from edgeagent.transport.mqtt import BrokerUrl, MqttTransport
 
 PREFIX = "eapl"  # every namespace, interface and cgroup of the lab starts with this

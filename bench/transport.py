@@ -141,7 +141,8 @@ def _stop_process(proc: subprocess.Popen[bytes] | None) -> None:
 def bench_encoding(repeats: int) -> dict[str, Stats]:
     import torch
 
-    from edgeagent.protocol.messages import Activation, decode, encode
+    from edgeagent.protocol.messages import Activation
+    from edgeagent.protocol.wire import decode, encode
 
     msg = _activation(ENCODE_MIB)
     wire = encode(msg, sender="bench")
@@ -623,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
-    from edgeagent.protocol.messages import encode
+    from edgeagent.protocol.wire import encode
 
     started = time.perf_counter()
     encoding = bench_encoding(args.repeats)

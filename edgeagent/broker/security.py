@@ -34,8 +34,10 @@ from edgeagent.broker.credentials import PASSWD, USERS, CredentialStore, verify_
 from edgeagent.errors import EdgeAgentError, ProtocolError
 from edgeagent.protocol.acl import Grant, PlanTracker, client_id_ok, may_publish, may_receive, may_subscribe
 from edgeagent.protocol.chunking import Reassembler, is_chunk
-from edgeagent.protocol.messages import Assign, Repartition, Reshare, decode
+from edgeagent.protocol.commands import Reshare
+from edgeagent.protocol.messages import Assign, Repartition
 from edgeagent.protocol.topics import Family, parse_topic
+from edgeagent.protocol.wire import decode
 
 log = logging.getLogger(__name__)
 PLANS = "plans.json"

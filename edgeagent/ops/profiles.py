@@ -101,8 +101,8 @@ def profile_message(profile: DeviceProfile) -> Any:
 
 def push(transport: Any, topics: Any, profiles: list[DeviceProfile], *, sender: str = "central") -> None:
     """Publish each profile retained on its device's profile topic (a device that starts later gets it)."""
-    from edgeagent.protocol.messages import encode
     from edgeagent.protocol.topics import Family
+    from edgeagent.protocol.wire import encode
 
     for profile in profiles:
         transport.publish(
@@ -117,8 +117,9 @@ def fetch(transport: Any, topics: Any, device_id: str, *, timeout: float = 3.0) 
     import threading
 
     from edgeagent.errors import ProtocolError
-    from edgeagent.protocol.messages import Profile, decode
+    from edgeagent.protocol.messages import Profile
     from edgeagent.protocol.topics import Family
+    from edgeagent.protocol.wire import decode
 
     box: list[DeviceProfile] = []
     got = threading.Event()

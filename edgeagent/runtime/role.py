@@ -23,8 +23,9 @@ from edgeagent.protocol.limits import (
     Verdict,
     sender_problem,
 )
-from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, StatusState, decode, encode
+from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, StatusState
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
+from edgeagent.protocol.wire import decode, encode
 from edgeagent.runtime.compute import TimeAccount
 from edgeagent.transport.base import Transport
 

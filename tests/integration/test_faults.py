@@ -81,8 +81,9 @@ def run_with_newcomer(
     """Run the central node; when batch ``at`` commits, start ``newcomer`` and pause training until it is on
     the broker (its idle status is there, its announce on its way), so no test depends on how fast a
     process starts."""
-    from edgeagent.protocol.messages import Status, decode
+    from edgeagent.protocol.messages import Status
     from edgeagent.protocol.topics import Family, Topics
+    from edgeagent.protocol.wire import decode
     from edgeagent.transport.mqtt import MqttTransport
 
     up = threading.Event()

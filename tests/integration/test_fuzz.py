@@ -41,9 +41,9 @@ from edgeagent.errors import ProtocolError
 from edgeagent.models import ModelSpec, layer_output_shapes
 from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.chunking import CHUNK_TAG
+from edgeagent.protocol.commands import Ping
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
-    MESSAGE_TYPES,
     Activation,
     ActivationMode,
     Announce,
@@ -61,17 +61,16 @@ from edgeagent.protocol.messages import (
     Message,
     MessageKind,
     Metrics,
-    Ping,
     Probe,
     Profile,
     Ready,
     Repartition,
     Status,
     Weights,
-    encode,
 )
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG
 from edgeagent.protocol.topics import Family, Topics, topic_matches
+from edgeagent.protocol.wire import MESSAGE_TYPES, encode
 from edgeagent.roles.central import Central, PipelineRun, RunReport
 from edgeagent.transport.mqtt import MqttTransport
 

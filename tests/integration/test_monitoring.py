@@ -10,8 +10,9 @@ import pytest
 
 from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.protocol.messages import Heartbeat, Metrics, Status, decode
+from edgeagent.protocol.messages import Heartbeat, Metrics, Status
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.wire import decode
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow

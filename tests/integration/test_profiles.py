@@ -10,8 +10,9 @@ import pytest
 from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.ops import profiles
-from edgeagent.protocol.messages import Metrics, Profile, Status, decode, encode
+from edgeagent.protocol.messages import Metrics, Profile, Status
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.wire import decode, encode
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow

@@ -20,8 +20,9 @@ import torch
 
 from edgeagent.broker import EmbeddedBroker, free_port
 from edgeagent.protocol.chunking import split_payload
-from edgeagent.protocol.messages import Activation, Heartbeat, Status, StatusState, decode, encode
+from edgeagent.protocol.messages import Activation, Heartbeat, Status, StatusState
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.wire import decode, encode
 from edgeagent.runtime.role import Role
 from edgeagent.transport.mqtt import MqttTransport
 

@@ -26,8 +26,10 @@ from edgeagent.broker.credentials import CredentialStore
 from edgeagent.errors import ConfigError
 from edgeagent.ops.homeassistant import discovery_configs
 from edgeagent.pipeline.stage import TrainOptions
-from edgeagent.protocol.messages import Assign, Repartition, Reshare, Status, encode
+from edgeagent.protocol.commands import Reshare
+from edgeagent.protocol.messages import Assign, Repartition, Status
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.wire import encode
 from tests.conftest import MosquittoProcess
 
 CLUSTER = "site"

@@ -486,7 +486,8 @@ def test_auto_bits_widest_code_the_link_can_hide() -> None:
 
 def test_stage_ratio_counts_the_envelope_and_the_codec_parameters() -> None:
     from edgeagent.compression.stage import StageCodecs
-    from edgeagent.protocol.messages import Activation, encode
+    from edgeagent.protocol.messages import Activation
+    from edgeagent.protocol.wire import encode
 
     codecs = StageCodecs()
     codecs.set_bits(2, 8)

@@ -16,6 +16,7 @@ from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
 from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.profiler import profile_layers
+from edgeagent.protocol.commands import Ping
 from edgeagent.protocol.limits import (
     MALFORMED,
     OVERSIZE,
@@ -37,12 +38,11 @@ from edgeagent.protocol.messages import (
     Gradient,
     Heartbeat,
     Message,
-    Ping,
     Probe,
     Status,
-    encode,
 )
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
+from edgeagent.protocol.wire import encode
 from edgeagent.roles.central import Central, PipelineRun
 from edgeagent.roles.worker import Worker, stage_input
 from edgeagent.roles.worker.run import Run

@@ -11,18 +11,10 @@ from edgeagent.models import ModelSpec
 from edgeagent.modes import MODES, mode
 from edgeagent.modes.pipeline import PipelineMode
 from edgeagent.pipeline.stage import TrainOptions
-from edgeagent.protocol.messages import (
-    Assign,
-    Emulate,
-    ErrorReport,
-    Message,
-    Ping,
-    Ready,
-    Stop,
-    decode,
-    encode,
-)
+from edgeagent.protocol.commands import Emulate, Ping, Stop
+from edgeagent.protocol.messages import Assign, ErrorReport, Message, Ready
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker
 from edgeagent.roles.worker.session import PipelineSession
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport

@@ -21,9 +21,9 @@ from edgeagent.protocol.messages import (
     Metrics,
     Status,
     StatusState,
-    encode,
 )
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.wire import encode
 
 CLUSTER = "lab"
 RUN = "3f2a9c0d1e4b"

@@ -31,15 +31,12 @@ from edgeagent.errors import ConfigError, ProtocolError
 from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.partition import balanced_partition, check_points, stage_of_layer
 from edgeagent.protocol.chunking import CHUNK_TAG, Reassembler, is_chunk, split_payload
+from edgeagent.protocol.commands import COMMAND_TYPES, Command, Reshare, SetCompression, Stop
 from edgeagent.protocol.messages import (
-    COMMAND_TYPES,
-    FORMAT_VERSION,
-    MESSAGE_TYPES,
     Activation,
     ActivationMode,
     Announce,
     Assign,
-    Command,
     Commit,
     Discover,
     ErrorCode,
@@ -58,15 +55,10 @@ from edgeagent.protocol.messages import (
     Ready,
     ReadyPhase,
     Repartition,
-    Reshare,
-    SetCompression,
     Status,
     StatusState,
-    Stop,
     Weights,
     WeightsPurpose,
-    decode,
-    encode,
 )
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG, decode_tensor, encode_tensor
 from edgeagent.protocol.topics import (
@@ -85,6 +77,7 @@ from edgeagent.protocol.topics import (
     parse_topic,
     topic_matches,
 )
+from edgeagent.protocol.wire import FORMAT_VERSION, MESSAGE_TYPES, decode, encode
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 
 REPO = Path(__file__).resolve().parents[2]

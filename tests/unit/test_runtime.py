@@ -6,17 +6,10 @@ from __future__ import annotations
 import pytest
 
 from edgeagent.errors import TrainingError
-from edgeagent.protocol.messages import (
-    Collect,
-    Command,
-    Heartbeat,
-    Message,
-    Ping,
-    Status,
-    Stop,
-    encode,
-)
+from edgeagent.protocol.commands import Collect, Command, Ping, Stop
+from edgeagent.protocol.messages import Heartbeat, Message, Status
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.protocol.wire import encode
 from edgeagent.runtime.role import Inbound, Role
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 

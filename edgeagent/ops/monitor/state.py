@@ -31,9 +31,9 @@ from edgeagent.protocol.messages import (
     Metrics,
     Status,
     StatusState,
-    decode,
 )
 from edgeagent.protocol.topics import ANY, Family, TopicFilters, check_name, parse_topic
+from edgeagent.protocol.wire import decode
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

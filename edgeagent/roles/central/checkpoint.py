@@ -11,7 +11,8 @@ import torch
 
 from edgeagent.errors import TrainingError
 from edgeagent.models import num_layers
-from edgeagent.protocol.messages import Collect, Weights
+from edgeagent.protocol.commands import Collect
+from edgeagent.protocol.messages import Weights
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.context import RunState
 

@@ -31,7 +31,8 @@ from edgeagent.pipeline.groups import Groups, cover
 from edgeagent.pipeline.rows import RowBuffer, gradient_piece
 from edgeagent.planner.hybrid import Device, HybridPlan, HybridProblem, predict_hybrid
 from edgeagent.planner.hybrid_dp import solve_hybrid
-from edgeagent.protocol.messages import EvalResult, Gradient, Reshare
+from edgeagent.protocol.commands import Reshare
+from edgeagent.protocol.messages import EvalResult, Gradient
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.context import Fault, Plan
 from edgeagent.roles.central.trainer import PipelineRun

@@ -26,8 +26,9 @@ from edgeagent.models import ModelSpec, num_layers
 from edgeagent.modes import mode
 from edgeagent.modes.base import CentralRun
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
+from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.limits import InboxLimits
-from edgeagent.protocol.messages import Announce, Discover, Heartbeat, Message, Status, Stop
+from edgeagent.protocol.messages import Announce, Discover, Heartbeat, Message, Status
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.central.checkpoint import load_checkpoint
 from edgeagent.roles.central.context import DeviceState, new_run_id

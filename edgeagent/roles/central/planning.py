@@ -16,7 +16,7 @@ from edgeagent.planner.capacity import capacities
 from edgeagent.planner.dp import Link, Problem, compute_time, solve
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.planner.policy import choose_plan
-from edgeagent.protocol.messages import Emulate, SetCompression
+from edgeagent.protocol.commands import Emulate, SetCompression
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.context import Plan
 from edgeagent.roles.central.setup import Setup

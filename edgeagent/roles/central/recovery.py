@@ -16,7 +16,8 @@ from edgeagent.planner.recovery import (
     new_worker_list,
     respipe_points,
 )
-from edgeagent.protocol.messages import Discover, Ping
+from edgeagent.protocol.commands import Ping
+from edgeagent.protocol.messages import Discover
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.context import Fault
 from edgeagent.roles.central.evaluation import Evaluation

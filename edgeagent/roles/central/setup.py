@@ -12,7 +12,8 @@ from edgeagent.errors import TrainingError
 from edgeagent.pipeline.build import layer_slice
 from edgeagent.pipeline.groups import Groups
 from edgeagent.planner.dp import Link
-from edgeagent.protocol.messages import Assign, MeasureLink
+from edgeagent.protocol.commands import MeasureLink
+from edgeagent.protocol.messages import Assign
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.context import DeviceState, Fault
 from edgeagent.roles.central.handlers import Handlers

@@ -29,15 +29,8 @@ from edgeagent.errors import TrainingError
 from edgeagent.pipeline.groups import Groups, cover
 from edgeagent.pipeline.rows import Rows
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
-from edgeagent.protocol.messages import (
-    Assign,
-    Commit,
-    EvalResult,
-    GradSync,
-    Message,
-    Repartition,
-    Reshare,
-)
+from edgeagent.protocol.commands import Reshare
+from edgeagent.protocol.messages import Assign, Commit, EvalResult, GradSync, Message, Repartition
 from edgeagent.roles.worker.hybrid_intake import HybridIntake, HybridState
 from edgeagent.roles.worker.run import Run, stage_input
 from edgeagent.runtime.compute import Clock, emulate_slowdown

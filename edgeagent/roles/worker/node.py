@@ -23,12 +23,12 @@ from edgeagent.modes import mode
 from edgeagent.modes.base import WorkerSession
 from edgeagent.ops.profiles import DeviceProfile, parse_profile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
+from edgeagent.protocol.commands import Emulate
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     Announce,
     Assign,
     Discover,
-    Emulate,
     ErrorCode,
     ErrorReport,
     LinkReport,

@@ -20,24 +20,19 @@ from edgeagent.errors import EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec
 from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.runner import StageRunner
+from edgeagent.protocol.commands import Collect, Command, MeasureLink, Ping, SetCompression, Stop
 from edgeagent.protocol.messages import (
     Activation,
     Assign,
-    Collect,
-    Command,
     Commit,
     EvalResult,
     FetchRequest,
     Gradient,
-    MeasureLink,
     Message,
-    Ping,
     Ready,
     ReadyPhase,
     Repartition,
-    SetCompression,
     Status,
-    Stop,
     Weights,
 )
 from edgeagent.protocol.topics import Family
