@@ -267,8 +267,9 @@ def scenario2(
     central_slowdown: float | None = None,
 ) -> dict[str, Any]:
     extra: dict[str, Any] = {"slowdown": central_slowdown} if central_slowdown is not None else {}
+    # The same run twice: the hybrid DP as it is, and restricted to one device per stage.
     reports = {
-        "hybrid": run(
+        name: run(
             model,
             dataset,
             slowdowns,
@@ -276,19 +277,10 @@ def scenario2(
             max_batches=max_batches,
             mode="hybrid",
             partition="oracle",
+            max_replicas=replicas,
             **extra,
-        ),
-        "one per stage": run(
-            model,
-            dataset,
-            slowdowns,
-            epochs=epochs,
-            max_batches=max_batches,
-            mode="hybrid",
-            partition="oracle",
-            max_replicas=1,
-            **extra,
-        ),
+        )
+        for name, replicas in (("hybrid", None), ("one per stage", 1))
     }
     workers = [f"worker-{i + 1}" for i in range(len(slowdowns) - 1)]
     rows: dict[str, Any] = {}

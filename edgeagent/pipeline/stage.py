@@ -132,6 +132,10 @@ class Stage:
     def stashed_versions(self) -> list[int]:
         return sorted(self._stash)
 
+    def has_version(self, version: int) -> bool:
+        """Whether weight version ``version`` is stashed here (a forward may ask for it)."""
+        return version in self._stash
+
     @property
     def in_flight(self) -> list[int]:
         return sorted(self._in_flight)

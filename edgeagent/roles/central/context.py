@@ -266,6 +266,7 @@ class RunState:
             aggregation=self.train.aggregation,
             layer_profile=self.profile.to_dict(),
             partition_mode=self.config.partition,
+            mode=self.MODE,
         )
         if self.resume is not None:
             for key in ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch"):

@@ -69,6 +69,10 @@ class Handlers(Checkpoints):
             if self.inbox.eval_ids:  # else a late duplicate of an evaluation that is over
                 self.node.discard(item, f"no evaluation batch {msg.batch_id} is out")
             return
+        self._take_result(msg)
+
+    def _take_result(self, msg: EvalResult) -> None:
+        """An evaluation batch's result is in (the hybrid mode adds up the pieces of a batch first)."""
         self.inbox.results[msg.batch_id] = msg
 
     def on_status(self, item: Inbound) -> None:

@@ -55,10 +55,9 @@ class HybridRun(PipelineRun):
 
     # -- the plan ------------------------------------------------------------------------------------
 
-    def initial_points(self) -> list[int]:
-        """The first plan over every discovered device: equal devices, or the true speeds (oracle)."""
-        devices = list(self.worker_list)
-        self.device_caps: dict[str, float] = {}
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Set before the run state is built: its constructor asks for the first plan (initial_points).
+        self.device_caps: dict[str, float] = {}  # measured capacity of every device (per whole batch)
         self.grad_pieces: dict[int, tuple[RowBuffer, dict[str, float]]] = {}
         self.eval_pieces: dict[int, dict[tuple[int, int], EvalResult]] = {}
         # Measured feedback on re-splits: when the current plan started (training clock, first batch),
@@ -66,8 +65,16 @@ class HybridRun(PipelineRun):
         self.plan_started: tuple[float, int] | None = None
         self.previous: tuple[list[int], Groups, float] | None = None
         self.rejected: set[tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]] = set()
-        oracle = self.oracle = self.config.partition == "oracle"
-        caps = [self._true_cap(d) if oracle else 1.0 for d in devices]
+        super().__init__(*args, **kwargs)
+
+    @property
+    def oracle(self) -> bool:
+        return self.config.partition == "oracle"
+
+    def initial_points(self) -> list[int]:
+        """The first plan over every discovered device: equal devices, or the true speeds (oracle)."""
+        devices = list(self.worker_list)
+        caps = [self._true_cap(d) if self.oracle else 1.0 for d in devices]
         plan = self._solve_hybrid(devices, caps, [math.inf] * len(devices))
         self._adopt_plan(plan, devices)
         return list(plan.points)
@@ -129,10 +136,6 @@ class HybridRun(PipelineRun):
             f"; left out: {left_out}" if left_out else "",
             1e3 * plan.time,
         )
-
-    def execute(self) -> Any:
-        self.report.mode = self.MODE
-        return super().execute()
 
     def _plan_before_training(self) -> None:
         """The first plan was made before any link was measured (the gradient exchange of a replicated
@@ -320,15 +323,9 @@ class HybridRun(PipelineRun):
             )
         return None
 
-    def on_eval_result(self, item: Inbound) -> None:
-        msg = item.message
-        assert isinstance(msg, EvalResult)
-        if not self._ours(msg) or msg.plan_id != self.plan_id:
-            return
-        if msg.batch_id not in self.inbox.eval_ids:
-            if self.inbox.eval_ids:
-                self.node.discard(item, f"no evaluation batch {msg.batch_id} is out")
-            return
+    def _take_result(self, msg: EvalResult) -> None:
+        """The last stage's devices each send the result of their rows: a batch's result is whole once
+        pieces tile its rows (after a failover, pieces of two splits may be there)."""
         if msg.batch_id in self.inbox.results:
             return  # whole already (a piece computed again after a failover)
         total = msg.total or msg.count
@@ -374,7 +371,7 @@ class HybridRun(PipelineRun):
         new, changed = self.groups.without(dead)
         if not changed:
             return
-        old_list = list(self.worker_list)
+        before = self._stage_topics()
         self.groups = new
         self.worker_list = new.primaries
         members, shares = new.to_wire()
@@ -389,15 +386,18 @@ class HybridRun(PipelineRun):
                 shares=shares,
             ),
         )
-        if old_list != self.worker_list:  # a primary died: the last stage's replica topic may move
-            self._unsubscribe_stage_of(old_list)
-            self._subscribe_stage()
+        # A primary died: the last stage's replica topic may move (only what changed, nothing in flight lost).
+        after = self._stage_topics()
+        for topic in before:
+            if topic not in after:
+                self.stop_listening(topic)
+        for topic in after:
+            if topic not in before:
+                self.listen(topic)
         now = time.monotonic()
         for batch in self.sent_at:
             self.sent_at[batch] = now  # the survivors compute those batches again: their timers restart
-        # The next batch to commit (the timeline repeats replayed batches after a rollback).
-        timeline = self.report.timeline
-        batch = int(timeline[-1]["batch"]) + 1 if timeline else self.start_version
+        batch = self._next_batch()
         entry = {
             "batch": batch,
             "devices": sorted(dead),
@@ -416,14 +416,6 @@ class HybridRun(PipelineRun):
         )
         self.event("failover", batch=batch, devices=sorted(dead), stages=changed, groups=members)
         self._refresh_deadline()
-
-    def _unsubscribe_stage_of(self, worker_list: list[str]) -> None:
-        current = self.worker_list
-        self.worker_list = worker_list
-        try:
-            self._unsubscribe_stage()
-        finally:
-            self.worker_list = current
 
     def _backward(self, loop: Any, grad: Gradient | None) -> None:
         super()._backward(loop, grad)
@@ -446,6 +438,7 @@ class HybridRun(PipelineRun):
     # -- measured feedback on re-splits ------------------------------------------------------------
 
     def _next_batch(self) -> int:
+        """The next batch to commit (the timeline repeats replayed batches after a rollback)."""
         timeline = self.report.timeline
         return int(timeline[-1]["batch"]) + 1 if timeline else self.start_version
 

@@ -32,7 +32,7 @@ from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
 from edgeagent.protocol.commands import Reshare
 from edgeagent.protocol.messages import Assign, Commit, EvalResult, GradSync, Message, Repartition
 from edgeagent.roles.worker.hybrid_intake import HybridIntake, HybridState
-from edgeagent.roles.worker.run import Run, stage_input
+from edgeagent.roles.worker.run import Run
 from edgeagent.runtime.compute import Clock, emulate_slowdown
 from edgeagent.runtime.role import Handler, Inbound
 
@@ -91,21 +91,6 @@ class HybridSession(HybridIntake):
             wanted.append(self.worker.topics.syncs(self.run.index))
         return wanted
 
-    def _subscribe_stage(self) -> None:
-        """As the pipeline's, but only what changed is unsubscribed: a piece published meanwhile must not
-        be lost (a failover changes the subscriptions while batches are in flight)."""
-        run, worker = self.run, self.worker
-        run.sample = stage_input(run.spec, run.points[run.index], run.layer_shapes, run.layer_dtypes)
-        before, run.subscriptions = run.subscriptions, self._stage_subscriptions()
-        for topic in before:
-            if topic not in run.subscriptions:
-                worker.stop_listening(topic)
-        for topic in run.subscriptions:
-            if topic not in before:
-                worker.listen(topic)
-        worker.probes.unwatch_all()
-        worker.probes.watch(run.worker_list[run.index - 1])
-
     # -- the session's interface -----------------------------------------------------------------
 
     def handlers(self) -> dict[type[Message], Handler]:
@@ -161,8 +146,8 @@ class HybridSession(HybridIntake):
         return next_kind(run.last, fwd, bwd)
 
     def _can_forward(self, batch_id: int) -> bool:
-        buffer, head = self.hy.inputs.get(batch_id), self.hy.heads.get(batch_id)
-        if buffer is None or head is None or head.version not in self.run.stage.stashed_versions:
+        buffer, version = self.hy.inputs.get(batch_id), self.hy.versions.get(batch_id)
+        if buffer is None or version is None or not self.run.stage.has_version(version):
             return False
         return buffer.covers(*self._my_rows(buffer.total))
 
@@ -175,7 +160,7 @@ class HybridSession(HybridIntake):
 
     def _forward_rows(self, batch_id: int) -> None:
         run, worker, hy = self.run, self.worker, self.hy
-        buffer, head = hy.inputs[batch_id], hy.heads[batch_id]
+        buffer, asked = hy.inputs[batch_id], hy.versions[batch_id]
         total = buffer.total
         lo, hi = self._my_rows(total)
         run.next_forward = batch_id + 1
@@ -192,8 +177,8 @@ class HybridSession(HybridIntake):
         run.batch_size = hi - lo
         runner = run.runner
         started = Clock()
-        run.stage.pin(batch_id, head.version)
-        out, version = run.stage.forward(batch_id, x, head.version)
+        run.stage.pin(batch_id, asked)
+        out, version = run.stage.forward(batch_id, x, asked)
         if run.is_last:
             worker.fault_at_backward(batch_id)
             result = run.stage.backward(batch_id, labels=y, total=total, defer=True)
@@ -202,7 +187,7 @@ class HybridSession(HybridIntake):
             runner.batch_done()
             assert result.row_loss is not None and result.row_correct is not None
             self._send_rows_gradient(
-                batch_id, result.grad_input, (lo, hi), total, result.row_loss, result.row_correct, {}, []
+                batch_id, result.grad_input, (lo, hi), total, result.row_loss, result.row_correct, {}
             )
             self._contribute(batch_id, (lo, hi), total, result.param_grads or {})
             return
@@ -243,7 +228,6 @@ class HybridSession(HybridIntake):
             cols["loss"],
             cols["correct"],
             hy.times.get(batch_id, {}),
-            [],
         )
         self._contribute(batch_id, (lo, hi), buffer.total, result.param_grads or {})
 
@@ -256,7 +240,6 @@ class HybridSession(HybridIntake):
         row_loss: torch.Tensor,
         row_correct: torch.Tensor,
         downstream_times: dict[str, float],
-        downstream: list[float],
     ) -> None:
         run, worker = self.run, self.worker
         lo, hi = rows
@@ -273,7 +256,7 @@ class HybridSession(HybridIntake):
             batch_id=batch_id,
             loss=sum(losses) / total,
             correct=sum(correct),
-            downstream=downstream,
+            downstream=[],  # a hybrid run's stage times are per device (device_times)
         )
         gradient = dataclasses.replace(
             gradient,

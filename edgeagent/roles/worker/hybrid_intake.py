@@ -23,21 +23,13 @@ from edgeagent.runtime.role import Inbound
 
 
 @dataclass
-class Head:
-    """What the first piece of a batch says about the whole batch."""
-
-    version: int
-    total: int
-
-
-@dataclass
 class HybridState:
     """A member's bookkeeping of the batches not yet updated on its stage (see the module doc)."""
 
     groups: Groups
     next_apply: int  # the first batch whose update is not applied here
     inputs: dict[int, RowBuffer] = field(default_factory=dict)  # training inputs (x, y) by batch
-    heads: dict[int, Head] = field(default_factory=dict)
+    versions: dict[int, int] = field(default_factory=dict)  # weight version of each training batch
     grads: dict[int, RowBuffer] = field(default_factory=dict)  # gradients from the next stage by batch
     times: dict[int, dict[str, float]] = field(default_factory=dict)  # device times riding with them
     rows: dict[int, Rows] = field(default_factory=dict)  # the rows this member forwarded of each batch
@@ -49,7 +41,7 @@ class HybridState:
 
     def clear(self, next_apply: int) -> None:
         self.next_apply = next_apply
-        for table in (self.inputs, self.heads, self.grads, self.times, self.rows, self.syncs):
+        for table in (self.inputs, self.versions, self.grads, self.times, self.rows, self.syncs):
             table.clear()
         self.clear_evals()
 
@@ -59,7 +51,7 @@ class HybridState:
         self.eval_done.clear()
 
     def forget(self, batch_id: int) -> None:
-        for table in (self.inputs, self.heads, self.grads, self.times, self.rows, self.syncs):
+        for table in (self.inputs, self.versions, self.grads, self.times, self.rows, self.syncs):
             table.pop(batch_id, None)
 
 
@@ -104,18 +96,15 @@ class HybridIntake(PipelineSession):
         if y.shape[:1] != (hi - lo,):
             return f"{tuple(y.shape)[:1]} labels for rows [{lo}, {hi})"
         train = msg.mode == "train"
-        buffers, versions = (hy.inputs, None) if train else (hy.evals, hy.eval_versions)
+        buffers, versions = (hy.inputs, hy.versions) if train else (hy.evals, hy.eval_versions)
         buffer = buffers.get(msg.batch_id)
         if buffer is None:
             buffer = buffers[msg.batch_id] = RowBuffer(total)
-            if train:
-                hy.heads[msg.batch_id] = Head(msg.version, total)
-            elif versions is not None:
-                versions[msg.batch_id] = msg.version
+            versions[msg.batch_id] = msg.version
         elif buffer.total != total:
             return f"a piece of {total} rows, earlier pieces said {buffer.total}"
-        elif train and hy.heads[msg.batch_id].version != msg.version:
-            return f"weight version {msg.version}, earlier pieces said {hy.heads[msg.batch_id].version}"
+        elif train and versions[msg.batch_id] != msg.version:
+            return f"weight version {msg.version}, earlier pieces said {versions[msg.batch_id]}"
         return buffer.add(lo, hi, {"x": msg.tensor, "y": y})
 
     def _on_gradient(self, item: Inbound) -> None:
@@ -186,4 +175,4 @@ class HybridIntake(PipelineSession):
         hy.syncs.setdefault(msg.batch_id, {}).setdefault(msg.share_version, {})[msg.device_id] = msg
 
 
-__all__ = ["Head", "HybridIntake", "HybridState"]
+__all__ = ["HybridIntake", "HybridState"]

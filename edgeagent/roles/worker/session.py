@@ -164,14 +164,18 @@ class PipelineSession:
         return wanted
 
     def _subscribe_stage(self) -> None:
-        """Listen to what :meth:`_stage_subscriptions` names; echo the predecessor's link probes."""
+        """Listen to what :meth:`_stage_subscriptions` names; echo the predecessor's link probes. Only what
+        changed is unsubscribed: a message published meanwhile on a topic the stage keeps is not lost (a
+        hybrid stage's failover changes the subscriptions while batches are in flight)."""
         run, worker = self.run, self.worker
         run.sample = stage_input(run.spec, run.points[run.index], run.layer_shapes, run.layer_dtypes)
+        before, run.subscriptions = run.subscriptions, self._stage_subscriptions()
+        for pattern in before:
+            if pattern not in run.subscriptions:
+                worker.stop_listening(pattern)
         for pattern in run.subscriptions:
-            worker.stop_listening(pattern)
-        run.subscriptions = self._stage_subscriptions()
-        for pattern in run.subscriptions:
-            worker.listen(pattern)
+            if pattern not in before:
+                worker.listen(pattern)
         worker.probes.unwatch_all()
         worker.probes.watch(run.worker_list[run.index - 1])  # echo the predecessor's bandwidth probes
 
@@ -374,7 +378,9 @@ class PipelineSession:
             return
         stage = switch.build(run.spec, run.seed, run.options)
         for holder in switch.plan.fetch:
-            worker.stop_listening(worker.topics.device(Family.REPLICA, holder))
+            topic = worker.topics.device(Family.REPLICA, holder)
+            if topic not in run.subscriptions:  # a stage's own subscription follows _subscribe_stage
+                worker.stop_listening(topic)
         run.adopt(switch, stage)
         self._subscribe_stage()
         self.replicas.replicate_now()
