@@ -48,10 +48,21 @@ def emulate_slowdown(started: Clock, factor: float, account: TimeAccount | None 
     wall = time.perf_counter() - started.wall
     if factor > 1.0 and target > wall:
         time.sleep(target - wall)
-    duration = max(target, wall) if factor > 1.0 else wall
+    duration = _duration(wall, target, factor)
     if account is not None:
         account.compute += duration
     return duration
+
+
+def _duration(wall: float, target: float, factor: float) -> float:
+    return max(target, wall) if factor > 1.0 else wall
+
+
+def emulated_duration(started: Clock, factor: float) -> float:
+    """The duration :func:`emulate_slowdown` would give a step started at ``started``, without sleeping:
+    a measurement (``h``, data collection) of an emulated slower device."""
+    cpu = time.thread_time() - started.cpu
+    return _duration(time.perf_counter() - started.wall, cpu * factor, factor)
 
 
 def configure_threads(threads: int) -> None:

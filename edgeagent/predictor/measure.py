@@ -1,0 +1,147 @@
+"""Measuring on this device: per-layer FLOPs, a sub-model's forward+backward seconds, and ``h``.
+
+``h`` (papers/004 Sec. 3.2) is the measured forward+backward time of the ten representative sub-models
+(:func:`edgeagent.predictor.submodels.representative`) at the run's batch size. A worker measures it
+when it learns the model (``Discover`` names it) and whenever the central node asks again; the time it
+may take is bounded by ``budget`` seconds (a representative sub-model not reached is reported as
+missing, and the central node then plans that device with FTPipeHD's capacity estimate).
+
+An emulated slower device (``--slowdown``) runs every compute step ``factor`` times its CPU time
+(:func:`edgeagent.runtime.compute.emulated_duration`); its ``h`` is measured the same way, so the
+predictor sees the device the pipeline will see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from edgeagent.models import ModelSpec, build_layers, layer_output_shapes, num_layers
+from edgeagent.predictor.submodels import Range, representative
+from edgeagent.runtime.compute import Clock, emulated_duration
+
+
+def model_key(spec: ModelSpec) -> str:
+    """What a predictor belongs to (papers/004: one predictor per model): the model's name, input shape,
+    classes and options, as a short stable digest. An ``h`` belongs to a model and a batch size."""
+    text = json.dumps(spec.to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ModelLayers:
+    """A built model, a sample input of every layer and its per-layer FLOPs (forward + backward)."""
+
+    spec: ModelSpec
+    batch_size: int
+    layers: tuple[nn.Module, ...]
+    inputs: tuple[torch.Tensor, ...]  # inputs[j]: a batch as layer j receives it
+    flops: tuple[float, ...]
+
+    @classmethod
+    def build(cls, spec: ModelSpec, batch_size: int, *, seed: int = 0) -> ModelLayers:
+        count = num_layers(spec)
+        layers = build_layers(spec, 0, count, seed=seed)
+        for layer in layers:
+            layer.train()
+        shapes = layer_output_shapes(spec, batch_size=batch_size)
+        generator = torch.Generator().manual_seed(seed)
+        first = torch.randn((batch_size, *spec.in_shape), generator=generator)
+        inputs = [first, *(torch.randn(shape, generator=generator) for shape in shapes[:-1])]
+        flops = tuple(float(_flops(layer, inputs[j], j)) for j, layer in enumerate(layers))
+        return cls(spec, batch_size, tuple(layers), tuple(inputs), flops)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+def _input(x: torch.Tensor, index: int) -> torch.Tensor:
+    """A sub-model's input: it needs its gradient unless it is the model's own input (as in training)."""
+    return x.detach().requires_grad_(x.is_floating_point() and index > 0)
+
+
+def _flops(layer: nn.Module, x: torch.Tensor, index: int) -> int:
+    with FlopCounterMode(display=False) as counter:
+        out = layer(_input(x, index))
+        out.backward(torch.ones_like(out))
+    layer.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+def _step(model: ModelLayers, start: int, end: int) -> None:
+    x = _input(model.inputs[start], start)
+    for layer in model.layers[start:end]:
+        x = layer(x)
+    x.backward(torch.ones_like(x))
+
+
+def time_range(model: ModelLayers, start: int, end: int, *, reps: int = 3, slowdown: float = 1.0) -> float:
+    """Median seconds of forward+backward of layers ``[start, end)`` over ``reps`` runs after a warm-up."""
+    if not 0 <= start < end <= model.num_layers:
+        raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{model.num_layers}")
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    times = []
+    for run in range(reps + 1):
+        started = Clock()
+        _step(model, start, end)
+        elapsed = emulated_duration(started, slowdown)
+        if run > 0:
+            times.append(elapsed)
+    for layer in model.layers[start:end]:
+        layer.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Characterisation:
+    """A device's ``h`` for one model and batch size, and how long measuring it took."""
+
+    key: str  # model_key(spec)
+    batch_size: int
+    h: tuple[float, ...]  # seconds per representative sub-model; fewer than 10 if the budget ran out
+    seconds: float
+
+    @property
+    def complete(self) -> bool:
+        return len(self.h) == len(representative([1.0]))
+
+
+def characterise(
+    model: ModelLayers, *, budget: float = 60.0, reps: int = 3, slowdown: float = 1.0
+) -> Characterisation:
+    """Measure ``h`` on this device, stopping after ``budget`` seconds (what was not reached is missing)."""
+    started = time.perf_counter()
+    h: list[float] = []
+    for start, end in representative(model.flops):
+        if time.perf_counter() - started > budget:
+            break
+        h.append(time_range(model, start, end, reps=reps, slowdown=slowdown))
+    key = model_key(model.spec)
+    return Characterisation(key, model.batch_size, tuple(h), time.perf_counter() - started)
+
+
+def measure_ranges(
+    model: ModelLayers, ranges: Sequence[Range], *, reps: int = 3, slowdown: float = 1.0
+) -> list[float]:
+    """Seconds of every range in ``ranges`` on this device (for data collection and evaluation)."""
+    return [time_range(model, s, e, reps=reps, slowdown=slowdown) for s, e in ranges]
+
+
+__all__ = [
+    "Characterisation",
+    "ModelLayers",
+    "characterise",
+    "measure_ranges",
+    "model_key",
+    "time_range",
+]
