@@ -142,6 +142,9 @@ class WorkerConfig(BrokerAccess):
     memory_limit_mb: float = Field(0.0, ge=0)
     # Emulated uplink in Mbit/s (everything this device sends); 0 = the real link only.
     link_mbps: float = Field(0.0, ge=0)
+    # Seconds measuring h (papers/004 Sec. 3.2) may take when a model is named; what is not reached is
+    # missing from the announcement.
+    characterise_budget: float = Field(60.0, gt=0, allow_inf_nan=False)
     # Fault injection (tests, `edgeagent demo --kill`): SIGKILL this process when this batch starts its
     # backward pass here, or when it takes its N-th evaluation batch (1-based, over the process's life).
     die_at_backward: int | None = None

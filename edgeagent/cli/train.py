@@ -344,6 +344,11 @@ def central(**kw: Any) -> None:
 @click.option("--memory-limit-mb", type=float, help="Memory the stage may use here; the DP respects it.")
 @click.option("--link-mbps", type=float, help="Emulated uplink in Mbit/s (what this device sends).")
 @click.option(
+    "--characterise-budget",
+    type=float,
+    help="Seconds measuring this device's h for a model may take (default 60).",
+)
+@click.option(
     "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
 )
 @click.option(

@@ -8,10 +8,10 @@ send one by hand); :func:`edgeagent.protocol.wire.decode` picks the class by ``n
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from edgeagent.errors import ProtocolError
-from edgeagent.protocol.messages import Message, MessageKind, check_groups
+from edgeagent.protocol.messages import Message, MessageKind, check_groups, check_model_request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +73,21 @@ class Emulate(Command):
 
 
 @dataclasses.dataclass(frozen=True)
+class Characterise(Command):
+    """``device`` measures its ``h`` for ``model`` (a ``ModelSpec.to_dict()``) at ``batch_size`` again,
+    whatever it measured before, and announces it (papers/004 Sec. 3.2: the central node asks when the
+    times it sees drift from the prediction beyond its tolerance)."""
+
+    NAME = "characterise"
+    device: str
+    model: dict[str, Any]
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        check_model_request(self.model, self.batch_size, f"characterise {self.device!r}", optional=False)
+
+
+@dataclasses.dataclass(frozen=True)
 class SetCompression(Command):
     """Bit widths per stage for plan ``plan_id``: a worker ignores another plan's, and leaves the run when
     a newer plan goes on without it."""
@@ -110,5 +125,6 @@ class Reshare(Command):
 
 
 COMMAND_TYPES: dict[str, type[Command]] = {
-    cls.NAME: cls for cls in (Stop, Collect, Ping, MeasureLink, Emulate, SetCompression, Reshare)
+    cls.NAME: cls
+    for cls in (Stop, Collect, Ping, MeasureLink, Emulate, Characterise, SetCompression, Reshare)
 }

@@ -15,6 +15,7 @@ of waiting for a stage that never comes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
@@ -79,13 +80,36 @@ class Message:
 # Discovery and liveness (JSON)
 
 
+MAX_H = 10
+"""Entries of ``Announce.h`` at most: the representative sub-models of papers/004 Sec. 3.2
+(``edgeagent.predictor.submodels.REPRESENTATIVES``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Discover(Message):
-    """The central node asks every device of the cluster to announce itself."""
+    """The central node asks every device of the cluster to announce itself; with ``model`` (a
+    ``ModelSpec.to_dict()``) and ``batch_size``, idle devices measure their ``h`` for it first
+    (papers/004 Sec. 3.2) and announce it."""
 
     KIND = MessageKind.DISCOVER
     ENCODING = "json"
     run_id: str
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # empty: no model named
+    batch_size: int = 0
+
+    def __post_init__(self) -> None:
+        check_model_request(self.model, self.batch_size, "discover", optional=True)
+
+
+def check_model_request(model: dict[str, Any], batch_size: int, what: str, *, optional: bool) -> None:
+    """A model to measure ``h`` for comes with a batch size >= 1; no model (where ``optional``), with 0."""
+    if not model:
+        if not optional:
+            raise ProtocolError(f"{what}: names no model")
+        if batch_size != 0:
+            raise ProtocolError(f"{what}: batch size {batch_size} without a model")
+    elif batch_size < 1:
+        raise ProtocolError(f"{what}: a model needs a batch size >= 1, got {batch_size}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +125,28 @@ class Announce(Message):
     software: str = ""
     profile_hash: str = ""
     memory_limit: float = 0.0  # bytes the stage may use; 0 = no limit
+    # The device's h (papers/004 Sec. 3.2): forward+backward seconds of each representative sub-model
+    # of the model with digest ``h_key`` (edgeagent.predictor.measure.model_key) at batch size
+    # ``h_batch``, at the announced slowdown, and the seconds measuring took. Empty: not measured; fewer
+    # than MAX_H entries: the measuring budget ran out.
+    h: list[float] = dataclasses.field(default_factory=list)
+    h_key: str = ""
+    h_batch: int = 0
+    h_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        where = f"announce of {self.device_id!r}"
+        if len(self.h) > MAX_H:
+            raise ProtocolError(f"{where}: h has {len(self.h)} entries, at most {MAX_H}")
+        bad = [x for x in self.h if not (math.isfinite(x) and x >= 0)]
+        if bad:
+            raise ProtocolError(f"{where}: h must hold finite seconds >= 0, got {bad[0]}")
+        if not (math.isfinite(self.h_seconds) and self.h_seconds >= 0) or self.h_batch < 0:
+            raise ProtocolError(
+                f"{where}: h_seconds {self.h_seconds} and h_batch {self.h_batch} must be finite and >= 0"
+            )
+        if self.h and (not self.h_key or self.h_batch < 1):
+            raise ProtocolError(f"{where}: h without the model (h_key) and batch size (h_batch) it is for")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,9 @@ A :class:`Worker` owns the process's lifecycle (``serve``, ``stop``, ``--once``)
 (``announce``), the device profile applied live, the budget of error reports, fault injection and the
 loop. The run itself belongs to a training mode: an ``Assign`` names the mode (:mod:`edgeagent.modes`),
 whose :class:`~edgeagent.modes.base.WorkerSession` installs its data plane's handlers over the node's
-own for the run's lifetime; the node gives the session its turn whenever the inbox is empty.
+own for the run's lifetime; the node gives the session its turn whenever the inbox is empty. The
+device's ``h`` (papers/004 Sec. 3.2) is measured when a ``Discover`` names the model and on a
+``characterise`` command, and travels with the announcement (:mod:`.characterise`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 from edgeagent import __version__
 from edgeagent.config import WorkerConfig
@@ -23,7 +25,8 @@ from edgeagent.modes import mode
 from edgeagent.modes.base import WorkerSession
 from edgeagent.ops.profiles import DeviceProfile, parse_profile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
-from edgeagent.protocol.commands import Emulate
+from edgeagent.predictor.measure import Characterisation
+from edgeagent.protocol.commands import Characterise, Emulate
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     Announce,
@@ -37,6 +40,7 @@ from edgeagent.protocol.messages import (
     StatusState,
 )
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.roles.worker.characterise import Characteriser, announced
 from edgeagent.runtime.compute import configure_threads
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Handler, Inbound, Role
@@ -70,12 +74,14 @@ class Worker(Role):
         self._stopping = False
         self._error_window: tuple[float, int] = (0.0, 0)  # (start, reports) of the error-report budget
         self._eval_batches = 0  # evaluation batches taken in this process's life (fault injection)
+        self.characteriser = Characteriser(config.device_id, config.characterise_budget)
         # The node's own handlers; a session's replace them for its run's lifetime if it handles the type.
         self._own: dict[type[Message], Handler] = {
             Assign: self._on_assign,
-            Discover: lambda _item: self.announce(),
+            Discover: self._on_discover,
             Profile: self._on_profile,
             Emulate: self._on_emulate,
+            Characterise: self._on_characterise,
         }
         for kind, handler in self._own.items():
             self.on(kind, handler)
@@ -119,8 +125,12 @@ class Worker(Role):
     def stop(self) -> None:
         self._stopping = True
 
-    def announce(self) -> None:
+    def announce(self, h: Characterisation | Literal["latest"] | None = "latest") -> None:
+        """Say this device is available, with ``h`` (``latest``: of the model measured last, if measured
+        at the current slowdown; None: without)."""
         busy = self.session.run_id if self.session else ""
+        if h == "latest":
+            h = self.characteriser.latest(self.slowdown)
         self.send(
             self.topics.fixed(Family.ANNOUNCE),
             Announce(
@@ -131,6 +141,7 @@ class Worker(Role):
                 software=__version__,
                 memory_limit=self.memory_limit_mb * 1e6,
                 profile_hash=self.profile.digest() if self.profile else "",
+                **announced(h),
             ),
         )
 
@@ -226,6 +237,45 @@ class Worker(Role):
         if msg.device == self.device_id:
             log.info("%s: slowdown %.1f -> %.1f", self.device_id, self.slowdown, msg.slowdown)
             self.slowdown = msg.slowdown
+
+    def _on_discover(self, item: Inbound) -> None:
+        """Announce; with the model named, with its ``h``, measured first unless known. A device busy
+        with another run does not measure (it would slow that run down): it says what it knows."""
+        msg = item.message
+        assert isinstance(msg, Discover)
+        if not msg.model:
+            self.announce()
+        elif self.session is not None and self.session.run_id != msg.run_id:
+            self.announce(self.characteriser.lookup(msg.model, msg.batch_size, self.slowdown))
+        else:
+            try:
+                self.announce(self._characterise(msg.model, msg.batch_size, fresh=False))
+            except ConfigError:  # logged by the characteriser; the announcement goes without h
+                self.announce(None)
+
+    def _on_characterise(self, item: Inbound) -> None:
+        """Measure ``h`` again (the cache bypassed) and announce it; the node's own command, so also
+        during a run (which waits meanwhile)."""
+        msg = item.message
+        assert isinstance(msg, Characterise)
+        if msg.device != self.device_id:
+            return
+        if self.session is not None and msg.run_id != self.session.run_id:
+            reason = f"not measuring h for run {msg.run_id}: training run {self.session.run_id}"
+            self.report_error("busy", reason, msg.run_id)
+            return
+        try:
+            self.announce(self._characterise(msg.model, msg.batch_size, fresh=True))
+        except ConfigError as exc:  # logged by the characteriser
+            self.report_error("command", str(exc), msg.run_id)
+            self.announce(None)
+
+    def _characterise(self, model: dict[str, Any], batch_size: int, *, fresh: bool) -> Characterisation:
+        """``h`` for ``model`` at the current slowdown, measured with this device's torch threads."""
+        threads = self.profile.threads if self.profile else self.config.threads
+        return self.characteriser.measure(
+            model, batch_size, slowdown=self.slowdown, threads=threads, fresh=fresh
+        )
 
     def measure_link(self, run_id: str, target: str) -> None:
         """Measure the link to ``target`` on a thread of its own (the loop goes on) and report it."""
