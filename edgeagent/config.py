@@ -98,6 +98,12 @@ class CentralConfig(BrokerAccess):
     # uniform: PipeDream's even split, never changes; dynamic: FTPipeHD (re-split from measurements);
     # oracle: the DP fed the true slowdowns, the limit to measure against.
     partition: PartitionMode = "dynamic"
+    # How the split learns a device's speed: AccEPT's latency predictor (papers/004 Sec. 3.2; every device
+    # characterised when it joins, re-measured when a stage time drifts beyond epsilon) or FTPipeHD's
+    # capacity estimate (papers/000 eq. 1-3), the baseline. A model without a trained predictor falls back
+    # to capacity (with a log line saying how to build one).
+    estimator: Literal["predictor", "capacity"] = "predictor"
+    epsilon: float = Field(0.1, gt=0, le=10, description="drift share that triggers a new h")
     repartition_first: int = Field(10, ge=1, description="batches of epoch 0 before the first re-split")
     repartition_every: int = Field(100, ge=1, description="batches between later re-splits")
     # Replication (papers/000 Sec. III-E) and recovery (Sec. III-F). respipe: the next worker takes over

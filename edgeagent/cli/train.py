@@ -80,6 +80,19 @@ def train_options(f: F) -> F:
             help="uniform: PipeDream's even split; dynamic: FTPipeHD (default); oracle: DP on true speeds.",
         ),
         click.option(
+            "--estimator",
+            type=click.Choice(["predictor", "capacity"]),
+            help="Device speed for the split: predictor (AccEPT's latency predictor: every device's h from "
+            "its announcement, so the first split already uses it; the default) or capacity (FTPipeHD's "
+            "eq. 1-3, the baseline).",
+        ),
+        click.option(
+            "--epsilon",
+            type=float,
+            help="Predictor: a measured stage time this share away from its prediction makes the device "
+            "measure its h again (0.1).",
+        ),
+        click.option(
             "--repartition-first", type=int, help="Batches of epoch 0 before the first re-split (10)."
         ),
         click.option("--repartition-every", type=int, help="Batches between later re-splits (100)."),
@@ -171,6 +184,8 @@ _CENTRAL_KEYS = (
     "mode",
     "max_replicas",
     "partition",
+    "estimator",
+    "epsilon",
     "repartition_first",
     "repartition_every",
     *ACCESS_KEYS,

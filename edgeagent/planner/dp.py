@@ -15,6 +15,10 @@ is implemented over half-open ranges: ``A[k][e]`` is the best bottleneck time of
 stages ``0..k-1``. Every link has its own bandwidth (``links[k - 2]`` for the link in front of stage
 ``k - 1``); nothing is shared between links. Beyond the paper: a per-message ``latency`` per link, an
 ``activation_factor`` on ``D_j`` (compression), and per-stage memory limits.
+
+AccEPT (papers/004 eq. 9-10) keeps the recursion and replaces eq. 3's ``T^0 * C_k`` with the latency
+predictor's time of the whole range on the device: ``range_times[k][s][e - s - 1]`` (a table per
+stage; ``None`` for a stage keeps eq. 3, e.g. the central node's own profile in eq. 9).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class Problem:
     memory_limits: tuple[float | None, ...] | None = None  # per stage, bytes; None = unlimited
     in_flight: int = 0  # batches in flight on stage 0; 0 = the number of stages (PipeDream's NOAM)
     activation_factor: float = 1.0  # multiplies D_j on the wire (compressed size / raw size)
+    # Per stage: predicted seconds of every range [s, e) as table[s][e - s - 1] (AccEPT eq. 10), or None.
+    range_times: tuple[tuple[tuple[float, ...], ...] | None, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("layer_times", "output_bytes", "capacities", "links", "param_bytes", "memory_limits"):
@@ -81,6 +87,23 @@ class Problem:
         self._check_param_bytes()
         self._check_memory_limits()
         self._check_options()
+        self._check_range_times()
+
+    def _check_range_times(self) -> None:
+        if self.range_times is None:
+            return
+        tables = tuple(None if tb is None else tuple(tuple(row) for row in tb) for tb in self.range_times)
+        object.__setattr__(self, "range_times", tables)
+        if len(tables) != len(self.capacities):
+            raise ValueError(f"{len(tables)} range-time tables for {len(self.capacities)} stages")
+        num_layers = len(self.layer_times)
+        for k, table in enumerate(tables):
+            if table is None:
+                continue
+            if [len(row) for row in table] != [num_layers - s for s in range(num_layers)]:
+                raise ValueError(f"range_times[{k}] is not a table of the {num_layers} layers' ranges")
+            for row in table:
+                _finite_nonneg(f"range_times[{k}]", row)
 
     def _check_sizes(self) -> None:
         """Layers, stages, output sizes and links that fit together."""
@@ -165,10 +188,18 @@ def _check_range(p: Problem, start: int, end: int) -> None:
         raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{p.num_layers}")
 
 
+def _table(p: Problem, k: int) -> tuple[tuple[float, ...], ...] | None:
+    return None if p.range_times is None else p.range_times[k]
+
+
 def compute_time(p: Problem, k: int, start: int, end: int) -> float:
-    """Eq. 3 and 7: ``T^k(start..end-1) = sum_{m=start}^{end-1} T^0_{e,m} * C_k`` seconds per batch."""
+    """Eq. 3 and 7: ``T^k(start..end-1) = sum_{m=start}^{end-1} T^0_{e,m} * C_k`` seconds per batch; with a
+    predictor's table for stage ``k`` (AccEPT eq. 10), the table's time of the range."""
     _check_stage(p, k)
     _check_range(p, start, end)
+    table = _table(p, k)
+    if table is not None:
+        return table[start][end - start - 1]
     return range_sum(p.layer_times, start, end) * p.capacities[k]
 
 
@@ -304,7 +335,12 @@ def solve(p: Problem) -> list[int]:
     params = [list(itertools.accumulate(sizes[s:])) for s in range(num_layers)]
     acts = [list(itertools.accumulate(p.output_bytes[s:])) for s in range(num_layers)]
 
+    tables = [_table(p, k) for k in range(n)]
+
     def cost(k: int, s: int, e: int) -> float:
+        table = tables[k]
+        if table is not None:
+            return table[s][e - s - 1]
         return times[s][e - s - 1] * p.capacities[k]
 
     def ok(k: int, s: int, e: int) -> bool:

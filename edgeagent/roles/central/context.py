@@ -30,6 +30,7 @@ from edgeagent.planner.deadlines import Deadlines
 from edgeagent.planner.dp import Link
 from edgeagent.planner.policy import RepartitionPolicy
 from edgeagent.planner.profiler import LayerProfile, profile_layers
+from edgeagent.predictor.tracker import DeviceTimes
 from edgeagent.protocol.messages import (
     Announce,
     EvalResult,
@@ -163,6 +164,8 @@ class RunState:
         # Batch normalisation in the model: a replicated stage's members then need enough rows each.
         self.normalises = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         self.profile = self._profile(model)
+        self.characterisations: list[dict[str, Any]] = []  # every h taken (copied into the report)
+        self.device_times = self._device_times()  # the latency predictor (None: FTPipeHD's capacity)
         self.points = self.initial_points()
         if resume is not None and len(resume["points"]) == len(self.worker_list) + 1:
             self.points = list(resume["points"])
@@ -185,6 +188,9 @@ class RunState:
     MODE = "pipeline"  # what the assignments name (Assign.mode): the worker half of this run
 
     def initial_points(self) -> list[int]:  # planning.Planning gives the real one
+        raise NotImplementedError
+
+    def _device_times(self) -> DeviceTimes | None:  # estimation.Estimation gives the real one
         raise NotImplementedError
 
     @property
@@ -267,6 +273,8 @@ class RunState:
             layer_profile=self.profile.to_dict(),
             partition_mode=self.config.partition,
             mode=self.MODE,
+            estimator="predictor" if self.device_times is not None else "capacity",
+            characterisations=self.characterisations,
         )
         if self.resume is not None:
             for key in ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch"):

@@ -129,10 +129,15 @@ class Handlers(Checkpoints):
         else:
             self.inbox.weights[msg.device_id] = msg
 
+    def on_h(self, msg: Announce) -> None:
+        """A device announced its ``h`` (estimation.Estimation uses it)."""
+
     def on_announce(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Announce)
         self.node.remember(msg, keep=self.worker_list)
+        if msg.h and msg.busy_with in ("", self.run_id):
+            self.on_h(msg)
         joinable = self.train_started and not msg.busy_with
         new = msg.device_id not in self.worker_list and msg.device_id not in self.joiners
         if joinable and new and self.resplits:

@@ -74,7 +74,7 @@ class HybridRun(PipelineRun):
     def initial_points(self) -> list[int]:
         """The first plan over every discovered device: equal devices, or the true speeds (oracle)."""
         devices = list(self.worker_list)
-        caps = [self._true_cap(d) if self.oracle else 1.0 for d in devices]
+        caps = [self._true_cap(d) if self.oracle else self._first_cap(d) for d in devices]
         plan = self._solve_hybrid(devices, caps, [math.inf] * len(devices))
         self._adopt_plan(plan, devices)
         return list(plan.points)
@@ -145,12 +145,18 @@ class HybridRun(PipelineRun):
         if self.start_version or not self.links or self.config.partition == "uniform":
             return
         devices = [self.device_id, *sorted(d for d in self._usable() if d != self.device_id)]
-        caps = [self._true_cap(d) if self.oracle else 1.0 for d in devices]
+        caps = [self._true_cap(d) if self.oracle else self._first_cap(d) for d in devices]
         plan = self._solve_hybrid(devices, caps, self._bandwidths(devices))
         groups = self._groups_of(plan, devices)
         if groups.members == self.groups.members and list(plan.points) == self.points:
             return
-        what = "the true speeds (oracle)" if self.oracle else "equal devices"
+        what = (
+            "the true speeds (oracle)"
+            if self.oracle
+            else "predicted speeds (h)"
+            if self.device_times is not None
+            else "equal devices"
+        )
         reason = f"the hybrid DP over {what} and the measured links"
         order = Plan(list(plan.points), plan.time, reason, groups.primaries, groups)
         fault = self._admit_joiners(order, 0) or self._switch_to(

@@ -26,6 +26,8 @@ from edgeagent.models import ModelSpec, num_layers
 from edgeagent.modes import mode
 from edgeagent.modes.base import CentralRun
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
+from edgeagent.predictor.measure import ModelLayers, characterise, model_key
+from edgeagent.predictor.store import shipped_path
 from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import Announce, Discover, Heartbeat, Message, Status
@@ -77,6 +79,7 @@ class Central(Role):
         self.progress = progress
         self.probes = LinkProbes(self)
         self.workers: dict[str, DeviceState] = {}  # the run's devices; liveness stamped on arrival
+        self._own_h_seconds: float | None = None  # measuring h here took this long (the h wait's unit)
         self.announced: dict[str, Announce] = {}  # what devices announced (joins, restarts)
         self.mode = mode(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
         self.active: CentralRun | None = None  # the mode's run, once its devices are known
@@ -111,7 +114,7 @@ class Central(Role):
         interval = watchdog_interval()
         watchdog = Watchdog(self.notifier, self.healthy, interval).start() if interval else None
         try:
-            devices = [self.device_id, *self._discover(self.config.workers)]
+            devices = [self.device_id, *self._discover(self.config.workers, spec)]
             report = self.mode.run(self, data, spec, devices)
             report.wall_seconds = time.perf_counter() - started
             return report
@@ -174,35 +177,57 @@ class Central(Role):
 
     # -- devices -------------------------------------------------------------------------------
 
-    def _discover(self, wanted: int) -> list[str]:
-        """Ask devices to announce themselves until ``wanted`` idle workers answered."""
+    def _discover(self, wanted: int, spec: ModelSpec) -> list[str]:
+        """Ask devices to announce themselves until ``wanted`` idle workers answered. With the latency
+        predictor the request names the model and batch size, and every worker answers with its ``h``
+        (papers/004 Sec. 3.2): the wait for those is bounded (see :meth:`_h_wait`); a device whose ``h``
+        did not come is planned by FTPipeHD's capacity estimate."""
         if wanted == 0:
             return []
         found: dict[str, Announce] = {}
+        request = self._h_request(spec)
+        key = model_key(spec)
+
+        def has_h(msg: Announce) -> bool:
+            return msg.h_key == key and msg.h_batch == self.config.train.batch_size and len(msg.h) > 0
 
         def on_announce(item: Inbound) -> None:
             msg = item.message
             assert isinstance(msg, Announce)
             # Idle devices, or (after the central node itself restarted) devices still in this run.
             if msg.busy_with in ("", self.run_id) and msg.device_id != self.device_id:
-                found.setdefault(msg.device_id, msg)
+                old = found.get(msg.device_id)
+                if old is None or has_h(msg) or not has_h(old):
+                    found[msg.device_id] = msg
 
         next_ask = 0.0
+        h_deadline: float | None = None
 
         def enough() -> bool:
-            nonlocal next_ask
+            nonlocal next_ask, h_deadline
+            now = time.monotonic()
             if len(found) >= wanted:
-                return True
-            if time.monotonic() >= next_ask:
-                self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
-                next_ask = time.monotonic() + 2.0
+                if request is None or all(has_h(found[d]) for d in sorted(found)[:wanted]):
+                    return True
+                if h_deadline is None:
+                    h_deadline = now + self._h_wait(spec)
+                    log.info("waiting up to %.0f s for the workers' h", h_deadline - now)
+                elif now >= h_deadline:
+                    return True
+            if now >= next_ask:
+                model, batch = request if request is not None else ({}, 0)
+                self.send(
+                    self.topics.fixed(Family.DISCOVER),
+                    Discover(run_id=self.run_id, model=model, batch_size=batch),
+                )
+                next_ask = now + 2.0
             return False
 
         log.info("waiting for %d worker(s) on %s", wanted, self.topics.base)
         self.on(Announce, on_announce)
         self.wait_until(
             enough,
-            self.config.startup_timeout,
+            self.config.startup_timeout + (self._h_wait(spec) if request is not None else 0.0),
             lambda: (
                 f"only {len(found)} of {wanted} workers announced themselves ({sorted(found)}); start "
                 f"more with `edgeagent worker --broker URL --cluster {self.topics.cluster}`"
@@ -215,8 +240,28 @@ class Central(Role):
             self.workers[d] = DeviceState(
                 d, now, slowdown=found[d].slowdown, memory_limit=found[d].memory_limit
             )
+            self.remember(found[d], keep=chosen)
         log.info("workers: %s", ", ".join(chosen))
         return chosen
+
+    def _h_request(self, spec: ModelSpec) -> tuple[dict[str, Any], int] | None:
+        """The model and batch size the workers measure ``h`` for, when the run uses the predictor."""
+        config = self.config
+        if (
+            config.estimator != "predictor"
+            or config.partition != "dynamic"
+            or not shipped_path(spec).exists()
+        ):
+            return None
+        return spec.to_dict(), config.train.batch_size
+
+    def _h_wait(self, spec: ModelSpec) -> float:
+        """How long to wait for the workers' ``h`` once they answered: 60 times what measuring it takes on
+        the central node (a Pi is 10-50x slower), at least 20 s; measured once per run."""
+        if self._own_h_seconds is None:
+            model = ModelLayers.build(spec, self.config.train.batch_size)
+            self._own_h_seconds = characterise(model, budget=60.0, slowdown=self.config.slowdown).seconds
+        return max(20.0, 60.0 * self._own_h_seconds)
 
     def remember(self, msg: Announce, *, keep: list[str]) -> None:
         """Keep ``msg`` as the device's latest announcement; bounded (forged ids must not grow it forever),

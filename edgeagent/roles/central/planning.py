@@ -19,13 +19,13 @@ from edgeagent.planner.policy import choose_plan
 from edgeagent.protocol.commands import Emulate, SetCompression
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.context import Plan
-from edgeagent.roles.central.setup import Setup
+from edgeagent.roles.central.estimation import Estimation
 
 log = logging.getLogger("edgeagent.roles.central")
 
 
-class Planning(Setup):
-    """The split: from the DP over measured capacities and links; bit widths per link."""
+class Planning(Estimation):
+    """The split: from the DP over measured capacities (or predicted times) and links; bit widths per link."""
 
     def _problem(
         self, caps: list[float], workers: list[str] | None = None, links: list[Link] | None = None
@@ -43,6 +43,7 @@ class Planning(Setup):
             param_bytes=params,
             in_flight=self.train.in_flight or len(devices),
             activation_factor=self._comm_factor(len(devices)),
+            range_times=self._range_times(devices),
         )
 
     def _comm_factor(self, n: int) -> float:
@@ -84,10 +85,23 @@ class Planning(Setup):
         (papers/000 Sec. III-B); with memory limits, the same objective (equal devices, links free)
         solved by the DP under those limits, so a memory-tight device never gets more than it holds."""
         n = len(self.worker_list)
+        if self.device_times is not None and n > 1:
+            # AccEPT: every device's predicted times from its h (links not measured yet: free).
+            return self._solve(self._problem(self._first_capacities(), links=[Link(math.inf)] * (n - 1)))
         if self._memory_limits(self.worker_list) is None:
             return balanced_partition(self.profile.seconds, n)
         equal = self._problem([1.0] * n, links=[Link(math.inf)] * (n - 1))
         return self._solve(equal)
+
+    def _initial_reason(self) -> str:
+        if self.device_times is not None and len(self.worker_list) > 1:
+            return "initial: predicted times from every device's h (AccEPT)"
+        return "initial: equal devices (PipeDream)"
+
+    def _first_capacities(self) -> list[float]:
+        """Before anything ran: the central node's own emulated slowdown (its profile is eq. 9's ``T^0``),
+        equal devices for workers (ignored where the predictor has a device's h)."""
+        return [self.config.slowdown, *[1.0] * (len(self.worker_list) - 1)]
 
     def _true_capacities(self) -> list[float]:
         return [self.config.slowdown, *(self.workers[d].slowdown for d in self.worker_list[1:])]
@@ -119,6 +133,7 @@ class Planning(Setup):
         caps = self._measured_capacities()
         if caps is None or self.plan_job is not None:
             return
+        self._observe_stage_times()
         joiners = [d for d in self.joiners if d not in self.worker_list]
         workers = [*self.worker_list, *joiners]
         # A newcomer's speed is unknown until it has run: take the mean of the workers' capacities.
@@ -129,6 +144,7 @@ class Planning(Setup):
 
         def run() -> None:
             try:
+                self._adapt_predictor()
                 job.set_result(self._plan(caps, current, workers))
             except Exception as exc:  # a planning bug must not stop training: keep the split
                 job.set_exception(exc)

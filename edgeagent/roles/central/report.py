@@ -29,6 +29,11 @@ class RunReport:
     failovers: list[dict[str, Any]] = field(default_factory=list)
     mode: str = "pipeline"
     partition_mode: str = "dynamic"
+    # How the split learned device speeds: "predictor" (AccEPT) or "capacity" (FTPipeHD); every h a device
+    # announced (at discovery, after a drift) and every adaptive update of the predictor.
+    estimator: str = "capacity"
+    characterisations: list[dict[str, Any]] = field(default_factory=list)
+    adaptations: list[dict[str, Any]] = field(default_factory=list)
     in_flight: int = 0
     aggregation: bool = True
     links: list[dict[str, float]] = field(default_factory=list)

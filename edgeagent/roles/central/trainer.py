@@ -51,20 +51,28 @@ class PipelineRun(Recovery):
         self._apply_compression(epoch=self.start_version // max(1, self.per_epoch))
         self._record_partition(
             self.start_version,
-            "resumed from a checkpoint" if self.resume else "initial: equal devices (PipeDream)",
+            "resumed from a checkpoint" if self.resume else self._initial_reason(),
         )
         self._plan_before_training()
         self._train()
         return self.report
 
     def _plan_before_training(self) -> None:
-        """``--partition oracle``: the DP fed the true slowdowns and the measured links, before batch 0."""
-        if self.config.partition == "oracle" and len(self.worker_list) > 1:
-            points = self._solve(self._problem(self._true_capacities()))
-            fault = self._switch_to(points, version=0) if points != self.points else None
-            if fault is not None:
-                raise TrainingError(f"before training started: {fault.reason}")
-            self._record_partition(0, "oracle: the DP fed the true slowdowns")
+        """Before batch 0, over the measured links: ``--partition oracle``, the DP fed the true slowdowns;
+        the latency predictor, the DP fed every device's predicted times (AccEPT eq. 10)."""
+        if len(self.worker_list) < 2:
+            return
+        if self.config.partition == "oracle":
+            caps, reason = self._true_capacities(), "oracle: the DP fed the true slowdowns"
+        elif self.device_times is not None:
+            caps, reason = self._first_capacities(), "predictor: the DP fed the devices' predicted times"
+        else:
+            return
+        points = self._solve(self._problem(caps))
+        fault = self._switch_to(points, version=0) if points != self.points else None
+        if fault is not None:
+            raise TrainingError(f"before training started: {fault.reason}")
+        self._record_partition(0, reason)
 
     # -- the loop ------------------------------------------------------------------------------
 

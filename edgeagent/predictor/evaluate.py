@@ -1,0 +1,101 @@
+"""Prediction accuracy on held-out resource configurations (papers/004 Sec. 4.2.1 and Fig. 8).
+
+For every held-out record (one configuration: ``h`` and every sub-model's measured time) the share of
+sub-models predicted within ±5 % and ±10 % by
+
+* the predictor as pre-trained, and after the adaptive update with 2, 4 and 8 samples of that
+  configuration (the paper's protocol: the samples are the device's representative sub-models, which
+  ``h`` already measured; the sub-models used are left out of the test set);
+* FLOPs-linear, the per-layer look-up table and FTPipeHD's capacity ratio, on the same sub-models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeagent.planner.partition import balanced_partition
+from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
+from edgeagent.predictor.net import LatencyPredictor, Sample
+from edgeagent.predictor.submodels import Range, representative
+
+ADAPT_SAMPLES = (2, 4, 8)
+BOUNDS = (0.05, 0.10)
+
+
+@dataclass
+class Scores:
+    """Share within each bound, per method, averaged over configurations on :meth:`mean`."""
+
+    rows: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+    def add(self, method: str, predicted: Sequence[float], measured: Sequence[float]) -> None:
+        pair = (within(predicted, measured, BOUNDS[0]), within(predicted, measured, BOUNDS[1]))
+        self.rows.setdefault(method, []).append(pair)
+
+    def mean(self) -> dict[str, tuple[float, float]]:
+        return {
+            method: (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
+            for method, pairs in self.rows.items()
+        }
+
+
+def _times(record: Mapping[str, Any]) -> dict[Range, float]:
+    return {(int(s), int(e)): float(t) for (s, e), t in zip(record["ranges"], record["seconds"], strict=True)}
+
+
+def reference_record(records: Sequence[Mapping[str, Any]], batch_size: int) -> Mapping[str, Any]:
+    """The central node of FTPipeHD's capacity estimate: a full-speed configuration (no quota, no
+    emulated slowdown, one core's worth) at the nearest batch size."""
+
+    def rank(r: Mapping[str, Any]) -> tuple[int, int, int]:
+        cfg = r["config"]
+        full = cfg.get("cpu_quota") is None and float(cfg.get("slowdown", 1.0)) == 1.0
+        return (0 if full else 1, abs(int(r["batch_size"]) - batch_size), int(cfg.get("threads", 1)))
+
+    return min(records, key=rank)
+
+
+def _layer_times(times: Mapping[Range, float], num_layers: int) -> list[float]:
+    return [times[(j, j + 1)] for j in range(num_layers)]
+
+
+def evaluate(
+    predictor: LatencyPredictor,
+    held_out: Sequence[Mapping[str, Any]],
+    training: Sequence[Mapping[str, Any]],
+    *,
+    adapt_steps: int = 300,
+) -> tuple[Scores, list[dict[str, Any]]]:
+    """Scores over ``held_out`` and one row per configuration (its name and every method's shares)."""
+    scores = Scores()
+    per_config: list[dict[str, Any]] = []
+    n = predictor.num_layers
+    reps = representative(predictor.layer_flops)
+    for record in held_out:
+        times = _times(record)
+        ranges = sorted(times)
+        measured = [times[r] for r in ranges]
+        h = tuple(float(v) for v in record["h"])
+        local = Scores()
+        local.add("predictor", predictor.predict(ranges, h), measured)
+        for k in ADAPT_SAMPLES:
+            used = reps[:k]
+            adapted = predictor.adapt([Sample(a, b, h, times[(a, b)]) for a, b in used], steps=adapt_steps)
+            test = [r for r in ranges if r not in used]
+            local.add(f"predictor+{k}", adapted.predict(test, h), [times[r] for r in test])
+        local.add("flops-linear", flops_linear(predictor.layer_flops, h, ranges), measured)
+        local.add("lookup-table", lookup_table(_layer_times(times, n), ranges), measured)
+        reference = _times(reference_record(training, int(record["batch_size"])))
+        ref_layers = _layer_times(reference, n)
+        points = balanced_partition(ref_layers, 3)
+        stage = (points[1], points[2])
+        local.add("capacity", capacity_ratio(ref_layers, stage, times[stage], ranges), measured)
+        for method, pairs in local.rows.items():
+            scores.rows.setdefault(method, []).extend(pairs)
+        per_config.append({"config": record["config"].get("name", "?"), **local.mean()})
+    return scores, per_config
+
+
+__all__ = ["ADAPT_SAMPLES", "BOUNDS", "Scores", "evaluate", "reference_record"]

@@ -1,0 +1,126 @@
+"""Dynamic prediction and adaptive update during a run (papers/004 Sec. 3.2), as policy without I/O.
+
+The central node keeps one :class:`DeviceTimes`: every device's ``h`` (from its announcement), the
+predicted seconds of every contiguous layer range on it (the DP's tables, eq. 10), and the measured
+stage times that ride with the gradients. :meth:`DeviceTimes.observe` compares a measured time with the
+prediction: beyond ``epsilon`` (relative) the device's computing resources changed and its ``h`` should
+be measured again (the caller asks the device). Every observation is also a sample of ``D^``;
+:meth:`DeviceTimes.adapt` continues training the predictor on them (the paper's continuous learning).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edgeagent.predictor.net import LatencyPredictor, Sample
+from edgeagent.predictor.submodels import REPRESENTATIVES, representative
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A measured stage time beyond ``epsilon`` of its prediction."""
+
+    device: str
+    start: int
+    end: int
+    measured: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return (self.measured - self.predicted) / self.predicted
+
+
+def valid_h(h: Sequence[float]) -> bool:
+    return len(h) == REPRESENTATIVES and all(math.isfinite(v) and v > 0 for v in h)
+
+
+class DeviceTimes:
+    """Predicted range times per device, drift detection, and the adaptive update."""
+
+    def __init__(self, predictor: LatencyPredictor, *, epsilon: float = 0.1, max_samples: int = 64) -> None:
+        if not (math.isfinite(epsilon) and epsilon > 0):
+            raise ValueError(f"epsilon {epsilon} must be a finite number > 0 (a share, e.g. 0.1 for 10 %)")
+        self.predictor = predictor
+        self.epsilon = epsilon
+        self.max_samples = max_samples
+        self.h: dict[str, tuple[float, ...]] = {}
+        self.samples: dict[tuple[str, int, int], Sample] = {}  # D^: the latest per device and range
+        self.adaptations = 0
+        self._tables: dict[str, list[list[float]]] = {}
+        self._lock = threading.Lock()
+
+    def set_h(self, device: str, h: Sequence[float]) -> bool:
+        """Take ``device``'s (new) ``h``; False (ignored) unless it is ten finite positive seconds. Its
+        representative sub-models' times are samples of ``D^`` too (measured on the device)."""
+        if not valid_h(h):
+            return False
+        values = tuple(float(v) for v in h)
+        with self._lock:
+            self.h[device] = values
+            self._tables.pop(device, None)
+            for key in [k for k in self.samples if k[0] == device]:
+                del self.samples[key]  # measured under the old resources
+        return True
+
+    def representative_samples(self, device: str) -> list[Sample]:
+        """The ten (sub-model, h, time) samples ``h`` itself is made of."""
+        h = self.h[device]
+        reps = representative(self.predictor.layer_flops)
+        return [Sample(a, b, h, t) for (a, b), t in zip(reps, h, strict=True)]
+
+    def known(self, device: str) -> bool:
+        return device in self.h
+
+    def table(self, device: str) -> list[list[float]] | None:
+        """``table[s][e - s - 1]``: predicted seconds of layers ``[s, e)`` on ``device`` (None: no ``h``)."""
+        with self._lock:
+            cached = self._tables.get(device)
+            h = self.h.get(device)
+            predictor = self.predictor
+        if cached is not None or h is None:
+            return cached
+        table = predictor.table(h)
+        with self._lock:
+            if self.predictor is predictor and self.h.get(device) == h:
+                self._tables[device] = table
+        return table
+
+    def predict(self, device: str, start: int, end: int) -> float | None:
+        table = self.table(device)
+        return None if table is None else table[start][end - start - 1]
+
+    def observe(self, device: str, start: int, end: int, measured: float) -> Drift | None:
+        """A stage time measured on ``device`` for ``[start, end)``: kept as a sample; a :class:`Drift` if it
+        is more than ``epsilon`` away from the prediction (the paper's trigger to re-measure ``h``)."""
+        predicted = self.predict(device, start, end)
+        if predicted is None or not (math.isfinite(measured) and measured > 0):
+            return None
+        with self._lock:
+            self.samples[(device, start, end)] = Sample(start, end, self.h[device], measured)
+            while len(self.samples) > self.max_samples:
+                del self.samples[next(iter(self.samples))]
+        if abs(measured - predicted) > self.epsilon * predicted:
+            return Drift(device, start, end, measured, predicted)
+        return None
+
+    def adapt(self, steps: int = 300) -> int:
+        """Continue training on ``D`` plus every sample of ``D^`` (papers/004 "Adaptive update"); returns
+        how many samples it used. Runs off the training thread; the tables follow the new predictor."""
+        with self._lock:
+            samples = list(self.samples.values())
+            base = self.predictor
+        if not samples:
+            return 0
+        adapted = base.adapt(samples, steps=steps)
+        with self._lock:
+            self.predictor = adapted
+            self._tables.clear()
+            self.adaptations += 1
+        return len(samples)
+
+
+__all__ = ["DeviceTimes", "Drift", "valid_h"]

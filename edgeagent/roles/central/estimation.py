@@ -1,0 +1,166 @@
+"""How the central node knows a device's speed (papers/004 Sec. 3.2 against papers/000 eq. 1-3).
+
+``--estimator predictor`` (AccEPT): every worker announces ``h`` for the run's model and batch size when
+it is discovered, so the **first** split already uses predicted times per device (eq. 10) instead of an
+equal split. During the run the stage times that ride with the gradients are compared with the
+prediction (:class:`edgeagent.predictor.tracker.DeviceTimes`): beyond ``--epsilon`` the device is asked
+to measure ``h`` again (``Characterise``); every measured time is a sample of the adaptive update,
+which the planning job runs before it plans. ``--estimator capacity`` is FTPipeHD's estimate, the
+baseline; a model without a trained predictor falls back to it, with a log line that says how to build
+one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from edgeagent.predictor.measure import model_key
+from edgeagent.predictor.store import shipped, shipped_path
+from edgeagent.predictor.tracker import DeviceTimes
+from edgeagent.protocol.commands import Characterise
+from edgeagent.protocol.messages import Announce
+from edgeagent.protocol.topics import Family
+from edgeagent.roles.central.setup import Setup
+
+log = logging.getLogger("edgeagent.roles.central")
+
+RangeTables = tuple[tuple[tuple[float, ...], ...] | None, ...]
+
+
+class Estimation(Setup):
+    """The latency predictor's state in a run: ``self.device_times`` (None: FTPipeHD's capacity)."""
+
+    def _device_times(self) -> DeviceTimes | None:
+        """The run's predictor with every worker's announced ``h``, or None for the capacity estimate."""
+        self.recharacterised: dict[str, float] = {}  # device -> when it was last asked for a new h
+        if self.config.estimator != "predictor" or self.config.partition != "dynamic":
+            return None
+        try:
+            predictor = shipped(self.spec)
+        except ValueError as exc:
+            log.warning("latency predictor unusable (%s); planning with FTPipeHD's capacity estimate", exc)
+            return None
+        if predictor is None:
+            log.warning(
+                "no latency predictor for model %s (key %s, looked for %s); planning with FTPipeHD's "
+                "capacity estimate. Build one: `edgeagent predictor collect --model %s` then "
+                "`edgeagent predictor train`",
+                self.spec.name,
+                model_key(self.spec),
+                shipped_path(self.spec),
+                self.spec.name,
+            )
+            return None
+        if predictor.num_layers != len(self.param_bytes):
+            log.warning(
+                "the latency predictor has %d layers, the model %d: not used",
+                predictor.num_layers,
+                len(self.param_bytes),
+            )
+            return None
+        times = DeviceTimes(predictor, epsilon=self.config.epsilon)
+        for device in self.worker_list[1:]:
+            self._take_h(times, self.announced.get(device))
+        missing = [d for d in self.worker_list[1:] if not times.known(d)]
+        if missing:
+            log.warning("no h from %s: planned as equal devices until they have run", ", ".join(missing))
+        return times
+
+    def _take_h(self, times: DeviceTimes, msg: Announce | None) -> bool:
+        """Take a device's ``h`` if it was measured for this run's model and batch size."""
+        if msg is None or msg.h_key != model_key(self.spec) or msg.h_batch != self.train.batch_size:
+            return False
+        if not times.set_h(msg.device_id, msg.h):
+            return False
+        self.characterisations.append(
+            {
+                "device": msg.device_id,
+                "h": [round(v, 6) for v in msg.h],
+                "seconds": round(msg.h_seconds, 3),
+                "batch": len(self.report.timeline) if self.train_started else 0,
+            }
+        )
+        log.info(
+            "%s: h %.1f-%.1f ms (measured in %.1f s)",
+            msg.device_id,
+            1e3 * min(msg.h),
+            1e3 * max(msg.h),
+            msg.h_seconds,
+        )
+        return True
+
+    def _range_times(self, workers: list[str]) -> RangeTables | None:
+        """Per stage of ``workers``: the predictor's table of the device (None: the central node, whose own
+        profile is eq. 9's ``T^0``, and devices without ``h``, planned by their capacity)."""
+        times = self.device_times
+        if times is None:
+            return None
+        tables: list[tuple[tuple[float, ...], ...] | None] = [None]
+        for device in workers[1:]:
+            table = times.table(device)
+            tables.append(None if table is None else tuple(tuple(row) for row in table))
+        return tuple(tables) if any(t is not None for t in tables) else None
+
+    def _first_cap(self, device: str) -> float:
+        """A device's capacity before it ran (the hybrid planner's per-device speed): with the predictor,
+        its predicted time of the whole model over the central node's profile (the central node: its own
+        emulated slowdown); otherwise equal devices."""
+        times = self.device_times
+        if times is None:
+            return 1.0
+        if device == self.device_id:
+            return self.config.slowdown
+        whole = times.predict(device, 0, len(self.profile.seconds))
+        reference = sum(self.profile.seconds)
+        return whole / reference if whole is not None and reference > 0 else 1.0
+
+    def _observe_stage_times(self) -> None:
+        """Dynamic prediction: compare every worker's measured stage time with its prediction; beyond
+        epsilon, ask the device for a new ``h`` (at most once per planning interval)."""
+        times = self.device_times
+        if times is None or len(self.stage_times) != len(self.worker_list) - 1:
+            return
+        for k, device in enumerate(self.worker_list[1:], start=1):
+            drift = times.observe(device, self.points[k], self.points[k + 1], self.stage_times[k - 1])
+            if drift is None:
+                continue
+            log.info(
+                "%s: stage time %.1f ms is %+.0f %% off the predicted %.1f ms (epsilon %.0f %%): asking "
+                "it to measure h again",
+                device,
+                1e3 * drift.measured,
+                100 * drift.error,
+                1e3 * drift.predicted,
+                100 * times.epsilon,
+            )
+            self.event("drift", device=device, measured=drift.measured, predicted=drift.predicted)
+            now = time.monotonic()
+            if now - self.recharacterised.get(device, -1e9) > 0:
+                self.recharacterised[device] = now
+                self.send(
+                    self.topics.fixed(Family.COMMAND),
+                    Characterise(
+                        run_id=self.run_id,
+                        device=device,
+                        model=self.spec.to_dict(),
+                        batch_size=self.train.batch_size,
+                    ),
+                )
+
+    def _adapt_predictor(self) -> None:
+        """The adaptive update, on the planning job's thread (papers/004 Sec. 3.2)."""
+        times = self.device_times
+        if times is None:
+            return
+        started = time.perf_counter()
+        used = times.adapt()
+        if used:
+            took = time.perf_counter() - started
+            log.info("latency predictor adapted on %d measured samples in %.2f s", used, took)
+            self.report.adaptations.append({"samples": used, "seconds": round(took, 3)})
+
+    def on_h(self, msg: Announce) -> None:
+        """A device announced a new ``h`` (after ``Characterise``, or a joiner): the next plan uses it."""
+        if self.device_times is not None and self._take_h(self.device_times, msg):
+            self.event("characterised", device=msg.device_id, h=list(msg.h), seconds=msg.h_seconds)

@@ -1,0 +1,230 @@
+"""The latency predictor's pure parts (papers/004 Sec. 3.2): sub-models, encodings, the representative
+ten, the baselines, the DP over predicted tables, and a predictor that trains and adapts (small, fast,
+on a synthetic device family whose layers do not all scale alike)."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgeagent.models import ModelSpec
+from edgeagent.planner.dp import Link, Problem, brute_force, compute_time, predict, solve
+from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
+from edgeagent.predictor.net import LatencyPredictor, Sample
+from edgeagent.predictor.store import load, save
+from edgeagent.predictor.submodels import all_ranges, by_flops, encode, representative
+from edgeagent.predictor.tracker import DeviceTimes
+
+# -- sub-models ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers", [1, 2, 5, 21])
+def test_all_ranges_are_the_contiguous_sub_models(layers: int) -> None:
+    ranges = all_ranges(layers)
+    assert len(ranges) == layers * (layers + 1) // 2
+    assert len(set(ranges)) == len(ranges)
+    assert all(0 <= s < e <= layers for s, e in ranges)
+
+
+def test_encoding_is_the_papers_binary_vector() -> None:
+    # The paper's example: layers 3..7 of a 10-layer model (1-based) are [2, 7) here.
+    assert encode(2, 7, 10) == [0, 0, 1, 1, 1, 1, 1, 0, 0, 0]
+    with pytest.raises(ValueError, match="outside"):
+        encode(3, 3, 10)
+
+
+def test_representative_are_the_flops_ranks_k_m_minus_1_over_9() -> None:
+    flops = [float(v) for v in (5, 1, 8, 2, 9, 3, 7)]
+    ranked = by_flops(flops)
+    m = len(ranked)
+    assert m == 28
+    reps = representative(flops)
+    assert len(reps) == 10
+    assert reps == [ranked[k * (m - 1) // 9] for k in range(10)]
+    assert reps[0] == ranked[0] and reps[-1] == ranked[-1] == (0, 7)  # the cheapest and the whole model
+    sums = [sum(flops[a:b]) for a, b in reps]
+    assert sums == sorted(sums)
+
+
+def test_representative_of_a_tiny_model_repeats_to_keep_ten() -> None:
+    assert len(representative([1.0])) == 10
+    assert set(representative([1.0, 2.0])) <= set(all_ranges(2))
+
+
+# -- baselines and the metric ----------------------------------------------------------------------
+
+
+def test_within_counts_relative_errors() -> None:
+    assert within([1.04, 0.9, 1.2], [1.0, 1.0, 1.0], 0.05) == pytest.approx(1 / 3)
+    assert within([1.04, 0.9, 1.2], [1.0, 1.0, 1.0], 0.10) == pytest.approx(2 / 3)
+
+
+def test_baselines_are_exact_on_their_own_assumptions() -> None:
+    flops = [1.0, 2.0, 3.0, 4.0]
+    h = [2.0 * sum(flops[a:b]) + 0.5 for a, b in representative(flops)]
+    ranges = all_ranges(4)
+    assert flops_linear(flops, h, ranges) == pytest.approx([2.0 * sum(flops[a:b]) + 0.5 for a, b in ranges])
+    assert lookup_table([1.0, 2.0, 3.0, 4.0], [(1, 3)]) == [5.0]
+    # Capacity: the stage [1, 3) took 3x its reference time, so every range is 3x.
+    assert capacity_ratio([1.0, 2.0, 3.0, 4.0], (1, 3), 15.0, [(0, 4)]) == [30.0]
+
+
+# -- the DP over predicted tables (AccEPT eq. 9-10) ------------------------------------------------
+
+
+def _table(per_layer: list[float], overhead: float) -> list[list[float]]:
+    n = len(per_layer)
+    return [[overhead + sum(per_layer[s:e]) for e in range(s + 1, n + 1)] for s in range(n)]
+
+
+def test_dp_uses_the_predicted_range_times_and_agrees_with_brute_force() -> None:
+    rng = random.Random(3)
+    for _ in range(40):
+        n, stages = rng.randint(3, 8), rng.randint(2, 3)
+        stages = min(stages, n)
+        layer_times = [rng.uniform(0.1, 1.0) for _ in range(n)]
+        tables = [None] + [
+            _table([rng.uniform(0.1, 3.0) for _ in range(n)], rng.uniform(0, 0.5)) for _ in range(stages - 1)
+        ]
+        p = Problem(
+            layer_times=tuple(layer_times),
+            output_bytes=tuple(rng.randint(1, 1000) for _ in range(n)),
+            capacities=(1.0,) * stages,
+            links=tuple(Link(rng.uniform(1e3, 1e5)) for _ in range(stages - 1)),
+            range_times=tuple(None if t is None else tuple(tuple(r) for r in t) for t in tables),
+        )
+        points = solve(p)
+        assert predict(p, points) == pytest.approx(predict(p, brute_force(p)))
+        table = tables[-1]
+        assert table is not None
+        assert compute_time(p, stages - 1, points[-2], n) == table[points[-2]][n - points[-2] - 1]
+
+
+def test_dp_rejects_a_table_of_the_wrong_shape() -> None:
+    with pytest.raises(ValueError, match="range_times"):
+        Problem(
+            layer_times=(1.0, 1.0),
+            output_bytes=(1, 1),
+            capacities=(1.0, 1.0),
+            links=(Link(1.0),),
+            range_times=(None, ((1.0,), (1.0,))),
+        )
+
+
+# -- the predictor ---------------------------------------------------------------------------------
+
+LAYERS = 8
+_RNG = random.Random(0)
+FLOPS = [_RNG.uniform(1e6, 1e8) for _ in range(LAYERS)]
+KIND = [_RNG.random() < 0.5 for _ in range(LAYERS)]
+
+
+def _device(speed: float, penalty: float, overhead: float):  # type: ignore[no-untyped-def]
+    """Seconds of [s, e): a device where one kind of layer runs ``penalty`` times slower than the other
+    (per-layer scaling would be wrong on it), plus a fixed per-call overhead."""
+
+    def seconds(s: int, e: int) -> float:
+        return speed * (sum(FLOPS[j] * (penalty if KIND[j] else 1.0) for j in range(s, e)) * 1e-9 + overhead)
+
+    return seconds
+
+
+def _samples(seconds) -> list[Sample]:  # type: ignore[no-untyped-def]
+    h = tuple(seconds(a, b) for a, b in representative(FLOPS))
+    return [Sample(a, b, h, seconds(a, b)) for a, b in all_ranges(LAYERS)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():  # type: ignore[no-untyped-def]
+    """Tiny networks: one thread (two threads on a busy 2-core machine are 15x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def trained() -> LatencyPredictor:
+    rng = random.Random(1)
+    data: list[Sample] = []
+    for _ in range(12):
+        data += _samples(_device(rng.uniform(0.5, 8), rng.uniform(0.5, 2), rng.uniform(5e-4, 3e-3)))
+    return LatencyPredictor.fit(data, FLOPS, variant="features", steps=800, seed=0)
+
+
+def test_predictor_predicts_a_held_out_device_better_than_flops_linear(trained: LatencyPredictor) -> None:
+    held_out = _device(3.3, 1.8, 1e-3)
+    ranges = all_ranges(LAYERS)
+    measured = [held_out(a, b) for a, b in ranges]
+    h = [held_out(a, b) for a, b in representative(FLOPS)]
+    ours = within(trained.predict(ranges, h), measured, 0.10)
+    assert ours >= 0.9
+    assert ours > within(flops_linear(FLOPS, h, ranges), measured, 0.10)
+
+
+def test_adaptive_update_improves_on_a_device_the_pre_training_never_saw(trained: LatencyPredictor) -> None:
+    odd = _device(2.0, 4.0, 2e-3)  # a layer kind 4x slower: outside the pre-training's 0.5-2
+    ranges = all_ranges(LAYERS)
+    h = tuple(odd(a, b) for a, b in representative(FLOPS))
+    measured = [odd(a, b) for a, b in ranges]
+
+    def error(p: LatencyPredictor) -> float:
+        return sum(abs(math.log(x / m)) for x, m in zip(p.predict(ranges, h), measured, strict=True))
+
+    samples = [Sample(a, b, h, odd(a, b)) for a, b in ranges[:: max(1, len(ranges) // 8)]][:8]
+    adapted = trained.adapt(samples, steps=300)
+    assert error(adapted) < error(trained)
+    assert adapted is not trained and trained.predict(ranges[:1], h) == trained.predict(ranges[:1], h)
+
+
+def test_tables_have_the_dp_shape_and_a_store_round_trip(trained: LatencyPredictor, tmp_path: Path) -> None:
+    h = [0.001 * (k + 1) for k in range(10)]
+    table = trained.table(h)
+    assert [len(row) for row in table] == [LAYERS - s for s in range(LAYERS)]
+    path = tmp_path / "p.pt"
+    save(trained, path, model=ModelSpec("mlp", (16,), 4), provenance={"data": "synthetic"})
+    loaded, header = load(path)
+    assert header["provenance"] == {"data": "synthetic"}
+    flat = [v for row in table for v in row]
+    assert [v for row in loaded.table(h) for v in row] == pytest.approx(flat)
+    assert len(loaded.data) == len(trained.data)
+
+
+def test_a_malformed_predictor_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.pt"
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="cannot read a predictor file"):
+        load(path)
+    torch.save({"format": 1}, path)
+    with pytest.raises(ValueError, match="not a predictor file"):
+        load(path)
+
+
+def test_predictor_rejects_a_bad_h(trained: LatencyPredictor) -> None:
+    with pytest.raises(ValueError, match="h must be"):
+        trained.predict([(0, 1)], [0.001] * 9)
+    with pytest.raises(ValueError, match="h must be"):
+        trained.predict([(0, 1)], [float("nan")] * 10)
+
+
+# -- dynamic prediction ----------------------------------------------------------------------------
+
+
+def test_device_times_flag_drift_beyond_epsilon_and_adapt(trained: LatencyPredictor) -> None:
+    times = DeviceTimes(trained, epsilon=0.1)
+    device = _device(2.0, 1.0, 1e-3)
+    assert times.set_h("w1", [device(a, b) for a, b in representative(FLOPS)])
+    assert not times.set_h("w2", [1.0] * 9)
+    predicted = times.predict("w1", 2, 5)
+    assert predicted is not None
+    assert times.observe("w1", 2, 5, predicted * 1.05) is None
+    drift = times.observe("w1", 2, 5, predicted * 1.5)
+    assert drift is not None and drift.error == pytest.approx(0.5)
+    assert times.observe("w2", 2, 5, 1.0) is None  # no h: nothing to compare with
+    before = times.predictor
+    assert times.adapt(steps=20) == 1
+    assert times.predictor is not before and times.adaptations == 1
