@@ -85,6 +85,7 @@ from edgeagent.broker.credentials import CredentialStore
 from edgeagent.cli.demo import throwaway_logins, worker_command
 from edgeagent.config import TrainConfig
 from edgeagent.errors import ProtocolError
+from edgeagent.ops.cgroups import CPU_ROOT, joined, make_cgroup, remove_cgroups
 from edgeagent.protocol.messages import Event, Metrics
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode
@@ -92,9 +93,7 @@ from edgeagent.transport.mqtt import BrokerUrl, MqttTransport
 
 PREFIX = "eapl"  # every namespace, interface and cgroup of the lab starts with this
 BRIDGE, BRIDGE_IP, SUBNET_BITS = f"{PREFIX}-br", "10.213.0.1", 24
-CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1, cpu controller
 LAB_CGROUP = CPU_ROOT / PREFIX
-CFS_PERIOD_US = 100_000
 LOCK_FILE = Path("/run/edgeagent-pi-lab.lock")
 # The run uses TrainConfig's defaults for these; the lab needs them to place the faults.
 _TRAIN = TrainConfig()
@@ -139,45 +138,6 @@ def make_devices(cpus: list[float]) -> list[Device]:
     return devices
 
 
-# -- cgroups (v1 cpu controller) -------------------------------------------------------------------
-
-
-def make_cgroup(path: Path, share: float | None) -> Path:
-    """A cpu cgroup whose processes get at most ``share`` of one core (None: no quota)."""
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-    (path / "cpu.cfs_quota_us").write_text(str(round(share * CFS_PERIOD_US)) if share else "-1")
-    return path
-
-
-def cgroup_pids(path: Path) -> list[int]:
-    """Every process in ``path`` and the groups below it."""
-    pids: list[int] = []
-    for procs in sorted(path.rglob("cgroup.procs")) if path.is_dir() else []:
-        with contextlib.suppress(OSError):
-            pids += [int(p) for p in procs.read_text().split()]
-    return pids
-
-
-def remove_cgroups(path: Path) -> list[int]:
-    """SIGKILL what still runs in the lab's cgroups (only the lab starts processes there), then remove
-    them, deepest first. Returns the pids it had to kill."""
-    killed = cgroup_pids(path)
-    for pid in killed:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while cgroup_pids(path) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if path.is_dir():
-        for group in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        with contextlib.suppress(OSError):
-            path.rmdir()
-    return killed
-
-
 # -- processes -------------------------------------------------------------------------------------
 
 
@@ -194,9 +154,8 @@ def spawn(
     The shell joins the cgroup and then execs, so the command runs under the quota from its first
     instruction. A new session keeps the terminal's Ctrl-C away from the roles: the lab stops them.
     """
-    join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
     return subprocess.Popen(
-        ["sh", "-c", join, str(cgroup), *in_netns(ns, *cmd)],
+        joined(in_netns(ns, *cmd), cgroup),
         env=env,
         stdout=stdout,
         text=True,

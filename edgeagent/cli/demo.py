@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from rich.progress import (
@@ -26,6 +29,8 @@ from edgeagent.broker import BrokerTls, EmbeddedBroker
 from edgeagent.broker.certs import init_site
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.config import CentralConfig
+from edgeagent.errors import ConfigError
+from edgeagent.ops.cgroups import CPU_ROOT, cgroup_problem, joined, make_cgroup, remove_cgroups
 from edgeagent.ops.logs import console
 from edgeagent.roles.central import Central, ProgressHook, RunReport
 
@@ -39,6 +44,7 @@ def worker_command(
     slowdown: float,
     *,
     once: bool = True,
+    threads: int = 1,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
     cmd = [
@@ -55,16 +61,123 @@ def worker_command(
         "--slowdown",
         str(slowdown),
         "--threads",
-        "1",
+        str(threads),
         *extra,
     ]
     return [*cmd, "--once"] if once else cmd
+
+
+CPU_HINT = "--worker-cpu needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu"
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+
+
+def _per_worker(text: str | None, workers: int, flag: str, example: str) -> list[str]:
+    """``text`` split at commas: one value for every worker, or one per worker (empty: [])."""
+    if text is None or not text.strip():
+        return []
+    items = [v.strip() for v in text.split(",")]
+    if len(items) not in (1, workers):
+        raise ConfigError(
+            f"{flag} {text!r}: needs 1 value or {workers} (one per worker, central not included), "
+            f"got {len(items)}; e.g. {example}"
+        )
+    return items * workers if len(items) == 1 else items
+
+
+def parse_worker_cpu(text: str | None, workers: int) -> list[float]:
+    """``--worker-cpu``: percent of one core per worker (``100,50,25``; 0 or empty: no limit). Returns
+    one percentage per worker (0.0: no limit), or [] when no worker is limited."""
+    values = []
+    for item in _per_worker(text, workers, "--worker-cpu", "100,50,25"):
+        try:
+            values.append(float(item) if item else 0.0)
+        except ValueError:
+            raise ConfigError(
+                f"--worker-cpu {text!r}: {item!r} is not a number; give percent of one core per worker, "
+                "e.g. 100,50,25 (0 or empty: no limit)"
+            ) from None
+    return check_worker_cpu(values, workers)
+
+
+def check_worker_cpu(percents: list[float] | None, workers: int) -> list[float]:
+    """Validate the CPU limits (percent of one core per worker, 0: none); [] when none is set."""
+    if not percents or not any(percents):
+        return []
+    if len(percents) != workers:
+        raise ConfigError(f"--worker-cpu needs {workers} values (one per worker), got {len(percents)}")
+    for device, pct in zip(device_ids(workers), percents, strict=True):
+        if not math.isfinite(pct) or pct < 0 or 0 < pct < 1:
+            raise ConfigError(
+                f"--worker-cpu: {device} at {pct:g}%: give 0 (no limit) or at least 1 (percent of one core; "
+                "the kernel's smallest quota is 1 ms per 100 ms)"
+            )
+        if pct > 100 * (os.cpu_count() or 1):
+            log.warning(
+                "--worker-cpu: %s at %g%% is more than this machine's %d cores: no limit in effect",
+                device,
+                pct,
+                os.cpu_count() or 1,
+            )
+    return [float(p) for p in percents]
+
+
+def parse_worker_threads(text: str | None, workers: int) -> list[int]:
+    """``--worker-threads``: torch threads per worker (``1,2``); default 1 each."""
+    items = _per_worker(text, workers, "--worker-threads", "1,2")
+    values = []
+    for item in items or ["1"] * workers:
+        try:
+            values.append(int(item) if item else 1)
+        except ValueError:
+            raise ConfigError(
+                f"--worker-threads {text!r}: {item!r} is not a whole number; give torch threads per worker, "
+                "e.g. 1,2"
+            ) from None
+    return check_worker_threads(values, workers)
+
+
+def check_worker_threads(threads: list[int] | None, workers: int) -> list[int]:
+    """Validate torch threads per worker (None or []: 1 each)."""
+    if not threads:
+        return [1] * workers
+    if len(threads) != workers:
+        raise ConfigError(f"--worker-threads needs {workers} values (one per worker), got {len(threads)}")
+    for device, n in zip(device_ids(workers), threads, strict=True):
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 256:
+            raise ConfigError(f"--worker-threads: {device} with {n!r} threads; give a whole number 1-256")
+    return list(threads)
+
+
+def device_ids(workers: int) -> list[str]:
+    return [f"worker-{i + 1}" for i in range(workers)]
+
+
+def cgroup_root(cluster: str, root: Path = CPU_ROOT) -> Path:
+    """Where the demo's workers of ``cluster`` get their cpu groups (one per device below it)."""
+    if not _SAFE_NAME.fullmatch(cluster) or cluster.startswith("."):
+        raise ConfigError(
+            f"--worker-cpu: cluster {cluster!r} cannot name a cgroup; use letters, digits and '._+-'"
+        )
+    return root / f"edgeagent-demo-{cluster}"
+
+
+def check_cgroups(root: Path = CPU_ROOT) -> None:
+    """Raise :class:`ConfigError` naming what is missing when CPU limits cannot be set here."""
+    problem = cgroup_problem(root)
+    if problem is not None:
+        hint = CPU_HINT if root == CPU_ROOT else CPU_HINT.replace(str(CPU_ROOT), str(root))
+        raise ConfigError(f"{hint}; missing here: {problem}")
 
 
 class LocalWorkers:
     """Worker processes ``worker-1 .. worker-n`` on this machine (the demo's devices).
 
     Workers log warnings only (``EDGEAGENT_WORKER_LOG_LEVEL`` overrides) so the progress bar stays readable.
+
+    ``cpu``: percent of one core per worker (0: no limit). A limited worker runs in its own cgroup v1 cpu
+    group ``<cpu_root>/edgeagent-demo-<cluster>/<device>`` with a CFS quota, joined before the worker
+    execs; a restart joins the same group. :meth:`stop` removes the groups. ``threads``: torch threads
+    per worker (default 1 each).
     """
 
     def __init__(
@@ -79,6 +192,9 @@ class LocalWorkers:
         links: list[float] | None = None,
         logins: dict[str, str] | None = None,
         tls_dir: str | None = None,
+        cpu: list[float] | None = None,
+        threads: list[int] | None = None,
+        cpu_root: Path = CPU_ROOT,
     ) -> None:
         self.broker, self.cluster = broker, cluster
         self.logins = dict(logins or {})  # device id -> password file
@@ -89,9 +205,20 @@ class LocalWorkers:
         unknown = set(self.kills) - set(self.slowdowns)
         if unknown:
             raise ValueError(f"--kill names {sorted(unknown)}; the workers are {sorted(self.slowdowns)}")
+        percents = check_worker_cpu(cpu, n)
+        self.cpu = dict(zip(self.slowdowns, percents or [0.0] * n, strict=True))
+        self.threads = dict(zip(self.slowdowns, check_worker_threads(threads, n), strict=True))
+        self.cgroups: Path | None = None  # the run's group of groups, when a worker is limited
+        if percents:
+            check_cgroups(cpu_root)
+            self.cgroups = cgroup_root(cluster, cpu_root)
         level = log_level or os.environ.get("EDGEAGENT_WORKER_LOG_LEVEL", "WARNING")
         self.env = dict(os.environ, EDGEAGENT_LOG_LEVEL=level)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def cgroup(self, device: str) -> Path | None:
+        """``device``'s cpu group (None: it runs without a limit)."""
+        return self.cgroups / device if self.cgroups is not None and self.cpu[device] else None
 
     def start(self, device: str, *, inject: bool = True) -> subprocess.Popen[bytes]:
         extra: tuple[str, ...] = ()
@@ -106,7 +233,17 @@ class LocalWorkers:
         if self.tls_dir:
             for key, path in tls_files(self.tls_dir, device).items():
                 extra = (*extra, f"--{key.replace('_', '-')}", path)
-        cmd = worker_command(device, self.broker, self.cluster, self.slowdowns[device], extra=extra)
+        cmd = worker_command(
+            device,
+            self.broker,
+            self.cluster,
+            self.slowdowns[device],
+            threads=self.threads[device],
+            extra=extra,
+        )
+        group = self.cgroup(device)
+        if group is not None:  # the same group on a restart: made again if it is gone
+            cmd = joined(cmd, make_cgroup(group, self.cpu[device] / 100))
         self.procs[device] = proc = subprocess.Popen(cmd, env=self.env)
         return proc
 
@@ -125,19 +262,33 @@ class LocalWorkers:
 
     def stop(self, grace: float = 10.0) -> None:
         """Wait for the workers to leave after the run's stop command; terminate any that stay (e.g. a
-        restarted worker that was not taken back into the run)."""
-        deadline = time.monotonic() + grace
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.info("worker pid %d is still running; terminating it", p.pid)
-                p.terminate()
+        restarted worker that was not taken back into the run). Then remove the cpu groups."""
+        try:
+            deadline = time.monotonic() + grace
+            for p in self.procs.values():
                 try:
-                    p.wait(timeout=5)
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+                    log.info("worker pid %d is still running; terminating it", p.pid)
+                    p.terminate()
+                    try:
+                        p.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+        finally:
+            self.remove_cgroups()
+
+    def remove_cgroups(self) -> None:
+        """Remove the workers' cpu groups (killing what still runs in them: only the demo starts
+        processes there)."""
+        if self.cgroups is None:
+            return
+        killed = remove_cgroups(self.cgroups)
+        if killed:
+            log.warning("killed %d process(es) left in %s", len(killed), self.cgroups)
+        if self.cgroups.exists():
+            log.warning("could not remove the cpu groups at %s", self.cgroups)
 
 
 @contextlib.contextmanager
@@ -151,14 +302,27 @@ def local_workers(
     links: list[float] | None = None,
     logins: dict[str, str] | None = None,
     tls_dir: str | None = None,
+    cpu: list[float] | None = None,
+    threads: list[int] | None = None,
 ) -> Iterator[LocalWorkers]:
     workers = LocalWorkers(
-        n, broker, cluster, slowdowns, kills=kills, links=links, logins=logins, tls_dir=tls_dir
+        n,
+        broker,
+        cluster,
+        slowdowns,
+        kills=kills,
+        links=links,
+        logins=logins,
+        tls_dir=tls_dir,
+        cpu=cpu,
+        threads=threads,
     )
     try:
         yield workers.start_all()
     except BaseException:
-        workers.stop(grace=0)  # the run failed (a mistake, Ctrl-C): its workers would wait for nothing
+        # The run failed (a mistake, Ctrl-C): its workers would wait for nothing. stop() removes the
+        # cpu groups in any case (its finally), also when start_all itself failed.
+        workers.stop(grace=0)
         raise
     workers.stop()
 
@@ -193,6 +357,8 @@ def run_demo(
     links: list[float] | None = None,
     secure: bool = False,
     logins: dict[str, str] | None = None,
+    worker_cpu: list[float] | None = None,
+    worker_threads: list[int] | None = None,
 ) -> RunReport:
     """Run a whole training job on this machine and return its report.
 
@@ -200,7 +366,16 @@ def run_demo(
     (`edgeagent credentials`) and serves mqtts:// with client certificates (`edgeagent certs`), all
     throw-away. ``logins`` (device id, and ``central``, to a
     password file) are for an external broker that already has those logins.
+
+    ``worker_cpu``: percent of one core per worker (0: no limit; central not included), a real CPU
+    limit (a cgroup v1 CFS quota; root only), unlike ``slowdowns``, which sleep and so scale every layer
+    alike. ``worker_threads``: torch threads per worker (default 1 each).
     """
+    # Checked before anything starts: a limit that cannot be set must not cost a broker start-up.
+    cpu = check_worker_cpu(worker_cpu, workers)
+    threads = check_worker_threads(worker_threads, workers)
+    if cpu:
+        check_cgroups()
     if slowdowns and len(slowdowns) != workers + 1:
         raise ValueError(f"--slowdowns needs {workers + 1} factors (central first), got {len(slowdowns)}")
     factors = slowdowns or [1.0] * (workers + 1)
@@ -208,6 +383,8 @@ def run_demo(
         raise ValueError(f"--link-mbps needs 1 or {workers + 1} values (central first), got {len(links)}")
     rates = (links * (workers + 1) if len(links) == 1 else links) if links else [0.0] * (workers + 1)
     cluster = config.cluster if config.cluster != "default" else f"demo-{uuid.uuid4().hex[:6]}"
+    if cpu:
+        cgroup_root(cluster)  # the cluster must name a group
     with contextlib.ExitStack() as stack:
         if secure and broker:
             raise ValueError("--secure makes throw-away logins for the embedded broker; drop --broker")
@@ -250,6 +427,8 @@ def run_demo(
                 links=rates[1:],
                 logins=logins,
                 tls_dir=tls_dir,
+                cpu=cpu,
+                threads=threads,
             )
         )
         if show_progress and config.progress:

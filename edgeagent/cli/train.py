@@ -289,6 +289,17 @@ def _preflight(config: CentralConfig) -> None:
     help="Emulated uplink in Mbit/s: one value, or one per device (central first), e.g. 0.5 or 4,1,1.",
 )
 @click.option(
+    "--worker-cpu",
+    "worker_cpu",
+    help="Real CPU limit per worker in percent of one core, e.g. 100,50,25 (0 or empty: none): a cgroup "
+    "v1 CFS quota (root; /sys/fs/cgroup/cpu). Unlike --slowdowns it does not scale every layer alike.",
+)
+@click.option(
+    "--worker-threads",
+    "worker_threads",
+    help="Torch threads per worker, e.g. 1,2 (default 1 each).",
+)
+@click.option(
     "--kill",
     "kills",
     multiple=True,
@@ -297,7 +308,7 @@ def _preflight(config: CentralConfig) -> None:
 )
 def demo(**kw: Any) -> None:
     """Broker + central node + local workers: the whole job on this machine."""
-    from edgeagent.cli.demo import run_demo
+    from edgeagent.cli.demo import parse_worker_cpu, parse_worker_threads, run_demo
 
     setup_logging(kw["log_level"], device="central")
     source = kw["config_file"] or "<arguments>"
@@ -316,6 +327,8 @@ def demo(**kw: Any) -> None:
         kills=_kills(kw["kills"]),
         links=_floats(kw["link_mbps"]),
         secure=kw["secure"],
+        worker_cpu=parse_worker_cpu(kw["worker_cpu"], workers),
+        worker_threads=parse_worker_threads(kw["worker_threads"], workers),
     )
     _finish_report(report, config.report)
 

@@ -1,0 +1,86 @@
+"""CPU quotas for local processes: cgroup v1 ``cpu`` groups with a CFS quota (root only).
+
+A process runs under a quota from its first instruction: a shell joins the group and then execs the
+command (:func:`joined`), so nothing runs outside it. ``edgeagent demo --worker-cpu`` and the Pi lab
+(``bench/pi_lab.py``) use these; the groups are theirs alone, so :func:`remove_cgroups` may kill what
+still runs in them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1, cpu controller
+CFS_PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000  # the kernel refuses a smaller cpu.cfs_quota_us
+# The shell writes its pid into the group ($0), then execs the command ("$@") in the same process.
+JOIN = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+
+
+def cgroup_problem(root: Path = CPU_ROOT) -> str | None:
+    """Why CPU quotas cannot be set here (not root, no cgroup v1 cpu controller at ``root``), or None."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root")
+    if not (root / "cpu.cfs_quota_us").is_file():
+        missing.append(f"the cgroup v1 cpu controller at {root}")
+    return " and ".join(missing) or None
+
+
+def make_cgroup(path: Path, share: float | None) -> Path:
+    """A cpu cgroup whose processes get at most ``share`` of one core (None or 0: no quota)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+    quota = max(MIN_QUOTA_US, round(share * CFS_PERIOD_US)) if share else -1
+    (path / "cpu.cfs_quota_us").write_text(str(quota))
+    return path
+
+
+def joined(cmd: list[str], cgroup: Path) -> list[str]:
+    """``cmd`` wrapped so that it joins ``cgroup`` before it execs (its pid stays the shell's)."""
+    return ["sh", "-c", JOIN, str(cgroup), *cmd]
+
+
+def cgroup_pids(path: Path) -> list[int]:
+    """Every process in ``path`` and the groups below it."""
+    pids: list[int] = []
+    for procs in sorted(path.rglob("cgroup.procs")) if path.is_dir() else []:
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in procs.read_text().split()]
+    return pids
+
+
+def remove_cgroups(path: Path, timeout: float = 10.0) -> list[int]:
+    """SIGKILL what still runs in ``path`` and below (only its owner starts processes there), then
+    remove the groups, deepest first. Returns the pids it had to kill."""
+    killed = cgroup_pids(path)
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while cgroup_pids(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if path.is_dir():
+        for group in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    return killed
+
+
+__all__ = [
+    "CFS_PERIOD_US",
+    "CPU_ROOT",
+    "JOIN",
+    "MIN_QUOTA_US",
+    "cgroup_pids",
+    "cgroup_problem",
+    "joined",
+    "make_cgroup",
+    "remove_cgroups",
+]
