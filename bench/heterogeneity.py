@@ -61,6 +61,7 @@ def run(
         train=train,
         progress=False,
         partition=partition,
+        estimator="capacity",  # FTPipeHD: this bench measures its estimate (bench/predictor.py: AccEPT's)
         slowdown_changes=changes or [],
         repartition_every=every,
         repartition_first=first,

@@ -16,6 +16,7 @@ import click
 
 from edgeagent.cli.broker import broker, certs_command, credentials
 from edgeagent.cli.ops import monitor, profile
+from edgeagent.cli.predictor import predictor
 from edgeagent.cli.train import central, demo, worker
 from edgeagent.errors import EdgeAgentError, ProtocolError, TrainingError
 
@@ -75,3 +76,4 @@ main.add_command(credentials)
 main.add_command(certs_command)
 main.add_command(monitor)
 main.add_command(profile)
+main.add_command(predictor)

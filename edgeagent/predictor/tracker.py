@@ -54,12 +54,14 @@ class DeviceTimes:
         self._lock = threading.Lock()
 
     def set_h(self, device: str, h: Sequence[float]) -> bool:
-        """Take ``device``'s (new) ``h``; False (ignored) unless it is ten finite positive seconds. Its
-        representative sub-models' times are samples of ``D^`` too (measured on the device)."""
+        """Take ``device``'s new ``h``; False (ignored) unless it is ten finite positive seconds that differ
+        from the ones it has. Samples measured under the old ``h`` are dropped."""
         if not valid_h(h):
             return False
         values = tuple(float(v) for v in h)
         with self._lock:
+            if self.h.get(device) == values:
+                return False  # the same announcement again (discovery asks every 2 s)
             self.h[device] = values
             self._tables.pop(device, None)
             for key in [k for k in self.samples if k[0] == device]:
@@ -93,17 +95,28 @@ class DeviceTimes:
         table = self.table(device)
         return None if table is None else table[start][end - start - 1]
 
-    def observe(self, device: str, start: int, end: int, measured: float) -> Drift | None:
-        """A stage time measured on ``device`` for ``[start, end)``: kept as a sample; a :class:`Drift` if it
-        is more than ``epsilon`` away from the prediction (the paper's trigger to re-measure ``h``)."""
+    def observe(
+        self, device: str, start: int, end: int, measured: float, *, scale: float = 0.0
+    ) -> Drift | None:
+        """A stage time measured on ``device`` for ``[start, end)``: kept as a sample of ``D^``; a
+        :class:`Drift` if it is more than ``epsilon`` away from the prediction (the paper's trigger to
+        measure ``h`` again).
+
+        Two refinements of the paper's rule, so that a device is not stalled to re-measure an ``h`` that
+        has not changed: the first time a device is seen in the pipeline under its ``h`` is adaptation data
+        only (a stage in a busy pipeline does not run as fast as it did alone: the adaptive update learns
+        that, a new ``h`` would not), and a difference smaller than ``epsilon * scale`` (the caller's
+        typical stage time) is noise on a tiny stage, not a changed device."""
         predicted = self.predict(device, start, end)
         if predicted is None or not (math.isfinite(measured) and measured > 0):
             return None
         with self._lock:
+            seen = any(key[0] == device for key in self.samples)
             self.samples[(device, start, end)] = Sample(start, end, self.h[device], measured)
             while len(self.samples) > self.max_samples:
                 del self.samples[next(iter(self.samples))]
-        if abs(measured - predicted) > self.epsilon * predicted:
+        difference = abs(measured - predicted)
+        if seen and difference > self.epsilon * max(predicted, scale):
             return Drift(device, start, end, measured, predicted)
         return None
 

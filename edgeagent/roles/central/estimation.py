@@ -33,7 +33,6 @@ class Estimation(Setup):
 
     def _device_times(self) -> DeviceTimes | None:
         """The run's predictor with every worker's announced ``h``, or None for the capacity estimate."""
-        self.recharacterised: dict[str, float] = {}  # device -> when it was last asked for a new h
         if self.config.estimator != "predictor" or self.config.partition != "dynamic":
             return None
         try:
@@ -117,12 +116,14 @@ class Estimation(Setup):
 
     def _observe_stage_times(self) -> None:
         """Dynamic prediction: compare every worker's measured stage time with its prediction; beyond
-        epsilon, ask the device for a new ``h`` (at most once per planning interval)."""
+        epsilon (see :meth:`DeviceTimes.observe`), ask the device for a new ``h``."""
         times = self.device_times
         if times is None or len(self.stage_times) != len(self.worker_list) - 1:
             return
+        typical = sum(self.stage_times) / len(self.stage_times)
         for k, device in enumerate(self.worker_list[1:], start=1):
-            drift = times.observe(device, self.points[k], self.points[k + 1], self.stage_times[k - 1])
+            start, end, measured = self.points[k], self.points[k + 1], self.stage_times[k - 1]
+            drift = times.observe(device, start, end, measured, scale=typical)
             if drift is None:
                 continue
             log.info(
@@ -135,18 +136,18 @@ class Estimation(Setup):
                 100 * times.epsilon,
             )
             self.event("drift", device=device, measured=drift.measured, predicted=drift.predicted)
-            now = time.monotonic()
-            if now - self.recharacterised.get(device, -1e9) > 0:
-                self.recharacterised[device] = now
-                self.send(
-                    self.topics.fixed(Family.COMMAND),
-                    Characterise(
-                        run_id=self.run_id,
-                        device=device,
-                        model=self.spec.to_dict(),
-                        batch_size=self.train.batch_size,
-                    ),
-                )
+            self.ask_h(device)
+
+    def ask_h(self, device: str) -> None:
+        """Ask ``device`` to measure its ``h`` for this run's model (a drift, or a device that joins)."""
+        if self.device_times is None:
+            return
+        self.send(
+            self.topics.fixed(Family.COMMAND),
+            Characterise(
+                run_id=self.run_id, device=device, model=self.spec.to_dict(), batch_size=self.train.batch_size
+            ),
+        )
 
     def _adapt_predictor(self) -> None:
         """The adaptive update, on the planning job's thread (papers/004 Sec. 3.2)."""

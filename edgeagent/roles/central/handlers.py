@@ -132,6 +132,9 @@ class Handlers(Checkpoints):
     def on_h(self, msg: Announce) -> None:
         """A device announced its ``h`` (estimation.Estimation uses it)."""
 
+    def ask_h(self, device: str) -> None:
+        """Ask a device for its ``h`` (estimation.Estimation does)."""
+
     def on_announce(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Announce)
@@ -143,6 +146,7 @@ class Handlers(Checkpoints):
         if joinable and new and self.resplits:
             self.joiners.append(msg.device_id)
             log.info("%s is available; it joins at the next re-partition", msg.device_id)
+            self.ask_h(msg.device_id)
 
     def on_error(self, item: Inbound) -> None:
         msg = item.message

@@ -1,0 +1,182 @@
+"""AccEPT's latency predictor (papers/004 Sec. 3.2, 4.2): prediction accuracy and whole-run heterogeneity.
+
+    python bench/predictor.py [--only accuracy|runs|drift] [--epochs 5] [--json FILE]
+
+1. **Prediction accuracy** on resource configurations held out of pre-training
+   (``edgeagent/predictor/data/mobilenetv2-digits-heldout.json``, collected on this machine by
+   ``edgeagent predictor collect --set heldout``): the share of MobileNetV2's 231 contiguous sub-models
+   predicted within ±5 % and ±10 %, for the shipped predictor (our ``features`` variant) before and after
+   2, 4 and 8 adaptive samples, the paper's dual-stream variant trained here on the same data, and the
+   three baselines on the same sub-models (FLOPs-linear through the device's ten representative points,
+   the per-layer look-up table measured on that configuration, FTPipeHD's capacity ratio from the
+   middle stage of the equal 3-way split). Paper (Fig. 7-8): about 88 % within ±5 % and over 95 % within
+   ±10 %; the goal is >= 95 % within ±10 % after at most 8 samples and better than every baseline.
+   Set-up differences: the paper trained on ~5,000 samples from three server CPUs with taskset core
+   limits and tested on an unseen fourth CPU (1-4 cores); ours come from one 2-core machine under
+   thread counts, CFS quotas, taskset, batch sizes and emulated slowdowns, tested on configurations of
+   that machine held out of training. Each time is the median of 5 runs (the paper: mean of 100).
+2. **Whole-run heterogeneity** (MobileNetV2, digits, batch 32, slowdowns 1,1,10, ``--epochs`` epochs):
+   samples/s of the uniform split, FTPipeHD's dynamic split (``--estimator capacity``), AccEPT's
+   (``--estimator predictor``) and the oracle (the DP fed the true slowdowns from batch 0), in one run
+   of this script. Goal: predictor >= 0.95x oracle and >= 4x uniform.
+3. **Drift**: three equal devices, worker-1 becomes 5x slower at batch 60; the predictor's dynamic
+   prediction sees the drift, asks for a new h and re-splits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgeagent.cli.demo import run_demo
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.models import ModelSpec
+from edgeagent.ops.logs import setup_logging
+from edgeagent.predictor.collect import load_records
+from edgeagent.predictor.evaluate import evaluate
+from edgeagent.predictor.net import LatencyPredictor
+from edgeagent.predictor.store import samples_of, shipped
+from edgeagent.roles.central import RunReport
+
+DATA = Path(__file__).resolve().parents[1] / "edgeagent" / "predictor" / "data"
+SPEC = ModelSpec("mobilenetv2", (1, 8, 8), 10)
+PAPER = {"±5%": 0.88, "±10%": 0.95}
+
+
+def accuracy(results: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    training = load_records(DATA / "mobilenetv2-digits.json")
+    held_out = load_records(DATA / "mobilenetv2-digits-heldout.json")
+    ours = shipped(SPEC)
+    if ours is None:
+        raise SystemExit("no shipped predictor: run `edgeagent predictor train --data ...` first")
+    started = time.perf_counter()
+    paper = LatencyPredictor.fit(samples_of(training), training[0]["flops"], variant="paper", steps=3000)
+    fit = time.perf_counter() - started
+    scores, rows = evaluate(ours, held_out, training)
+    paper_scores, paper_rows = evaluate(paper, held_out, training)
+    table = scores.mean()
+    for method, value in paper_scores.mean().items():
+        if method.startswith("predictor"):
+            table["paper-variant" + method.removeprefix("predictor")] = value
+    print(
+        f"1. Prediction accuracy: {len(held_out)} held-out configurations x {len(held_out[0]['seconds'])} "
+        f"sub-models; pre-trained on {len(samples_of(training))} samples from {len(training)} configurations "
+        f"(the paper's variant trained here in {fit:.0f} s)"
+    )
+    print(f"   {'method':<22}{'±5%':>8}{'±10%':>8}   paper")
+    for method, (five, ten) in table.items():
+        note = ""
+        if method == "predictor+8":
+            note = f"   ~{PAPER['±5%']:.0%} / >{PAPER['±10%']:.0%} (Fig. 8, 8 samples); goal >= 95 % at ±10 %"
+        elif method == "predictor":
+            note = f"   ~{PAPER['±5%']:.0%} / >{PAPER['±10%']:.0%} (Fig. 7)"
+        print(f"   {method:<22}{five:>8.1%}{ten:>8.1%}{note}")
+    print("   per configuration (±10 %):")
+    for row, prow in zip(rows, paper_rows, strict=True):
+        cells = ", ".join(f"{m} {v[1]:.0%}" for m, v in row.items() if m != "config")
+        print(f"     {row['config']}: {cells}; paper-variant+8 {prow['predictor+8'][1]:.0%}")
+    results["accuracy"] = {"mean": table, "per_config": rows}
+
+
+def run(partition: str, estimator: str, slowdowns: list[float], epochs: int, **extra: Any) -> RunReport:
+    train = TrainConfig(model="mobilenetv2", dataset="digits", epochs=epochs, batch_size=32)
+    config = CentralConfig(train=train, progress=False, partition=partition, estimator=estimator, **extra)
+    return run_demo(config, workers=len(slowdowns) - 1, slowdowns=slowdowns, broker=None, show_progress=False)
+
+
+def runs(results: dict[str, Any], epochs: int) -> None:
+    slowdowns = [1.0, 1.0, 10.0]
+    cases = {
+        "uniform": ("uniform", "capacity"),
+        "FTPipeHD (capacity)": ("dynamic", "capacity"),
+        "AccEPT (predictor)": ("dynamic", "predictor"),
+        "oracle": ("oracle", "capacity"),
+    }
+    reports = {name: run(p, e, slowdowns, epochs) for name, (p, e) in cases.items()}
+    uni = reports["uniform"].samples_per_second
+    ora = reports["oracle"].samples_per_second
+    print(
+        f"\n2. Whole run: MobileNetV2 on digits, batch 32, {epochs} epochs, slowdowns 1,1,10 (central first)"
+    )
+    print(
+        f"   {'split':<22}{'samples/s':>10}{'x uniform':>10}{'x oracle':>9}{'final acc':>10}"
+        "  first split -> last"
+    )
+    out = {}
+    for name, r in reports.items():
+        rate = r.samples_per_second
+        first = (
+            r.partitions[1]["points"]
+            if len(r.partitions) > 1 and r.partitions[1]["batch"] == 0
+            else r.partitions[0]["points"]
+        )
+        print(
+            f"   {name:<22}{rate:>10.1f}{rate / uni:>9.2f}x{rate / ora:>8.2f}x{r.final_accuracy:>10.1%}"
+            f"  {first} -> {r.partitions[-1]['points']}"
+        )
+        out[name] = {
+            "samples_per_second": rate,
+            "final_accuracy": r.final_accuracy,
+            "partitions": r.partitions,
+        }
+    acc = reports["AccEPT (predictor)"].samples_per_second
+    print(
+        f"   predictor / oracle = {acc / ora:.2f} (goal >= 0.95); "
+        f"predictor / uniform = {acc / uni:.2f} (goal >= 4)"
+    )
+    results["runs"] = out
+
+
+def drift(results: dict[str, Any], epochs: int) -> None:
+    change = 60
+    r = run(
+        "dynamic",
+        "predictor",
+        [1.0, 1.0, 1.0],
+        epochs,
+        slowdown_changes=[f"worker-1@{change}=5"],
+        repartition_every=40,
+    )
+    print(f"\n3. Drift: equal devices, worker-1 5x slower from batch {change}, plan checks every 40 batches")
+    for p in r.partitions:
+        print(f"   batch {p['batch']:>4}: {p['points']}  ({p['reason']})")
+    for c in r.characterisations:
+        print(
+            f"   h of {c['device']} at batch {c['batch']}: {1e3 * min(c['h']):.1f}-{1e3 * max(c['h']):.1f} ms"
+        )
+    moved = [p for p in r.partitions if p["batch"] > change]
+    print("   split followed the slowdown" if moved else "   split did NOT follow the slowdown")
+    results["drift"] = {"partitions": r.partitions, "characterisations": r.characterisations}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", choices=["accuracy", "runs", "drift"])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    setup_logging("WARNING")
+    results: dict[str, Any] = {}
+    if args.only in (None, "accuracy"):
+        accuracy(results)
+    if args.only in (None, "runs"):
+        runs(results, args.epochs)
+    if args.only in (None, "drift"):
+        drift(results, args.epochs)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

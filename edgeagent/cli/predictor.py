@@ -1,0 +1,122 @@
+"""``edgeagent predictor collect|train|evaluate``: AccEPT's latency predictor (papers/004 Sec. 3.2).
+
+    edgeagent predictor collect --model mobilenetv2 --in-shape 1x8x8 --out data.json      (root: quotas)
+    edgeagent predictor collect --set heldout ... --out heldout.json
+    edgeagent predictor train --data data.json [--variant features|paper] [--out FILE]
+    edgeagent predictor evaluate --data data.json --held-out heldout.json
+
+``train`` writes the predictor where a run finds it (``edgeagent/predictor/weights/<model key>.pt``)
+unless ``--out`` says otherwise; the data set's provenance goes into the file.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+import torch
+
+from edgeagent.models import ModelSpec
+from edgeagent.predictor import collect as collection
+from edgeagent.predictor.evaluate import evaluate
+from edgeagent.predictor.measure import model_key
+from edgeagent.predictor.net import VARIANTS, LatencyPredictor
+from edgeagent.predictor.store import load, samples_of, save, shipped_path
+
+
+def _spec(model: str, in_shape: str, classes: int) -> ModelSpec:
+    try:
+        shape = tuple(int(v) for v in in_shape.lower().split("x"))
+    except ValueError:
+        raise click.BadParameter(f"{in_shape!r}: expected CxHxW, e.g. 1x8x8") from None
+    return ModelSpec(model, shape, classes)
+
+
+def _model_of(records: list[dict[str, object]], path: str) -> ModelSpec:
+    if not records:
+        raise click.ClickException(f"{path}: no records; run `edgeagent predictor collect` first")
+    model = records[0]["model"]
+    assert isinstance(model, dict)
+    return ModelSpec.from_dict(model)
+
+
+@click.group("predictor")
+def predictor() -> None:
+    """AccEPT's latency predictor: collect data, pre-train, evaluate (papers/004 Sec. 3.2, 4.2)."""
+
+
+@predictor.command("collect")
+@click.option("--model", default="mobilenetv2", show_default=True, help="Built-in model name.")
+@click.option("--in-shape", default="1x8x8", show_default=True, help="One sample's shape (digits: 1x8x8).")
+@click.option("--classes", default=10, show_default=True, type=int)
+@click.option(
+    "--set", "which", type=click.Choice(["training", "heldout"]), default="training", show_default=True
+)
+@click.option("--reps", default=5, show_default=True, type=int, help="Timed runs per sub-model (median).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The data set file.")
+@click.option("--resume", is_flag=True, help="Keep the configurations already in --out.")
+def collect_command(
+    model: str, in_shape: str, classes: int, which: str, reps: int, out: str, resume: bool
+) -> None:
+    """Measure every sub-model under many resource configurations (one process each; root for quotas)."""
+    spec = _spec(model, in_shape, classes)
+    configs = collection.training_configs() if which == "training" else collection.held_out_configs()
+    summary = collection.collect(spec, configs, out, reps=reps, resume=resume)
+    click.echo(
+        f"{out}: {len(summary.collected)} configurations measured, {len(summary.reused)} kept, "
+        f"{len(summary.skipped)} skipped, {len(summary.failed)} failed; {summary.samples} samples in "
+        f"{summary.seconds:.0f} s"
+    )
+
+
+@predictor.command("train")
+@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--variant", type=click.Choice(list(VARIANTS)), default="features", show_default=True)
+@click.option("--steps", default=3000, show_default=True, type=int)
+@click.option("--out", type=click.Path(dir_okay=False), help="Default: where runs look for it.")
+def train_command(data: str, variant: str, steps: int, out: str | None) -> None:
+    """Pre-train a predictor on a collected data set."""
+    torch.set_num_threads(1)  # tiny networks: a second thread only adds contention
+    document = collection.load_document(data)
+    records = document["records"]
+    spec = _model_of(records, data)
+    started = time.perf_counter()
+    samples = samples_of(records)
+    trained = LatencyPredictor.fit(samples, records[0]["flops"], variant=variant, steps=steps)  # type: ignore[arg-type]
+    path = Path(out) if out else shipped_path(spec)
+    provenance = {
+        "data": Path(data).name,
+        "samples": len(samples),
+        "configs": len(records),
+        "variant": variant,
+        "steps": steps,
+        "collection": document.get("provenance", {}),
+    }
+    save(trained, path, model=spec, provenance=provenance)
+    click.echo(
+        f"{path}: {variant} predictor for {spec.name} (key {model_key(spec)}) on {len(samples)} samples "
+        f"from {len(records)} configurations in {time.perf_counter() - started:.1f} s"
+    )
+
+
+@predictor.command("evaluate")
+@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False), help="Training data.")
+@click.option("--held-out", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--weights", type=click.Path(exists=True, dir_okay=False), help="Default: the shipped one.")
+def evaluate_command(data: str, held_out: str, weights: str | None) -> None:
+    """Share of sub-models within ±5 % / ±10 % on held-out configurations, against the baselines."""
+    torch.set_num_threads(1)
+    training = collection.load_records(data)
+    spec = _model_of(training, data)
+    trained, _header = load(Path(weights) if weights else shipped_path(spec))
+    scores, rows = evaluate(trained, collection.load_records(held_out), training)
+    for row in rows:
+        click.echo(
+            row["config"]
+            + ": "
+            + ", ".join(f"{m} {v[0]:.0%}/{v[1]:.0%}" for m, v in row.items() if m != "config")
+        )
+    click.echo("mean (within ±5 % / ±10 %):")
+    for method, (five, ten) in scores.mean().items():
+        click.echo(f"  {method:14s} {five:6.1%} {ten:6.1%}")

@@ -1,0 +1,46 @@
+"""AccEPT's latency predictor in a real run: workers measure h when discovered, the first split uses it.
+
+Real broker (Mosquitto and the embedded amqtt), real worker processes, the shipped MobileNetV2-on-digits
+predictor. Worker-2 emulates a 20x slower device: its h says so before any batch has run, so the first
+split already gives it fewer layers than the equal split (PipeDream's, FTPipeHD's start), which a
+capacity run (``--estimator capacity``) keeps until its first re-split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from edgeagent.cli.demo import run_demo
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.models import ModelSpec
+from edgeagent.planner.partition import balanced_partition
+from edgeagent.predictor.store import shipped_path
+
+pytestmark = pytest.mark.slow
+
+SPEC = ModelSpec("mobilenetv2", (1, 8, 8), 10)
+
+
+def _run(broker: str, cluster: str, estimator: str) -> tuple[list[int], dict[str, Any]]:
+    train = TrainConfig(model="mobilenetv2", dataset="digits", batch_size=32, epochs=1, max_batches=6)
+    config = CentralConfig(cluster=cluster, train=train, progress=False, estimator=estimator)
+    report = run_demo(config, workers=2, slowdowns=[1, 1, 20], broker=broker, show_progress=False)
+    assert report.batches == 6
+    return report.partitions[0]["points"], report.to_dict()
+
+
+def test_a_workers_h_makes_the_first_split_differ_from_the_equal_split(broker_url: str, cluster: str) -> None:
+    assert shipped_path(SPEC).exists(), "the MobileNetV2-on-digits predictor must ship with the package"
+    first, report = _run(broker_url, cluster, "predictor")
+    assert report["estimator"] == "predictor"
+    equal = balanced_partition(report["layer_profile"]["seconds"], 3)  # PipeDream's, FTPipeHD's first
+    assert "predicted times" in report["partitions"][0]["reason"]
+    # Both workers announced an h before batch 0; the slow one's is several times the other's.
+    devices = {c["device"]: c for c in report["characterisations"] if c["batch"] == 0}
+    assert set(devices) == {"worker-1", "worker-2"}
+    assert sum(devices["worker-2"]["h"]) > 3 * sum(devices["worker-1"]["h"])
+    # The 20x slower last stage gets fewer layers than under the equal split.
+    assert first != equal
+    assert first[-1] - first[-2] < equal[-1] - equal[-2]
