@@ -411,6 +411,11 @@ def _finish_report(report: Any, path: str | None) -> None:
         f"{data['samples_per_second']:.1f} samples/s; wall {data['wall_seconds']:.1f} s\n"
         f"  accuracy per epoch (%): {acc}\n  partition points: {data['partitions'][-1]['points']}"
     )
+    if data.get("estimator") == "predictor":
+        taken = data.get("characterisations", [])
+        measured = ", ".join(f"{c['device']} {c['seconds']:.1f} s (batch {c['batch']})" for c in taken)
+        adapted = len(data.get("adaptations", []))
+        console.print(f"  latency predictor: h measured by {measured or 'nobody'}; adapted {adapted} times")
     groups = data["partitions"][-1].get("groups") if data["partitions"] else None
     if groups and any(len(g) > 1 for g in groups):
         held = "; ".join(f"stage {k}: {' + '.join(g)}" for k, g in enumerate(groups))

@@ -1,6 +1,6 @@
 """AccEPT's latency predictor in a real run: workers measure h when discovered, the first split uses it.
 
-Real broker (Mosquitto and the embedded amqtt), real worker processes, the shipped MobileNetV2-on-digits
+Real broker (Mosquitto), real worker processes, the shipped MobileNetV2-on-digits
 predictor. Worker-2 emulates a 20x slower device: its h says so before any batch has run, so the first
 split already gives it fewer layers than the equal split (PipeDream's, FTPipeHD's start), which a
 capacity run (``--estimator capacity``) keeps until its first re-split.
@@ -31,9 +31,11 @@ def _run(broker: str, cluster: str, estimator: str) -> tuple[list[int], dict[str
     return report.partitions[0]["points"], report.to_dict()
 
 
-def test_a_workers_h_makes_the_first_split_differ_from_the_equal_split(broker_url: str, cluster: str) -> None:
+def test_a_workers_h_makes_the_first_split_differ_from_the_equal_split(
+    mosquitto_url: str, cluster: str
+) -> None:
     assert shipped_path(SPEC).exists(), "the MobileNetV2-on-digits predictor must ship with the package"
-    first, report = _run(broker_url, cluster, "predictor")
+    first, report = _run(mosquitto_url, cluster, "predictor")
     assert report["estimator"] == "predictor"
     equal = balanced_partition(report["layer_profile"]["seconds"], 3)  # PipeDream's, FTPipeHD's first
     assert "predicted times" in report["partitions"][0]["reason"]
