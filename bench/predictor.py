@@ -14,7 +14,8 @@
    Set-up differences: the paper trained on ~5,000 samples from three server CPUs with taskset core
    limits and tested on an unseen fourth CPU (1-4 cores); ours come from one 2-core machine under
    thread counts, CFS quotas, taskset, batch sizes and emulated slowdowns, tested on configurations of
-   that machine held out of training. Each time is the median of 5 runs (the paper: mean of 100).
+   that machine held out of training. Each time is the mean of back-to-back runs over at least 5 runs
+   and 0.2 s (the paper: the mean of 100 runs).
 2. **Whole-run heterogeneity** (MobileNetV2, digits, batch 32, slowdowns 1,1,10, ``--epochs`` epochs):
    samples/s of the uniform split, FTPipeHD's dynamic split (``--estimator capacity``), AccEPT's
    (``--estimator predictor``) and the oracle (the DP fed the true slowdowns from batch 0), in one run

@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1, cpu controller
-CFS_PERIOD_US = 100_000
+# A 10 ms period, not the kernel's default 100 ms: a step of a few ms then sees a steadily slower CPU,
+# as on a slower device, instead of full speed until the period's quota is spent and then a long stall
+# (which makes a 0.2 s timing window land on 2 periods and vary by a whole burst).
+CFS_PERIOD_US = 10_000
 MIN_QUOTA_US = 1_000  # the kernel refuses a smaller cpu.cfs_quota_us
 # The shell writes its pid into the group ($0), then execs the command ("$@") in the same process.
 JOIN = 'echo $$ > "$0/cgroup.procs" && exec "$@"'

@@ -18,6 +18,7 @@ from typing import Any
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
 from edgeagent.predictor.net import LatencyPredictor, Sample
+from edgeagent.predictor.store import record_h
 from edgeagent.predictor.submodels import Range, representative
 
 ADAPT_SAMPLES = (2, 4, 8)
@@ -77,7 +78,7 @@ def evaluate(
         times = _times(record)
         ranges = sorted(times)
         measured = [times[r] for r in ranges]
-        h = tuple(float(v) for v in record["h"])
+        h = record_h(record)
         local = Scores()
         local.add("predictor", predictor.predict(ranges, h), measured)
         for k in ADAPT_SAMPLES:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,22 +83,41 @@ def _step(model: ModelLayers, start: int, end: int) -> None:
     x.backward(torch.ones_like(x))
 
 
-def time_range(model: ModelLayers, start: int, end: int, *, reps: int = 3, slowdown: float = 1.0) -> float:
-    """Median seconds of forward+backward of layers ``[start, end)`` over ``reps`` runs after a warm-up."""
+MIN_WINDOW = 0.2  # seconds a measurement runs for at least: two CFS periods of 100 ms
+
+
+def time_range(
+    model: ModelLayers,
+    start: int,
+    end: int,
+    *,
+    reps: int = 3,
+    slowdown: float = 1.0,
+    min_seconds: float = MIN_WINDOW,
+) -> float:
+    """Mean seconds of forward+backward of layers ``[start, end)``: after a warm-up, back-to-back runs
+    until at least ``reps`` runs and ``min_seconds`` have passed.
+
+    A mean over a window, not the median of single runs: under a CPU quota a short step runs at full
+    speed until the period's quota is spent and then waits for the next period, so single runs are
+    either fast or very slow; a device that trains runs steps back to back and gets the window's mean.
+    (The paper averages 100 runs.)
+    """
     if not 0 <= start < end <= model.num_layers:
         raise ValueError(f"layer range [{start}, {end}) is empty or outside 0..{model.num_layers}")
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
-    times = []
-    for run in range(reps + 1):
+    _step(model, start, end)  # warm-up
+    total, count = 0.0, 0
+    began = time.perf_counter()
+    while count < reps or time.perf_counter() - began < min_seconds:
         started = Clock()
         _step(model, start, end)
-        elapsed = emulated_duration(started, slowdown)
-        if run > 0:
-            times.append(elapsed)
+        total += emulated_duration(started, slowdown)
+        count += 1
     for layer in model.layers[start:end]:
         layer.zero_grad(set_to_none=True)
-    return statistics.median(times)
+    return total / count
 
 
 @dataclass(frozen=True)

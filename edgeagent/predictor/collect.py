@@ -1,0 +1,744 @@
+"""Collecting the predictor's pre-training data on this machine under many resource configurations.
+
+What the paper did (papers/004 Sec. 4.2): it measured every sub-model's time on three server CPUs
+(Xeon E5-2640, EPYC 7402, Kunpeng 920), simulating "various levels of computing capacities" by limiting
+the cores with ``taskset``: about 5,000 samples over 24 resource configurations.
+
+What we do: we have one machine (2 cores), so the configurations must differ in ways that do *not*
+scale every layer alike, or ``h`` would carry one number and the predictor would learn nothing about
+devices. Each :class:`ResourceConfig` combines
+
+* the torch thread count (1 or 2: wide convolutions gain from a second thread, small layers do not);
+* a CFS CPU quota (cgroup v1 ``cpu.cfs_quota_us`` per ``cpu.cfs_period_us``, a fraction of a core up
+  to 1.5 cores: a step shorter than the quota runs at full speed, a longer one is throttled);
+* a ``taskset`` core list (two threads on one core: oversubscribed, unlike a quota);
+* the batch size (16, 32, 64: fixed per-layer overheads against compute);
+* the runtime's emulated slowdown (:func:`edgeagent.runtime.compute.emulated_duration`, CPU time times
+  the factor, as the pipeline's emulated devices run).
+
+Every configuration runs as its own child process (``python -m edgeagent.predictor.collect --child``)
+in its own cgroup under :data:`GROUP_ROOT` and under ``taskset -c`` when it names cores; the child
+measures ``h`` (:func:`~edgeagent.predictor.measure.characterise`) and the time of every one of the
+``l(l+1)/2`` sub-models (:func:`~edgeagent.predictor.measure.measure_ranges`: the mean over a window
+of at least ``reps`` back-to-back runs and 0.2 s after a warm-up) and writes one record. The parent
+writes the data set after every configuration (atomically), so an interrupted collection resumes
+where it stopped.
+
+    python -m edgeagent.predictor.collect --set training --out data.json [--resume]   (root for quotas)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from edgeagent.models import ModelSpec
+from edgeagent.predictor.measure import ModelLayers, characterise, measure_ranges, model_key
+from edgeagent.predictor.submodels import REPRESENTATIVES, all_ranges
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+GROUP_ROOT = CGROUP_V1_CPU / "edgeagent-predictor"
+CFS_PERIOD_US = 10_000  # as edgeagent.ops.cgroups: steady throttling, not 100 ms bursts and stalls
+H_BUDGET = 600.0  # seconds the child may spend on h (characterise's bound); collection is not bounded
+CHILD_TIMEOUT = 3600.0  # seconds one configuration may take before its child is killed
+TARGET = ModelSpec("mobilenetv2", (1, 8, 8), 10)  # the digits-shaped MobileNetV2 (21 layers, M = 231)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+_CPUS = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_JOIN = 'echo $$ > "$0/cgroup.procs" && exec "$@"'  # the shell joins the cgroup, then execs the command
+
+
+# -- configurations ----------------------------------------------------------------------------------
+
+
+def _positive_int(value: Any, what: str, limit: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise ValueError(f"{what} must be an int in 1..{limit}, got {value!r}")
+
+
+def _number(value: Any, what: str, low: float, high: float) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not low <= value <= high:
+        raise ValueError(f"{what} must be a number in {low}..{high}, got {value!r}")
+
+
+def parse_cpus(cpus: str) -> list[int]:
+    """The cores of a taskset list such as ``"0"``, ``"0-1"`` or ``"0,2-3"`` (ascending ranges only)."""
+    if not isinstance(cpus, str) or not _CPUS.match(cpus):
+        raise ValueError(f"cpus must be a taskset list like '0', '0-1' or '0,2-3', got {cpus!r}")
+    cores: set[int] = set()
+    for part in cpus.split(","):
+        low, _, high = part.partition("-")
+        first, last = int(low), int(high or low)
+        if first > last:
+            raise ValueError(f"cpus range {part!r} in {cpus!r} runs backwards ({first} > {last})")
+        cores.update(range(first, last + 1))
+    return sorted(cores)
+
+
+def config_name(
+    threads: int, cpu_quota: float | None, cpus: str | None, batch_size: int, slowdown: float
+) -> str:
+    """A descriptive name such as ``t2-q0.50-b32-s1`` or ``t2-cpu0-b64-s1`` (no ``q``: no quota)."""
+    quota = "" if cpu_quota is None else f"-q{cpu_quota:.2f}"
+    cores = "" if cpus is None else f"-cpu{cpus.replace(',', '+')}"
+    return f"t{threads}{quota}{cores}-b{batch_size}-s{slowdown:g}"
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    """One simulated device: torch threads, a CPU quota in cores (None: none), the cores the process may
+    run on (a taskset list; None: all), the batch size and the emulated slowdown factor."""
+
+    name: str
+    threads: int
+    cpu_quota: float | None
+    cpus: str | None
+    batch_size: int
+    slowdown: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(
+                f"config name must be 1-64 letters, digits or '._+-' (a cgroup's name), got {self.name!r}"
+            )
+        _positive_int(self.threads, f"{self.name}: threads", 256)
+        if self.cpu_quota is not None:
+            # CFS refuses quotas under 1 ms per period; 0.1 cores of the 10 ms period is 1 ms.
+            _number(self.cpu_quota, f"{self.name}: cpu_quota (cores)", 0.1, 1024.0)
+        if self.cpus is not None:
+            parse_cpus(self.cpus)
+        _positive_int(self.batch_size, f"{self.name}: batch_size", 65536)
+        _number(self.slowdown, f"{self.name}: slowdown", 1.0, 1000.0)
+
+    @classmethod
+    def named(
+        cls,
+        threads: int,
+        *,
+        cpu_quota: float | None = None,
+        cpus: str | None = None,
+        batch_size: int = 32,
+        slowdown: float = 1.0,
+    ) -> ResourceConfig:
+        """A configuration named by :func:`config_name`."""
+        name = config_name(threads, cpu_quota, cpus, batch_size, slowdown)
+        return cls(name, threads, cpu_quota, cpus, batch_size, slowdown)
+
+    @property
+    def resources(self) -> tuple[Any, ...]:
+        """Everything but the name: two configurations with equal resources measure the same device."""
+        return (self.threads, self.cpu_quota, self.cpus, self.batch_size, float(self.slowdown))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict; inverse of :meth:`from_dict`."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ResourceConfig:
+        """Rebuild a configuration from :meth:`to_dict` output; unknown or missing keys are errors."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a resource configuration must be a mapping, got {type(d).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [k for k in names if k not in d]
+        unknown = sorted(set(d) - set(names))
+        if missing or unknown:
+            raise ValueError(
+                f"resource configuration {dict(d)!r}: missing keys {missing}, unknown keys {unknown}"
+            )
+        return cls(**{k: d[k] for k in names})
+
+
+# threads, cpu_quota (cores), cpus, batch size, slowdown
+_TRAINING: tuple[tuple[int, float | None, str | None, int, float], ...] = (
+    # full machine: threads x batch size
+    (1, None, None, 16, 1), (1, None, None, 32, 1), (1, None, None, 64, 1),
+    (2, None, None, 32, 1), (2, None, None, 64, 1),
+    # CPU quotas, one thread and two
+    (1, 0.25, None, 32, 1), (1, 0.5, None, 32, 1), (1, 0.75, None, 32, 1),
+    (2, 0.5, None, 32, 1), (2, 1.0, None, 32, 1), (2, 1.5, None, 32, 1),
+    # CPU quotas at the other batch sizes
+    (1, 0.5, None, 16, 1), (1, 0.75, None, 64, 1),
+    # two threads on one core (taskset)
+    (2, None, "0", 32, 1),
+    # emulated slowdowns (the runtime's --slowdown)
+    (1, None, None, 16, 4), (1, None, None, 32, 2), (1, None, None, 32, 4), (2, None, None, 64, 2),
+)  # fmt: skip
+
+_HELD_OUT: tuple[tuple[int, float | None, str | None, int, float], ...] = (
+    (1, 0.35, None, 32, 1),
+    (2, 1.25, None, 32, 1),
+    (2, 0.6, "1", 32, 1),
+    (1, 0.8, None, 48, 1),
+)
+
+
+def _configs(rows: Sequence[tuple[int, float | None, str | None, int, float]]) -> list[ResourceConfig]:
+    return [ResourceConfig.named(t, cpu_quota=q, cpus=c, batch_size=b, slowdown=s) for t, q, c, b, s in rows]
+
+
+def training_configs() -> list[ResourceConfig]:
+    """The pre-training configurations (18; the paper had 24 over three CPUs)."""
+    return _configs(_TRAINING)
+
+
+def held_out_configs() -> list[ResourceConfig]:
+    """Four configurations outside the training set (a quota, core list or batch size it never saw),
+    for testing the predictor on an unseen device and its adaptation (papers/004 Sec. 4.2, Fig. 8)."""
+    return _configs(_HELD_OUT)
+
+
+# -- the child: one configuration --------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """This machine's CPU model from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine()
+
+
+def _own_cgroup() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "cpu" in controllers.split(","):
+                return path
+    return ""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else -1.0
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.7g}")  # seconds to 7 significant digits: far below the noise
+
+
+def measure_config(cfg: ResourceConfig, spec: ModelSpec, reps: int) -> dict[str, Any]:
+    """Measure ``h`` and every sub-model's seconds in this process, under ``cfg``'s threads, batch size
+    and slowdown (its quota and cores are the parent's doing); the data set's record."""
+    torch.set_num_threads(cfg.threads)
+    started, cpu_started, load_before = time.perf_counter(), time.process_time(), _load()
+    model = ModelLayers.build(spec, cfg.batch_size)
+    char = characterise(model, budget=H_BUDGET, reps=reps, slowdown=cfg.slowdown)
+    if not char.complete:
+        raise RuntimeError(f"{cfg.name}: measured {len(char.h)} of h's {REPRESENTATIVES} in {H_BUDGET:g} s")
+    ranges = all_ranges(model.num_layers)
+    seconds = measure_ranges(model, ranges, reps=reps, slowdown=cfg.slowdown)
+    return {
+        "config": cfg.to_dict(),
+        "model": spec.to_dict(),
+        "model_key": model_key(spec),
+        "batch_size": cfg.batch_size,
+        "num_layers": model.num_layers,
+        "flops": list(model.flops),
+        "h": [_sig(x) for x in char.h],
+        "ranges": [list(r) for r in ranges],
+        "seconds": [_sig(x) for x in seconds],
+        "reps": reps,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "host": platform.node(),
+        "cpu": cpu_model(),
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
+        "cgroup": _own_cgroup(),
+        "measured_at": _now(),
+        "elapsed": round(time.perf_counter() - started, 3),
+        # Other work on the machine shows here: CPU seconds well under threads x elapsed, a high load.
+        "cpu_seconds": round(time.process_time() - cpu_started, 3),
+        "load_average": [load_before, _load()],  # 1-minute load average before and after
+    }
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# -- the data set on disk ----------------------------------------------------------------------------
+
+_RECORD_KEYS = (
+    "config", "model", "model_key", "batch_size", "num_layers", "flops", "h", "ranges", "seconds", "reps",
+    "torch", "host", "cpu", "measured_at",
+)  # fmt: skip
+
+
+def _numbers(value: Any, what: str, length: int, *, positive: bool) -> None:
+    if not isinstance(value, list) or len(value) != length:
+        got = len(value) if isinstance(value, list) else type(value).__name__
+        raise ValueError(f"{what} must be a list of {length} numbers, got {got}")
+    bound = "> 0" if positive else ">= 0"
+    for i, x in enumerate(value):
+        number = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+        if not number or x < 0 or (positive and x == 0):
+            raise ValueError(f"{what}[{i}] must be a finite number {bound}, got {x!r}")
+
+
+def check_record(record: Any) -> None:
+    """Raise ValueError saying what is wrong with one record (keys, types, lengths, consistency)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a record must be an object, got {type(record).__name__}")
+    missing = [k for k in _RECORD_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"missing keys {missing}")
+    cfg = ResourceConfig.from_dict(record["config"])
+    spec = ModelSpec.from_dict(record["model"])
+    if record["model_key"] != model_key(spec):
+        raise ValueError(f"model_key {record['model_key']!r} is not the model's ({model_key(spec)!r})")
+    if record["batch_size"] != cfg.batch_size:
+        raise ValueError(f"batch_size {record['batch_size']!r} is not the config's ({cfg.batch_size})")
+    _positive_int(record["reps"], "reps", 10_000)
+    for key in ("torch", "host", "cpu", "measured_at"):
+        if not isinstance(record[key], str):
+            raise ValueError(f"{key} must be a string, got {record[key]!r}")
+    layers = record["num_layers"]
+    _positive_int(layers, "num_layers", 10_000)
+    _numbers(record["flops"], "flops", layers, positive=False)
+    _numbers(record["h"], "h", REPRESENTATIVES, positive=True)
+    expected = [list(r) for r in all_ranges(layers)]
+    if record["ranges"] != expected:
+        raise ValueError(f"ranges must be all {len(expected)} sub-models of {layers} layers, in order")
+    _numbers(record["seconds"], "seconds", len(expected), positive=True)
+
+
+def load_document(path: str | Path) -> dict[str, Any]:
+    """The whole data set (``format``, ``provenance``, ``records``), validated; ValueError names the file
+    and what is wrong with it."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON document ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: the document must be an object, got {type(doc).__name__}")
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: format must be {FORMAT}, got {doc.get('format')!r}")
+    if not isinstance(doc.get("provenance"), dict):
+        raise ValueError(f"{path}: provenance must be an object")
+    records = doc.get("records")
+    if not isinstance(records, list):
+        raise ValueError(f"{path}: records must be a list, got {type(records).__name__}")
+    seen: set[str] = set()
+    for i, record in enumerate(records):
+        try:
+            check_record(record)
+        except ValueError as e:
+            raise ValueError(f"{path}: record {i}: {e}") from None
+        name = record["config"]["name"]
+        if name in seen:
+            raise ValueError(f"{path}: record {i}: configuration {name!r} appears twice")
+        seen.add(name)
+    return doc
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a data set written by :func:`collect` (validated, see :func:`load_document`)."""
+    records: list[dict[str, Any]] = load_document(path)["records"]
+    return records
+
+
+def dumps_document(provenance: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str:
+    """The data set as JSON with one line per record (small diffs when a collection is re-run)."""
+    lines = ["{", f' "format": {FORMAT},', f' "provenance": {json.dumps(provenance, sort_keys=True)},']
+    body = [f"  {json.dumps(r, sort_keys=True)}" for r in records]
+    lines += [' "records": [', ",\n".join(body), " ]", "}"] if body else [' "records": []', "}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- the parent: cgroups and child processes ---------------------------------------------------------
+
+
+def cgroup_problem() -> str | None:
+    """Why configurations with a CPU quota cannot run here, or None when they can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "CPU quotas need root (cgroup v1 groups are created under /sys/fs/cgroup/cpu)"
+    if not (CGROUP_V1_CPU / "cpu.cfs_quota_us").is_file():
+        return f"no cgroup v1 cpu controller at {CGROUP_V1_CPU} (cpu.cfs_quota_us missing)"
+    return None
+
+
+def make_group(cfg: ResourceConfig, root: Path = GROUP_ROOT) -> Path:
+    """The configuration's cgroup with its CFS quota (-1: none)."""
+    group = root / cfg.name
+    group.mkdir(parents=True, exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+    quota = -1 if cfg.cpu_quota is None else round(cfg.cpu_quota * CFS_PERIOD_US)
+    (group / "cpu.cfs_quota_us").write_text(str(quota))
+    return group
+
+
+def remove_groups(groups: Sequence[Path], root: Path = GROUP_ROOT) -> None:
+    """Remove the groups this collection made (they are empty: their child has exited) and the root
+    if nothing else is left in it. Nothing is killed: a group still in use is left and reported."""
+    for group in groups:
+        try:
+            group.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("could not remove cgroup %s: %s", group, e)
+    with contextlib.suppress(OSError):
+        root.rmdir()  # fails while another collection's groups are in it, as it should
+
+
+def child_command(
+    cfg: ResourceConfig, spec: ModelSpec, reps: int, out: Path, group: Path | None
+) -> list[str]:
+    """``[sh -c join group] [taskset -c cpus] python -m edgeagent.predictor.collect --child ...``."""
+    cmd = [
+        sys.executable, "-m", "edgeagent.predictor.collect",
+        "--child", json.dumps(cfg.to_dict()), "--model", json.dumps(spec.to_dict()),
+        "--reps", str(reps), "--out", str(out),
+    ]  # fmt: skip
+    if cfg.cpus is not None:
+        cmd = ["taskset", "-c", cfg.cpus, *cmd]
+    if group is not None:
+        cmd = ["sh", "-c", _JOIN, str(group), *cmd]
+    return cmd
+
+
+def _child_env(cfg: ResourceConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def skip_reason(cfg: ResourceConfig, cgroups: str | None) -> str | None:
+    """Why ``cfg`` cannot run on this machine (``cgroups``: :func:`cgroup_problem`), or None."""
+    if cfg.cpu_quota is not None and cgroups is not None:
+        return f"needs a CPU quota of {cfg.cpu_quota:g} cores, but {cgroups}"
+    if cfg.cpus is not None:
+        if shutil.which("taskset") is None:
+            return f"needs taskset -c {cfg.cpus}, but taskset is not installed"
+        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        absent = [c for c in parse_cpus(cfg.cpus) if c not in allowed]
+        if absent:
+            return f"needs cores {absent}, but this process may run on {allowed} only"
+    return None
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def run_child(cmd: list[str], env: Mapping[str, str], out: Path, timeout: float) -> dict[str, Any]:
+    """Run one child to completion and return its record; RuntimeError says why it gave none. The
+    child is killed (it alone) if it overruns ``timeout`` or the collection is interrupted."""
+    proc = subprocess.Popen(
+        cmd,
+        env=dict(env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise RuntimeError(f"took more than {timeout:g} s and was killed\n{_tail(err)}") from None
+    finally:
+        if proc.poll() is None:  # interrupted (Ctrl-C): the child runs in its own session
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"exited with {proc.returncode}\n{_tail(err)}")
+    try:
+        record: dict[str, Any] = json.loads(out.read_text())
+        check_record(record)
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"wrote no valid record: {e}\n{_tail(err)}") from None
+    return record
+
+
+@dataclass
+class Summary:
+    """What a :func:`collect` call did."""
+
+    path: Path
+    collected: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    samples: int = 0  # sub-model times in the file
+    seconds: float = 0.0
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "host": platform.node(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def _provenance(
+    spec: ModelSpec, configs: Sequence[ResourceConfig], reps: int, summary: Summary, created_at: str
+) -> dict[str, Any]:
+    return {
+        "paper": "papers/004 Sec. 4.2: ~5,000 samples over 24 taskset configurations on three CPUs",
+        "method": "one child process per configuration (cgroup v1 CFS quota, taskset, torch threads, "
+        "batch size, emulated slowdown); seconds: mean of back-to-back forward+backward runs over at "
+        "least reps runs and 0.2 s, after a warm-up",
+        "machine": _machine(),
+        "created_at": created_at,
+        "updated_at": _now(),
+        "command": shlex.join(sys.argv),
+        "model": spec.to_dict(),
+        "model_key": model_key(spec),
+        "reps": reps,
+        "configs": len(configs),
+        "config_names": [c.name for c in configs],
+        "cgroups": cgroup_problem() or f"cgroup v1 cpu, groups under {GROUP_ROOT}",
+        "skipped": dict(summary.skipped),
+        "failed": dict(summary.failed),
+    }
+
+
+def _previous(path: Path, spec: ModelSpec, resume: bool) -> tuple[list[dict[str, Any]], str]:
+    """The records (and creation time) to keep from an earlier, interrupted collection into ``path``."""
+    if not path.exists():
+        return [], _now()
+    if not resume:
+        log.warning("%s exists and is replaced (resume=False)", path)
+        return [], _now()
+    doc = load_document(path)
+    key = model_key(spec)
+    other = [r["model_key"] for r in doc["records"] if r["model_key"] != key]
+    if other:
+        raise ValueError(
+            f"{path}: holds records of model {other[0]}, not of {key} ({spec.name}); cannot resume"
+        )
+    return list(doc["records"]), str(doc["provenance"].get("created_at", _now()))
+
+
+def _check_unique(configs: Sequence[ResourceConfig]) -> None:
+    names = [c.name for c in configs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"configuration names must be unique; given twice: {twice}")
+
+
+def _progress(enabled: bool) -> Progress:
+    from edgeagent.ops.logs import console
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=console, disable=not enabled)
+
+
+def _reusable(record: Mapping[str, Any], cfg: ResourceConfig, reps: int) -> bool:
+    return ResourceConfig.from_dict(record["config"]) == cfg and record["reps"] == reps
+
+
+@contextlib.contextmanager
+def _groups() -> Iterator[list[Path]]:
+    made: list[Path] = []
+    try:
+        yield made
+    finally:
+        remove_groups(made)
+
+
+def _measure_one(
+    cfg: ResourceConfig, spec: ModelSpec, reps: int, cgroups: str | None, made: list[Path], timeout: float
+) -> dict[str, Any]:
+    group = None
+    if cgroups is None:
+        group = make_group(cfg)
+        made.append(group)
+    with tempfile.TemporaryDirectory(prefix="edgeagent-collect-") as tmp:
+        out = Path(tmp) / "record.json"
+        return run_child(child_command(cfg, spec, reps, out, group), _child_env(cfg), out, timeout)
+
+
+def collect(
+    spec: ModelSpec,
+    configs: Sequence[ResourceConfig],
+    out_path: str | Path,
+    *,
+    reps: int = 5,
+    progress: bool = True,
+    resume: bool = False,
+    timeout: float = CHILD_TIMEOUT,
+) -> Summary:
+    """Measure ``spec`` under every configuration, one child process each, into ``out_path``.
+
+    The file is rewritten (atomically) after every configuration; with ``resume`` the records already
+    in it for an equal configuration and ``reps`` are kept and not measured again. A configuration that
+    cannot run here (a quota without root or cgroup v1, cores this machine lacks) is skipped with a
+    warning; a child that fails is reported and skipped. The cgroups made are removed at the end.
+    """
+    _check_unique(configs)
+    _positive_int(reps, "reps", 10_000)
+    path = Path(out_path)
+    summary = Summary(path)
+    records, created_at = _previous(path, spec, resume)
+    cgroups = cgroup_problem()
+    started = time.monotonic()
+    with _groups() as made, _progress(progress) as bar:
+        task = bar.add_task("collecting", total=len(configs))
+        for cfg in configs:
+            bar.update(task, description=cfg.name)
+            _one(cfg, spec, reps, records, summary, cgroups, made, timeout)
+            summary.samples = sum(len(r["seconds"]) for r in records)
+            provenance = _provenance(spec, configs, reps, summary, created_at)
+            write_json_atomic(path, dumps_document(provenance, records))
+            bar.advance(task)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _one(
+    cfg: ResourceConfig,
+    spec: ModelSpec,
+    reps: int,
+    records: list[dict[str, Any]],
+    summary: Summary,
+    cgroups: str | None,
+    made: list[Path],
+    timeout: float,
+) -> None:
+    """Reuse, skip or measure one configuration, updating ``records`` and ``summary``."""
+    index = next((i for i, r in enumerate(records) if r["config"]["name"] == cfg.name), None)
+    if index is not None and _reusable(records[index], cfg, reps):
+        summary.reused.append(cfg.name)
+        return
+    reason = skip_reason(cfg, cgroups)
+    if reason is not None:
+        log.warning("skipping %s: %s", cfg.name, reason)
+        summary.skipped[cfg.name] = reason
+        return
+    began = time.monotonic()
+    try:
+        record = _measure_one(cfg, spec, reps, cgroups, made, timeout)
+    except (RuntimeError, OSError) as e:
+        log.error("configuration %s failed, skipped: %s", cfg.name, e)
+        summary.failed[cfg.name] = str(e).splitlines()[0]
+        return
+    if index is not None:
+        records[index] = record  # measured again: other reps or a changed configuration
+    else:
+        records.append(record)
+    summary.collected.append(cfg.name)
+    log.info("%s: %d sub-models in %.0f s", cfg.name, len(record["seconds"]), time.monotonic() - began)
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m edgeagent.predictor.collect",
+        description="Collect the latency predictor's pre-training data under many resource configurations.",
+    )
+    p.add_argument(
+        "--model", default=json.dumps(TARGET.to_dict()), help="model spec as JSON (default: %(default)s)"
+    )
+    p.add_argument("--reps", type=int, default=5, help="least timed runs per sub-model (default: 5)")
+    p.add_argument("--out", required=True, help="data set file (parent) or record file (--child)")
+    p.add_argument("--set", choices=("training", "heldout"), default="training", help="which configurations")
+    p.add_argument("--resume", action="store_true", help="keep the configurations already in --out")
+    p.add_argument("--timeout", type=float, default=CHILD_TIMEOUT, help="seconds per configuration")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--child", metavar="CONFIG_JSON", help="internal: measure one configuration in this process"
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    spec = ModelSpec.from_dict(json.loads(args.model))
+    if args.child is not None:
+        cfg = ResourceConfig.from_dict(json.loads(args.child))
+        record = measure_config(cfg, spec, args.reps)
+        write_json_atomic(Path(args.out), json.dumps(record, sort_keys=True) + "\n")
+        return 0
+    from edgeagent.ops.logs import setup_logging
+
+    setup_logging()
+    configs = training_configs() if args.set == "training" else held_out_configs()
+    s = collect(spec, configs, args.out, reps=args.reps, progress=not args.no_progress, resume=args.resume,
+                timeout=args.timeout)  # fmt: skip
+    log.info(
+        "%s: %d measured, %d kept, %d skipped, %d failed; %d samples; %.0f s",
+        s.path, len(s.collected), len(s.reused), len(s.skipped), len(s.failed), s.samples, s.seconds,
+    )  # fmt: skip
+    return 1 if s.failed else 0
+
+
+__all__ = [
+    "CGROUP_V1_CPU",
+    "FORMAT",
+    "GROUP_ROOT",
+    "TARGET",
+    "ResourceConfig",
+    "Summary",
+    "cgroup_problem",
+    "check_record",
+    "child_command",
+    "collect",
+    "config_name",
+    "held_out_configs",
+    "load_document",
+    "load_records",
+    "main",
+    "measure_config",
+    "parse_cpus",
+    "skip_reason",
+    "training_configs",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Tests for edgeagent.predictor.collect: configurations, the data set's validation, the child entry point
+(one real run of a tiny model) and the collection loop's skip, failure and resume paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgeagent.models import ModelSpec
+from edgeagent.predictor import collect as collect_mod
+from edgeagent.predictor.collect import (
+    ResourceConfig,
+    collect,
+    config_name,
+    dumps_document,
+    held_out_configs,
+    load_records,
+    parse_cpus,
+    training_configs,
+)
+from edgeagent.predictor.measure import model_key
+from edgeagent.predictor.submodels import all_ranges
+
+TINY = ModelSpec("mlp", (16,), 4, (("hidden", (8, 8)),))  # 3 layers, 6 sub-models
+
+
+def fake_record(cfg: ResourceConfig, spec: ModelSpec = TINY, reps: int = 1) -> dict[str, Any]:
+    ranges = all_ranges(3)
+    return {
+        "config": cfg.to_dict(),
+        "model": spec.to_dict(),
+        "model_key": model_key(spec),
+        "batch_size": cfg.batch_size,
+        "num_layers": 3,
+        "flops": [2048.0, 1536.0, 768.0],
+        "h": [1e-4 * (k + 1) for k in range(10)],
+        "ranges": [list(r) for r in ranges],
+        "seconds": [1e-4 * (e - s) for s, e in ranges],
+        "reps": reps,
+        "torch": "2.x",
+        "host": "test",
+        "cpu": "test cpu",
+        "measured_at": "2026-01-01T00:00:00+00:00",
+    }
+
+
+# -- configurations ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"name": ""}, "config name"),
+        ({"name": "a/b"}, "config name"),
+        ({"threads": 0}, r"threads must be an int in 1\.\.256, got 0"),
+        ({"threads": True}, "threads"),
+        ({"cpu_quota": 0.05}, r"cpu_quota \(cores\) must be a number in 0\.1\.\.1024\.0, got 0\.05"),
+        ({"cpu_quota": float("nan")}, "cpu_quota"),
+        ({"cpus": "0-"}, "taskset list"),
+        ({"cpus": "3-1"}, r"runs backwards \(3 > 1\)"),
+        ({"batch_size": -4}, r"batch_size must be an int in 1\.\.65536, got -4"),
+        ({"slowdown": 0.5}, r"slowdown must be a number in 1\.0\.\.1000\.0, got 0\.5"),
+    ],
+)
+def test_invalid_configs_raise_with_the_numbers(changes: dict[str, Any], message: str) -> None:
+    good = {"name": "x", "threads": 1, "cpu_quota": None, "cpus": None, "batch_size": 32, "slowdown": 1.0}
+    with pytest.raises(ValueError, match=message):
+        ResourceConfig(**{**good, **changes})
+
+
+def test_round_trip_through_json() -> None:
+    for cfg in [*training_configs(), *held_out_configs()]:
+        assert ResourceConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_from_dict_names_missing_and_unknown_keys() -> None:
+    d = ResourceConfig.named(1).to_dict()
+    del d["threads"]
+    d["cores"] = 2
+    with pytest.raises(ValueError, match=r"missing keys \['threads'\], unknown keys \['cores'\]"):
+        ResourceConfig.from_dict(d)
+
+
+def test_names_and_cpus() -> None:
+    assert config_name(2, 0.5, None, 32, 1.0) == "t2-q0.50-b32-s1"
+    assert config_name(1, None, "0,2-3", 16, 2.5) == "t1-cpu0+2-3-b16-s2.5"
+    assert parse_cpus("0,2-3") == [0, 2, 3]
+
+
+def test_training_and_held_out_sets() -> None:
+    training, held_out = training_configs(), held_out_configs()
+    assert 16 <= len(training) <= 30
+    assert len(held_out) == 4
+    names = [c.name for c in [*training, *held_out]]
+    assert len(set(names)) == len(names)
+    seen = {c.resources for c in training}
+    assert not any(c.resources in seen for c in held_out)
+    # The dimensions the brief asks for are all there.
+    assert {c.threads for c in training} == {1, 2}
+    assert {c.batch_size for c in training} == {16, 32, 64}
+    assert {c.slowdown for c in training} == {1, 2, 4}
+    assert {0.25, 0.5, 0.75, 1.0, 1.5} <= {c.cpu_quota for c in training}
+    assert any(c.cpus == "0" and c.threads == 2 for c in training)
+
+
+# -- the data set on disk --------------------------------------------------------------------------------
+
+
+def write_doc(path: Path, records: list[Any]) -> Path:
+    path.write_text(dumps_document({"created_at": "now"}, records))
+    return path
+
+
+def test_document_round_trip(tmp_path: Path) -> None:
+    records = [fake_record(ResourceConfig.named(1)), fake_record(ResourceConfig.named(2))]
+    assert load_records(write_doc(tmp_path / "d.json", records)) == records
+    assert load_records(write_doc(tmp_path / "e.json", [])) == []
+
+
+def _broken(key: str, value: Any) -> dict[str, Any]:
+    record = fake_record(ResourceConfig.named(1))
+    record[key] = value
+    return record
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not a JSON document"),
+        ("[]", "must be an object, got list"),
+        ('{"format": 2, "provenance": {}, "records": []}', "format must be 1, got 2"),
+        ('{"format": 1, "records": []}', "provenance must be an object"),
+        ('{"format": 1, "provenance": {}, "records": {}}', "records must be a list, got dict"),
+        (dumps_document({}, [{"config": {}}]), r"record 0: missing keys \['model'"),
+        (dumps_document({}, [_broken("h", [1.0] * 9)]), "record 0: h must be a list of 10 numbers, got 9"),
+        (
+            dumps_document({}, [_broken("seconds", [0.1] * 5 + [-1.0])]),
+            r"seconds\[5\] must be a finite number > 0, got -1\.0",
+        ),
+        (dumps_document({}, [_broken("ranges", [[0, 1]])]), "ranges must be all 6 sub-models of 3 layers"),
+        (dumps_document({}, [_broken("model_key", "x")]), "model_key 'x' is not the model's"),
+        (dumps_document({}, [_broken("host", None)]), "host must be a string, got None"),
+        (dumps_document({}, [_broken("batch_size", 8)]), "batch_size 8 is not the config's"),
+        (
+            dumps_document({}, [_broken("config", {**ResourceConfig.named(1).to_dict(), "threads": 0})]),
+            "threads",
+        ),
+        (dumps_document({}, [fake_record(ResourceConfig.named(1))] * 2), "record 1: .* appears twice"),
+    ],
+)
+def test_malformed_files_name_the_file_and_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as info:
+        load_records(path)
+    assert str(path) in str(info.value)
+
+
+# -- the child entry point (one real run) ----------------------------------------------------------------
+
+
+def test_child_entry_point_measures_every_sub_model(tmp_path: Path) -> None:
+    cfg = ResourceConfig.named(1, batch_size=4)
+    out = tmp_path / "record.json"
+    cmd = collect_mod.child_command(cfg, TINY, 1, out, None)
+    assert cmd[:3] == [sys.executable, "-m", "edgeagent.predictor.collect"]
+    subprocess.run(cmd, check=True, timeout=60, env=collect_mod._child_env(cfg))
+    record = json.loads(out.read_text())
+    collect_mod.check_record(record)
+    assert ResourceConfig.from_dict(record["config"]) == cfg
+    assert ModelSpec.from_dict(record["model"]) == TINY
+    assert record["model_key"] == model_key(TINY)
+    assert record["ranges"] == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
+    assert len(record["h"]) == 10 and all(x > 0 for x in record["h"])
+    assert record["torch_threads"] == 1 and record["reps"] == 1
+    assert record["cpu"] and record["host"] is not None and record["measured_at"]
+
+
+def test_command_wraps_taskset_and_cgroup(tmp_path: Path) -> None:
+    cfg = ResourceConfig.named(2, cpu_quota=0.5, cpus="0")
+    cmd = collect_mod.child_command(cfg, TINY, 1, tmp_path / "r.json", Path("/cg/x"))
+    assert cmd[:7] == ["sh", "-c", collect_mod._JOIN, "/cg/x", "taskset", "-c", "0"]
+
+
+# -- the collection loop (children faked) ----------------------------------------------------------------
+
+
+@pytest.fixture
+def no_cgroups(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collect_mod, "cgroup_problem", lambda: "CPU quotas need root (test)")
+
+
+@pytest.mark.usefixtures("no_cgroups")
+def test_quota_skipped_failure_reported_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ok, bad, quota = ResourceConfig.named(1), ResourceConfig.named(2), ResourceConfig.named(1, cpu_quota=0.5)
+    calls: list[str] = []
+
+    def fake_measure(cfg: ResourceConfig, *args: Any) -> dict[str, Any]:
+        calls.append(cfg.name)
+        if cfg == bad:
+            raise RuntimeError("exited with 1\nboom")
+        return fake_record(cfg)
+
+    monkeypatch.setattr(collect_mod, "_measure_one", fake_measure)
+    out = tmp_path / "data.json"
+    summary = collect(TINY, [ok, bad, quota], out, reps=1, progress=False)
+    assert summary.collected == [ok.name]
+    assert summary.failed == {bad.name: "exited with 1"}
+    assert "needs a CPU quota of 0.5 cores, but CPU quotas need root" in summary.skipped[quota.name]
+    assert [r["config"]["name"] for r in load_records(out)] == [ok.name]
+    assert summary.samples == 6
+
+    calls.clear()
+    again = collect(TINY, [ok, bad], out, reps=1, progress=False, resume=True)
+    assert calls == [bad.name] and again.reused == [ok.name]
+    calls.clear()
+    collect(TINY, [ok], out, reps=2, progress=False, resume=True)  # other reps: measured again
+    assert calls == [ok.name]
+    with pytest.raises(ValueError, match="cannot resume"):
+        collect(ModelSpec("mlp", (8,), 4), [ok], out, reps=2, progress=False, resume=True)
+
+
+def test_child_failure_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        collect_mod, "child_command", lambda *a: [sys.executable, "-c", "import sys; sys.exit('boom')"]
+    )
+    monkeypatch.setattr(collect_mod, "cgroup_problem", lambda: "no cgroups in this test")
+    summary = collect(TINY, [ResourceConfig.named(1)], tmp_path / "d.json", reps=1, progress=False)
+    assert summary.failed == {"t1-b32-s1": "exited with 1"}
+    assert load_records(tmp_path / "d.json") == []
