@@ -30,7 +30,15 @@ from edgeagent.broker.certs import init_site
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.config import CentralConfig
 from edgeagent.errors import ConfigError
-from edgeagent.ops.cgroups import CPU_ROOT, cgroup_problem, joined, make_cgroup, remove_cgroups
+from edgeagent.ops.cgroups import (
+    CFS_PERIOD_US,
+    CPU_ROOT,
+    MIN_QUOTA_US,
+    cgroup_problem,
+    joined,
+    make_cgroup,
+    remove_cgroups,
+)
 from edgeagent.ops.logs import console
 from edgeagent.roles.central import Central, ProgressHook, RunReport
 
@@ -106,10 +114,12 @@ def check_worker_cpu(percents: list[float] | None, workers: int) -> list[float]:
     if len(percents) != workers:
         raise ConfigError(f"--worker-cpu needs {workers} values (one per worker), got {len(percents)}")
     for device, pct in zip(device_ids(workers), percents, strict=True):
-        if not math.isfinite(pct) or pct < 0 or 0 < pct < 1:
+        least = 100 * MIN_QUOTA_US / CFS_PERIOD_US
+        if not math.isfinite(pct) or pct < 0 or 0 < pct < least:
             raise ConfigError(
-                f"--worker-cpu: {device} at {pct:g}%: give 0 (no limit) or at least 1 (percent of one core; "
-                "the kernel's smallest quota is 1 ms per 100 ms)"
+                f"--worker-cpu: {device} at {pct:g}%: give 0 (no limit) or at least {least:g} (percent of "
+                f"one core; the kernel's smallest quota is {MIN_QUOTA_US // 1000} ms per "
+                f"{CFS_PERIOD_US // 1000} ms period)"
             )
         if pct > 100 * (os.cpu_count() or 1):
             log.warning(

@@ -51,6 +51,7 @@ class DeviceTimes:
         self.samples: dict[tuple[str, int, int], Sample] = {}  # D^: the latest per device and range
         self.adaptations = 0
         self._tables: dict[str, list[list[float]]] = {}
+        self._adapted_on: dict[tuple[str, int, int], float] = {}  # the D^ the predictor was adapted on
         self._lock = threading.Lock()
 
     def set_h(self, device: str, h: Sequence[float]) -> bool:
@@ -78,14 +79,23 @@ class DeviceTimes:
         return device in self.h
 
     def table(self, device: str) -> list[list[float]] | None:
-        """``table[s][e - s - 1]``: predicted seconds of layers ``[s, e)`` on ``device`` (None: no ``h``)."""
+        """``table[s][e - s - 1]``: predicted seconds of layers ``[s, e)`` on ``device`` (None: no ``h``).
+
+        The predictor's table times the device's correction: the geometric mean of measured / predicted
+        over the device's samples of ``D^`` (1 before it has run). The adaptive update moves the
+        predictor towards the measured times over a few hundred steps; the correction makes the ranges
+        a device has run exact at once and scales its others alike (ours, beyond the paper)."""
         with self._lock:
             cached = self._tables.get(device)
             h = self.h.get(device)
             predictor = self.predictor
+            own = [s for key, s in self.samples.items() if key[0] == device]
         if cached is not None or h is None:
             return cached
-        table = predictor.table(h)
+        raw = predictor.table(h)
+        ratios = [math.log(s.seconds / raw[s.start][s.end - s.start - 1]) for s in own]
+        factor = math.exp(sum(ratios) / len(ratios)) if ratios else 1.0
+        table = [[v * factor for v in row] for row in raw]
         with self._lock:
             if self.predictor is predictor and self.h.get(device) == h:
                 self._tables[device] = table
@@ -113,6 +123,7 @@ class DeviceTimes:
         with self._lock:
             seen = any(key[0] == device for key in self.samples)
             self.samples[(device, start, end)] = Sample(start, end, self.h[device], measured)
+            self._tables.pop(device, None)  # its correction changed
             while len(self.samples) > self.max_samples:
                 del self.samples[next(iter(self.samples))]
         difference = abs(measured - predicted)
@@ -120,14 +131,26 @@ class DeviceTimes:
             return Drift(device, start, end, measured, predicted)
         return None
 
-    def adapt(self, steps: int = 300) -> int:
-        """Continue training on ``D`` plus every sample of ``D^`` (papers/004 "Adaptive update"); returns
-        how many samples it used. Runs off the training thread; the tables follow the new predictor."""
+    def news(self) -> bool:
+        """Whether ``D^`` holds a sample the predictor has not been adapted on: a new device or range, or a
+        time more than ``epsilon / 2`` away from the one it was adapted on."""
+        with self._lock:
+            return any(
+                key not in self._adapted_on
+                or abs(s.seconds - self._adapted_on[key]) > 0.5 * self.epsilon * self._adapted_on[key]
+                for key, s in self.samples.items()
+            )
+
+    def adapt(self, steps: int = 150) -> int:
+        """Continue training on ``D`` plus every sample of ``D^`` (papers/004 "Adaptive update") when there
+        is news (:meth:`news`); returns how many samples it used (0: nothing new). Runs off the training
+        thread (a few hundred small steps); the tables follow the new predictor."""
+        if not self.news():
+            return 0
         with self._lock:
             samples = list(self.samples.values())
+            self._adapted_on = {key: s.seconds for key, s in self.samples.items()}
             base = self.predictor
-        if not samples:
-            return 0
         adapted = base.adapt(samples, steps=steps)
         with self._lock:
             self.predictor = adapted

@@ -48,8 +48,8 @@ def test_worker_cpu_messages() -> None:
         parse_worker_cpu("100,half", 2)
     with pytest.raises(ConfigError, match=r"worker-2 at -5%: give 0 \(no limit\) or at least 1"):
         parse_worker_cpu("100,-5", 2)
-    with pytest.raises(ConfigError, match=r"worker-1 at 0.5%.*smallest quota is 1 ms per 100 ms"):
-        parse_worker_cpu("0.5,100", 2)
+    with pytest.raises(ConfigError, match=r"worker-1 at 5%: give 0 .* at least 10 .*1 ms per 10"):
+        parse_worker_cpu("5,100", 2)
     with pytest.raises(ConfigError, match=r"worker-1 at nan%"):
         check_worker_cpu([float("nan"), 50.0], 2)
     with pytest.raises(ConfigError, match=r"needs 3 values \(one per worker\), got 2"):
@@ -142,8 +142,8 @@ def test_worker_runs_in_its_quota_group() -> None:
         local.start_all()
         group = local.cgroup("worker-1")
         assert group == root / "worker-1" and local.cgroup("worker-2") is None
-        assert (group / "cpu.cfs_quota_us").read_text().strip() == "50000"
-        assert (group / "cpu.cfs_period_us").read_text().strip() == "100000"
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "5000"  # 50 % of the 10 ms period
+        assert (group / "cpu.cfs_period_us").read_text().strip() == "10000"
         assert _joins(group, local.procs["worker-1"].pid)
         assert local.procs["worker-2"].pid not in cgroups.cgroup_pids(root)
         # A restart joins the same group.

@@ -165,6 +165,7 @@ class RunState:
         self.normalises = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         self.profile = self._profile(model)
         self.characterisations: list[dict[str, Any]] = []  # every h taken (copied into the report)
+        self.h_changed = False  # with the predictor: a device's h changed since the last plan
         self.device_times = self._device_times()  # the latency predictor (None: FTPipeHD's capacity)
         self.points = self.initial_points()
         if resume is not None and len(resume["points"]) == len(self.worker_list) + 1:

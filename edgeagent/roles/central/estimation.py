@@ -33,6 +33,7 @@ class Estimation(Setup):
 
     def _device_times(self) -> DeviceTimes | None:
         """The run's predictor with every worker's announced ``h``, or None for the capacity estimate."""
+        self.h_changed = False  # a device's h changed since the last plan (set by on_h)
         if self.config.estimator != "predictor" or self.config.partition != "dynamic":
             return None
         try:
@@ -114,15 +115,37 @@ class Estimation(Setup):
         reference = sum(self.profile.seconds)
         return whole / reference if whole is not None and reference > 0 else 1.0
 
+    def _replan_due(self, joiners: list[str]) -> bool:
+        """Whether a plan check runs the DP. FTPipeHD (capacity): always. AccEPT (papers/004 Sec. 3.2): the
+        split is recomputed when a device's ``h`` was measured again, a device joins, or the measured times
+        are news to the predictor (a range run for the first time, a time that moved); between those the
+        predictor has nothing new to say, and re-planning on noise only moves layers back and forth."""
+        if self.device_times is None or joiners or self.h_changed or self.device_times.news():
+            self.h_changed = False
+            return True
+        return False
+
+    def contention(self) -> float:
+        """How much slower stage 0 runs in the pipeline than its profile says (>= 1 on a shared machine:
+        every process of an emulated cluster competes for the same cores). Measured stage times are
+        divided by it before they become samples of the adaptive update, so that the predictor learns
+        devices, not this machine's load, and stays comparable with eq. 9's profile of stage 0."""
+        own = self.runner.recent
+        profiled = sum(self.profile.seconds[self.points[0] : self.points[1]]) * self.config.slowdown
+        if not own or profiled <= 0:
+            return 1.0
+        return max(1.0, sum(own) / len(own) / profiled)
+
     def _observe_stage_times(self) -> None:
         """Dynamic prediction: compare every worker's measured stage time with its prediction; beyond
         epsilon (see :meth:`DeviceTimes.observe`), ask the device for a new ``h``."""
         times = self.device_times
         if times is None or len(self.stage_times) != len(self.worker_list) - 1:
             return
-        typical = sum(self.stage_times) / len(self.stage_times)
+        load = self.contention()
+        typical = sum(self.stage_times) / len(self.stage_times) / load
         for k, device in enumerate(self.worker_list[1:], start=1):
-            start, end, measured = self.points[k], self.points[k + 1], self.stage_times[k - 1]
+            start, end, measured = self.points[k], self.points[k + 1], self.stage_times[k - 1] / load
             drift = times.observe(device, start, end, measured, scale=typical)
             if drift is None:
                 continue
@@ -164,4 +187,5 @@ class Estimation(Setup):
     def on_h(self, msg: Announce) -> None:
         """A device announced a new ``h`` (after ``Characterise``, or a joiner): the next plan uses it."""
         if self.device_times is not None and self._take_h(self.device_times, msg):
+            self.h_changed = bool(self.train_started)  # the next plan check re-plans (see _replan_due)
             self.event("characterised", device=msg.device_id, h=list(msg.h), seconds=msg.h_seconds)

@@ -139,13 +139,20 @@ class Planning(Estimation):
         # A newcomer's speed is unknown until it has run: take the mean of the workers' capacities.
         known = caps[1:] or caps
         caps = [*caps, *[sum(known) / len(known)] * len(joiners)]
+        replan = self._replan_due(joiners)
+        if self.device_times is not None:
+            caps[0] = self.config.slowdown  # eq. 9: the central node's own profile is T^0
         job: Future[Plan] = Future()
         current = list(self.points)
 
         def run() -> None:
             try:
                 self._adapt_predictor()
-                job.set_result(self._plan(caps, current, workers))
+                if replan:
+                    job.set_result(self._plan(caps, current, workers))
+                else:
+                    reason = "kept: no device's h changed (AccEPT re-plans when a device's h does)"
+                    job.set_result(Plan(current, 0.0, reason, list(self.worker_list)))
             except Exception as exc:  # a planning bug must not stop training: keep the split
                 job.set_exception(exc)
 

@@ -269,7 +269,8 @@ class PipelineRun(Recovery):
         while self.changes and self.changes[0][1] <= done:
             device, at, factor = self.changes.pop(0)
             self._emulate(device, factor, at)
-        if self.resplits and self.policy.due(done) and done < self.total:
+        # With the predictor a new h (a device measured again after a drift) is planned at once.
+        if self.resplits and (self.policy.due(done) or self.h_changed) and done < self.total:
             self._start_planning()
 
     def _finish_report(self, loop: Loop) -> None:
