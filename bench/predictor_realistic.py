@@ -1,6 +1,6 @@
 """AccEPT under realistic heterogeneity: workers limited by a CPU quota and their thread count.
 
-    python bench/predictor_realistic.py [--epochs 3] [--link-epochs 2] [--only 1|2] [--part estimators|links]
+    python bench/predictor_realistic.py [--epochs 3] [--link-epochs 1] [--only 1|2] [--part estimators|links]
                                         [--compression auto] [--scenario 1=100/1,20/1] [--max-batches N]
                                         [--json FILE]                            (root: cgroup v1 quotas)
 
@@ -14,17 +14,17 @@ batch 32, central + 2 workers, whole runs of ``edgeagent.cli.demo.run_demo`` in 
 
 Both scenarios make a layer's time scale differently from device to device, which one capacity ratio
 per device (FTPipeHD: a stage's measured time over the central node's, applied to every layer) does not
-capture. A CFS quota of q % lets a group run q ms of CPU per 100-ms period and then stops it for the
-rest of the period, so a stage that needs a few ms per batch may run unthrottled while a longer one is
-slowed towards 100 / q; two torch threads spend a quota twice as fast while they run in parallel, and
-on MobileNetV2's small tensors they speed up some layers and slow others.
+capture. A CFS quota of q % lets a group run q/10 ms of CPU per 10-ms period (edgeagent.ops.cgroups)
+and then stops it for the rest of the period, so a step shorter than that runs unthrottled while a
+longer one is slowed towards 100 / q; two torch threads spend a quota twice as fast while they run in
+parallel, and on MobileNetV2's small tensors they speed up some layers and slow others.
 
 * **Scenario 1** (like Table 1's sc. 1, a strong and a weak worker): worker-1 at 100 % of a core,
-  worker-2 at 20 %, one thread each. (In a run of this bench worker-2's ``h`` was 4-9x worker-1's per
-  representative sub-model, mostly 4.5-5x.)
+  worker-2 at 20 %, one thread each. (In runs of this bench worker-2's ``h`` was 4-9x worker-1's per
+  representative sub-model: not one ratio.)
 * **Scenario 2** (like Table 1's sc. 2, two weak workers of different kinds): both workers under a 40 %
   quota, worker-1 with one torch thread, worker-2 with two. Same quota, different thread counts.
-  (Worker-2's ``h`` was 1.5-3.2x worker-1's per representative sub-model: its two threads cost it.)
+  (Worker-2's ``h`` was 1.5-4x worker-1's per representative sub-model: its two threads cost it.)
 
 Why not 100 % / 30 % and 60 % with one thread / 200 % with two: in this pipeline a batch passes about
 every 100 ms and a third of MobileNetV2 at batch 32 needs about 20 ms of CPU, so a quota of 30 % or more
@@ -33,9 +33,9 @@ hardly binds (a probe run at 100 %/30 % went as fast as at 100 %/100 %), and 200
 ``--scenario 1=100/1,30/1`` (percent/threads per worker) runs another set-up under a scenario's name.
 
 A run that lost a worker (the central node's batch timer, recovery) is marked ``FAULT`` with its batch:
-its samples/s count the run on fewer devices. With the defaults the script takes about 15 minutes on
+its samples/s count the run on fewer devices. With the defaults the script takes about 13-14 minutes on
 the 2-core machine (most of it start-up, ``h``, evaluations over 0.5 Mbit/s and FTPipeHD's first 10
-batches there, at about 5 s each).
+batches there, at about 5 s each); ``--link-epochs 2`` (better accuracies in part 2) about 17.
 
 Per scenario:
 
@@ -329,7 +329,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the loopback runs (part 1)")
-    parser.add_argument("--link-epochs", type=int, default=2, help="epochs of the shaped-link runs (part 2)")
+    parser.add_argument("--link-epochs", type=int, default=1, help="epochs of the shaped-link runs (part 2)")
     parser.add_argument("--only", help="one scenario (1 or 2, or one given with --scenario)")
     parser.add_argument("--part", choices=("estimators", "links"), help="one part (default both)")
     parser.add_argument("--compression", default="auto", choices=("auto", "adaptive", "2", "3", "4"))
