@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +92,33 @@ def _per_worker(text: str | None, workers: int, flag: str, example: str) -> list
     return items * workers if len(items) == 1 else items
 
 
+def _numbers(
+    text: str | None,
+    items: list[str],
+    convert: Callable[[str], float],
+    *,
+    flag: str,
+    kind: str,
+    example: str,
+    empty: str = "0",
+) -> list[float]:
+    """Every item converted (an empty item: ``convert(empty)``); a clear error naming the flag for one
+    that is not ``kind``."""
+    values = []
+    for item in items:
+        try:
+            values.append(convert(item or empty))
+        except ValueError:
+            raise ConfigError(f"{flag} {text!r}: {item!r} is not {kind}; give {example}") from None
+    return values
+
+
 def parse_worker_cpu(text: str | None, workers: int) -> list[float]:
     """``--worker-cpu``: percent of one core per worker (``100,50,25``; 0 or empty: no limit). Returns
     one percentage per worker (0.0: no limit), or [] when no worker is limited."""
-    values = []
-    for item in _per_worker(text, workers, "--worker-cpu", "100,50,25"):
-        try:
-            values.append(float(item) if item else 0.0)
-        except ValueError:
-            raise ConfigError(
-                f"--worker-cpu {text!r}: {item!r} is not a number; give percent of one core per worker, "
-                "e.g. 100,50,25 (0 or empty: no limit)"
-            ) from None
+    items = _per_worker(text, workers, "--worker-cpu", "100,50,25")
+    example = "percent of one core per worker, e.g. 100,50,25 (0 or empty: no limit)"
+    values = _numbers(text, items, float, flag="--worker-cpu", kind="a number", example=example)
     return check_worker_cpu(values, workers)
 
 
@@ -133,17 +148,12 @@ def check_worker_cpu(percents: list[float] | None, workers: int) -> list[float]:
 
 def parse_worker_threads(text: str | None, workers: int) -> list[int]:
     """``--worker-threads``: torch threads per worker (``1,2``); default 1 each."""
-    items = _per_worker(text, workers, "--worker-threads", "1,2")
-    values = []
-    for item in items or ["1"] * workers:
-        try:
-            values.append(int(item) if item else 1)
-        except ValueError:
-            raise ConfigError(
-                f"--worker-threads {text!r}: {item!r} is not a whole number; give torch threads per worker, "
-                "e.g. 1,2"
-            ) from None
-    return check_worker_threads(values, workers)
+    items = _per_worker(text, workers, "--worker-threads", "1,2") or ["1"] * workers
+    example = "torch threads per worker, e.g. 1,2"
+    values = _numbers(
+        text, items, int, flag="--worker-threads", kind="a whole number", example=example, empty="1"
+    )
+    return check_worker_threads([int(v) for v in values], workers)
 
 
 def check_worker_threads(threads: list[int] | None, workers: int) -> list[int]:
