@@ -133,7 +133,8 @@ class Planning(Estimation):
         caps = self._measured_capacities()
         if caps is None or self.plan_job is not None:
             return
-        self._observe_stage_times()
+        if not self.h_changed:  # a re-plan for a new h: the stage times at hand were measured before it
+            self._observe_stage_times()
         joiners = [d for d in self.joiners if d not in self.worker_list]
         workers = [*self.worker_list, *joiners]
         # A newcomer's speed is unknown until it has run: take the mean of the workers' capacities.
