@@ -78,6 +78,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -343,6 +344,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     setup_logging("WARNING")
+    # Terminated: unwind like Ctrl-C, so that the run's workers stop and their cpu groups are removed.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     scenarios = dict(SCENARIOS)
     for text in args.scenario:
         scenario = Scenario.parse(text)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import pickle
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -318,19 +321,42 @@ def demo(**kw: Any) -> None:
     _preflight(config)
     workers = kw["workers"] if kw["workers"] is not None else section.workers
     slowdowns = _floats(kw["slowdowns"]) or list(section.slowdowns)
-    report = run_demo(
-        config,
-        workers=workers,
-        slowdowns=slowdowns,
-        broker=kw["broker"],
-        show_progress=not kw["no_progress"],
-        kills=_kills(kw["kills"]),
-        links=_floats(kw["link_mbps"]),
-        secure=kw["secure"],
-        worker_cpu=parse_worker_cpu(kw["worker_cpu"], workers),
-        worker_threads=parse_worker_threads(kw["worker_threads"], workers),
+    cpu, threads = (
+        parse_worker_cpu(kw["worker_cpu"], workers),
+        parse_worker_threads(kw["worker_threads"], workers),
     )
+    with _sigterm_unwinds():
+        report = run_demo(
+            config,
+            workers=workers,
+            slowdowns=slowdowns,
+            broker=kw["broker"],
+            show_progress=not kw["no_progress"],
+            kills=_kills(kw["kills"]),
+            links=_floats(kw["link_mbps"]),
+            secure=kw["secure"],
+            worker_cpu=cpu,
+            worker_threads=threads,
+        )
     _finish_report(report, config.report)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM (kill, a timeout, systemd) unwinds the demo as Ctrl-C does, so that its workers stop and
+    their cpu groups (--worker-cpu) are removed; the previous handler is back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command()

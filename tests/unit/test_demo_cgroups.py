@@ -3,6 +3,10 @@ and one real worker under a 50% quota (root and cgroup v1 only)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -151,3 +155,29 @@ def test_worker_runs_in_its_quota_group() -> None:
     finally:
         local.stop(grace=0)
     assert not root.exists()  # stop() removed the groups
+
+
+@pytest.mark.skipif(cgroup_problem() is not None, reason=f"needs {cgroup_problem()}")
+def test_terminated_demo_removes_its_groups() -> None:
+    """SIGTERM to ``edgeagent demo --worker-cpu`` unwinds it: the worker stops, its group is removed."""
+    cluster = f"test-{uuid.uuid4().hex[:6]}"
+    group = cgroup_root(cluster) / "worker-1"
+    cmd = [sys.executable, "-m", "edgeagent", "demo", "--workers", "1", "--worker-cpu", "50"]
+    cmd += ["--cluster", cluster, "--no-progress", "--epochs", "50", "--log-level", "WARNING"]
+    demo = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (group / "cgroup.procs").exists() or not (group / "cgroup.procs").read_text().split():
+            assert demo.poll() is None and time.monotonic() < deadline, "the worker never joined its group"
+            time.sleep(0.1)
+        worker = int((group / "cgroup.procs").read_text().split()[0])
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=30) == 128 + signal.SIGTERM
+        assert not cgroup_root(cluster).exists()
+        with pytest.raises(ProcessLookupError):
+            os.kill(worker, 0)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        cgroups.remove_cgroups(cgroup_root(cluster))
