@@ -79,23 +79,14 @@ class DeviceTimes:
         return device in self.h
 
     def table(self, device: str) -> list[list[float]] | None:
-        """``table[s][e - s - 1]``: predicted seconds of layers ``[s, e)`` on ``device`` (None: no ``h``).
-
-        The predictor's table times the device's correction: the geometric mean of measured / predicted
-        over the device's samples of ``D^`` (1 before it has run). The adaptive update moves the
-        predictor towards the measured times over a few hundred steps; the correction makes the ranges
-        a device has run exact at once and scales its others alike (ours, beyond the paper)."""
+        """``table[s][e - s - 1]``: predicted seconds of layers ``[s, e)`` on ``device`` (None: no ``h``)."""
         with self._lock:
             cached = self._tables.get(device)
             h = self.h.get(device)
             predictor = self.predictor
-            own = [s for key, s in self.samples.items() if key[0] == device]
         if cached is not None or h is None:
             return cached
-        raw = predictor.table(h)
-        ratios = [math.log(s.seconds / raw[s.start][s.end - s.start - 1]) for s in own]
-        factor = math.exp(sum(ratios) / len(ratios)) if ratios else 1.0
-        table = [[v * factor for v in row] for row in raw]
+        table = predictor.table(h)
         with self._lock:
             if self.predictor is predictor and self.h.get(device) == h:
                 self._tables[device] = table
@@ -123,7 +114,6 @@ class DeviceTimes:
         with self._lock:
             seen = any(key[0] == device for key in self.samples)
             self.samples[(device, start, end)] = Sample(start, end, self.h[device], measured)
-            self._tables.pop(device, None)  # its correction changed
             while len(self.samples) > self.max_samples:
                 del self.samples[next(iter(self.samples))]
         difference = abs(measured - predicted)
