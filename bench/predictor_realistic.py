@@ -87,6 +87,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.errors import EdgeAgentError
 from edgeagent.models import ModelSpec
 from edgeagent.ops.cgroups import cgroup_problem
 from edgeagent.ops.logs import setup_logging
@@ -240,24 +241,39 @@ def pair(method: RunReport, ftp: RunReport) -> dict[str, Any]:
     }
 
 
+def attempt(scenario: Scenario, estimator: str, **kw: Any) -> RunReport | str:
+    """:func:`run`, or why the run failed (the bench goes on with the next one)."""
+    try:
+        return run(scenario, estimator, **kw)
+    except EdgeAgentError as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
 def estimators(scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     """Part 1: LP vs FTPipeHD on loopback links."""
-    lp = run(scenario, "predictor", epochs=args.epochs, max_batches=args.max_batches)
-    ftp = run(scenario, "capacity", epochs=args.epochs, max_batches=args.max_batches)
-    result = pair(lp, ftp)
-    start = result["from_batch"]
+    lp = attempt(scenario, "predictor", epochs=args.epochs, max_batches=args.max_batches)
+    ftp = attempt(scenario, "capacity", epochs=args.epochs, max_batches=args.max_batches)
+    done = isinstance(lp, RunReport) and isinstance(ftp, RunReport)
+    result = pair(lp, ftp) if isinstance(lp, RunReport) and isinstance(ftp, RunReport) else {}
+    start = result.get("from_batch", 0)
+    batches = f", {ftp.batches} batches" if isinstance(ftp, RunReport) else ""
     print(
         f"\nScenario {scenario.name} ({scenario.text}; central unlimited, 1 thread): LP vs FTPipeHD, "
-        f"loopback links, {args.epochs} epoch(s), {ftp.batches} batches"
+        f"loopback links, {args.epochs} epoch(s){batches}"
     )
     print(
         f"  {'estimator':<21}{'samples/s':>10}{f'from b{start}':>10}{'final acc':>10}  first split, re-split"
     )
-    runs = {}
+    runs: dict[str, Any] = {}
     for name, asked, r in (("LP (AccEPT)", "predictor", lp), ("FTPipeHD (capacity)", "capacity", ftp)):
+        if isinstance(r, str):
+            runs[asked] = {"failed": r}
+            print(f"  {name:<21}FAILED: {r}")
+            continue
         runs[asked] = {**summary(r), "samples_per_second_from": rate_from(r, start)}
+        from_text = f"{rate_from(r, start):>10.1f}" if done else f"{'-':>10}"
         print(
-            f"  {name:<21}{r.samples_per_second:>10.1f}{rate_from(r, start):>10.1f}"
+            f"  {name:<21}{r.samples_per_second:>10.1f}{from_text}"
             f"{r.final_accuracy:>10.1%}  {splits(r)}  [{used(r, asked)}]{faults(r)}"
         )
     return {"cpu": scenario.cpu, "threads": scenario.threads, "runs": runs, **result}
@@ -274,9 +290,9 @@ def full_accept(scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
         f"  {'Mbit/s':>6}{'FTPipeHD':>10}{'AccEPT':>9}  {'from':>5}{'FTPipeHD':>10}{'AccEPT':>9}"
         f"  {'final acc F / A':>16}  {'sent':>5}  AccEPT's splits | FTPipeHD's"
     )
-    rows = {}
+    rows: dict[str, Any] = {}
     for link in LINKS:
-        accept = run(
+        accept = attempt(
             scenario,
             "predictor",
             epochs=args.link_epochs,
@@ -284,7 +300,14 @@ def full_accept(scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
             link=link,
             max_batches=args.max_batches,
         )
-        ftp = run(scenario, "capacity", epochs=args.link_epochs, link=link, max_batches=args.max_batches)
+        ftp = attempt(scenario, "capacity", epochs=args.link_epochs, link=link, max_batches=args.max_batches)
+        if isinstance(accept, str) or isinstance(ftp, str):
+            failed = {"AccEPT": accept, "FTPipeHD": ftp}
+            rows[str(link)] = {k: v if isinstance(v, str) else summary(v) for k, v in failed.items()}
+            for who, r in failed.items():
+                if isinstance(r, str):
+                    print(f"  {link:>6g}  {who} FAILED: {r}")
+            continue
         result = pair(accept, ftp)
         start = result["from_batch"]
         print(
@@ -314,11 +337,11 @@ def table(results: dict[str, dict[str, Any]]) -> None:
                 f"{paper_ratio(PAPER_LP.get(name))} Sec. 4.2.2; "
                 f"{paper_ratio(PAPER_LP_4.get(name))} Table 5 at 4 Mbit/s"
             )
-            ours = f"{e['ratio']:>10.2f}x{e['ratio_from']:>9.2f}x"
+            ours = f"{e['ratio']:>10.2f}x{e['ratio_from']:>9.2f}x" if "ratio" in e else f"{'failed':>20}"
             print(f"{'LP':<20}{name:>4}{'loopback':>10}{ours}  {paper}")
         for link, row in res.get("links", {}).items():
             paper = paper_ratio(PAPER_ACCEPT.get((name, float(link))))
-            ours = f"{row['ratio']:>9.2f}x{row['ratio_from']:>9.2f}x"
+            ours = f"{row['ratio']:>9.2f}x{row['ratio_from']:>9.2f}x" if "ratio" in row else f"{'failed':>20}"
             print(f"{'AccEPT':<20}{name:>4}{float(link):>6g} Mb/s{ours}  {paper} Table 5")
 
 
