@@ -33,9 +33,11 @@ hardly binds (a probe run at 100 %/30 % went as fast as at 100 %/100 %), and 200
 ``--scenario 1=100/1,30/1`` (percent/threads per worker) runs another set-up under a scenario's name.
 
 A run that lost a worker (the central node's batch timer, recovery) is marked ``FAULT`` with its batch:
-its samples/s count the run on fewer devices. With the defaults the script takes about 13-14 minutes on
-the 2-core machine (most of it start-up, ``h``, evaluations over 0.5 Mbit/s and FTPipeHD's first 10
-batches there, at about 5 s each); ``--link-epochs 2`` (better accuracies in part 2) about 17.
+its samples/s count the run on fewer devices. A run that fails (e.g. a worker that does not report
+``built`` within 60 s after a re-split over 0.5 Mbit/s) is printed as ``FAILED`` and the bench goes on.
+With the defaults the script takes about 14 minutes on the 2-core machine, more when other jobs share
+it (most of it start-up, ``h``, evaluations over 0.5 Mbit/s and FTPipeHD's first 10 batches there, at
+about 5 s each); ``--link-epochs 2`` (accuracies in part 2 above chance) about 17.
 
 Per scenario:
 
