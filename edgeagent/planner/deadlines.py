@@ -15,6 +15,10 @@ that is outstanding, times a multiplier, never less than a floor:
 * **evaluation result**: the same for one evaluation chunk, scaled by how much larger an evaluation
   chunk is than a training batch; the clock restarts at every result, so a long test set on a slow
   cluster is never cut off as long as results keep coming.
+* **measurement**: a device asked to measure its ``h`` again (papers/004 Sec. 3.2) stops its stage while it
+  measures; the batches in flight wait for it. It may take ``multiplier`` x what its last measurement
+  took (it announced that), at least the batch floor; and after its new ``h`` arrives, the batches in
+  flight get a whole batch deadline again.
 * **probe**: a live device answers the probe after it finishes the computation it is in: the slowest
   stage's step and a round trip on the slowest link.
 """
@@ -59,6 +63,11 @@ class Deadlines:
         """Seconds without a new evaluation result (while some are due) before that is a fault."""
         scale = max(1.0, EVAL_SHARE * eval_batch / max(1, train_batch))
         return self._scaled(max(bound, stages, 1) * step * scale, self.batch_floor)
+
+    def measurement(self, last_seconds: float) -> float:
+        """Seconds a device asked to measure its ``h`` again may be away from its stage; ``last_seconds``:
+        what its previous measurement took (0: unknown, the floor)."""
+        return self._scaled(last_seconds, self.batch_floor)
 
     def probe(self, slowest_stage: float, slowest_round_trip: float) -> float:
         """Seconds to wait for the devices of the run to answer a probe after a fault."""

@@ -68,3 +68,12 @@ def test_replicas_queued_on_a_slow_uplink_extend_the_batch_timer_beyond_the_floo
     assert d.batch(5.0, stages=3, bound=3, queued=7.5) == 4.0 * 15.0 + 7.5
     with pytest.raises(ValueError, match="queued"):
         d.batch(0.5, stages=3, bound=3, queued=-1.0)
+
+
+def test_a_requested_measurement_may_take_the_multiplier_times_the_last_one_above_the_floor() -> None:
+    d = Deadlines(multiplier=4.0, batch_floor=10.0)
+    assert d.measurement(0.0) == 10.0  # never measured: the floor
+    assert d.measurement(2.0) == 10.0
+    assert d.measurement(9.5) == 38.0  # a slow Pi's 9.5 s measurement is not a fault
+    with pytest.raises(ValueError):
+        d.measurement(float("nan"))

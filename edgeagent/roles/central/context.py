@@ -148,6 +148,9 @@ class RunState:
         self.options = TrainOptions.of(self.train)
         self.changes = sorted((parse_slowdown_change(c) for c in config.slowdown_changes), key=lambda c: c[1])
         self.sent_at: dict[int, float] = {}
+        # device -> monotonic time until which its stage may be stalled measuring h (ask_h, on_h):
+        # batch timers do not expire before then.
+        self.measuring: dict[str, float] = {}
         self.batch_orders: dict[int, list[torch.Tensor]] = {}  # the current epoch's batch order
         self.stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
         self.plan_job: Future[Plan] | None = None

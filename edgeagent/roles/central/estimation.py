@@ -125,6 +125,13 @@ class Estimation(Setup):
             return True
         return False
 
+    def measuring_until(self, now: float) -> float:
+        """Until when (monotonic) a requested ``h`` measurement may hold the pipeline up (``now`` or
+        earlier: none does); windows that have passed are forgotten."""
+        for device in [d for d, until in self.measuring.items() if until <= now]:
+            del self.measuring[device]
+        return max(self.measuring.values(), default=now)
+
     def contention(self) -> float:
         """How much slower stage 0 runs in the pipeline than its profile says (>= 1 on a shared machine:
         every process of an emulated cluster competes for the same cores). Measured stage times are
@@ -140,7 +147,7 @@ class Estimation(Setup):
         """Dynamic prediction: compare every worker's measured stage time with its prediction; beyond
         epsilon (see :meth:`DeviceTimes.observe`), ask the device for a new ``h``."""
         times = self.device_times
-        if times is None or len(self.stage_times) != len(self.worker_list) - 1:
+        if times is None or not self.stage_times or len(self.stage_times) != len(self.worker_list) - 1:
             return
         load = self.contention()
         typical = sum(self.stage_times) / len(self.stage_times) / load
@@ -159,10 +166,11 @@ class Estimation(Setup):
                 100 * times.epsilon,
             )
             self.event("drift", device=device, measured=drift.measured, predicted=drift.predicted)
-            self.ask_h(device)
+            self.ask_h(device, slower=drift.measured / drift.predicted if drift.predicted > 0 else 1.0)
 
-    def ask_h(self, device: str) -> None:
-        """Ask ``device`` to measure its ``h`` for this run's model (a drift, or a device that joins)."""
+    def ask_h(self, device: str, *, slower: float = 1.0) -> None:
+        """Ask ``device`` to measure its ``h`` for this run's model (a drift, or a device that joins);
+        ``slower``: how much slower than predicted it now runs (its measurement takes that much longer)."""
         if self.device_times is None:
             return
         self.send(
@@ -171,6 +179,14 @@ class Estimation(Setup):
                 run_id=self.run_id, device=device, model=self.spec.to_dict(), batch_size=self.train.batch_size
             ),
         )
+        if device not in self.worker_list:
+            return  # a joiner: no batch waits for it
+        # The device's stage stops while it measures: the batches in flight wait (Deadlines.measurement).
+        last = self.announced.get(device)
+        took = last.h_seconds if last is not None else 0.0
+        allowance = self.deadlines.measurement(took * max(1.0, slower))
+        self.measuring[device] = time.monotonic() + allowance
+        log.info("%s measures h (may take up to %.1f s; batch timers wait for it)", device, allowance)
 
     def _adapt_predictor(self) -> None:
         """The adaptive update, on the planning job's thread (papers/004 Sec. 3.2)."""
@@ -186,6 +202,9 @@ class Estimation(Setup):
 
     def on_h(self, msg: Announce) -> None:
         """A device announced a new ``h`` (after ``Characterise``, or a joiner): the next plan uses it."""
+        if msg.device_id in self.measuring:
+            # Its stage runs again: the batches that waited for it get a whole batch deadline from now.
+            self.measuring[msg.device_id] = time.monotonic() + self.batch_deadline
         if self.device_times is not None and self._take_h(self.device_times, msg):
             self.h_changed = bool(self.train_started)  # the next plan check re-plans (see _replan_due)
             self.event("characterised", device=msg.device_id, h=list(msg.h), seconds=msg.h_seconds)

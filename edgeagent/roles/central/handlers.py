@@ -132,7 +132,7 @@ class Handlers(Checkpoints):
     def on_h(self, msg: Announce) -> None:
         """A device announced its ``h`` (estimation.Estimation uses it)."""
 
-    def ask_h(self, device: str) -> None:
+    def ask_h(self, device: str, *, slower: float = 1.0) -> None:
         """Ask a device for its ``h`` (estimation.Estimation does)."""
 
     def on_announce(self, item: Inbound) -> None:

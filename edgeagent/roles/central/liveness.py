@@ -49,7 +49,9 @@ class Liveness(Planning):
         dead = [
             w.device_id for w in self.workers.values() if not w.online and w.device_id in self.worker_list
         ]
-        late = [bid for bid, sent in self.sent_at.items() if now - sent > self.batch_deadline][:1]
+        # While a device measures its h (ask_h), its stage and so every batch in flight waits for it.
+        stalled = self.measuring_until(now) > now
+        late = [b for b, sent in self.sent_at.items() if now - sent > self.batch_deadline and not stalled][:1]
         if dead or late:
             reason = (
                 f"worker(s) {dead} stopped"
