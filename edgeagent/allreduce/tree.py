@@ -1,0 +1,106 @@
+"""The standard tree allreduce (papers/001 §5.3, Fig. 6), the thesis's baseline: no backup links.
+
+Each node adds its children's subtree sums to its gradient and sends the sum to its parent
+(``data_reduce``); the root divides by ``size`` and the mean flows down (``data_bcast``). Nothing is
+watched and nothing times out: a failed link stalls the step, and :meth:`TreeAllreduce.result` stays
+None on every node below it (and, in the reduce, on every node). The ranks and tree are those of
+:mod:`edgeagent.allreduce.topology`; messages carry ``origin`` and ``contributors`` like the ft-tree's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgeagent.allreduce import topology
+from edgeagent.allreduce.base import CollectiveMsg, LinkTimeouts, Send
+from edgeagent.errors import ConfigError
+
+
+class TreeAllreduce:
+    """One device's part in one plain tree allreduce step."""
+
+    def __init__(self, rank: int, size: int, step: int, timeouts: LinkTimeouts) -> None:
+        self.node = topology.node(rank, size)
+        self.rank, self.size, self.step = rank, size, step
+        self.timeouts = timeouts  # unused: the plain tree has no timeouts (same signature as the rest)
+        self.rejected = 0
+        self._started = False
+        self._early: list[CollectiveMsg] = []
+        self._sum: torch.Tensor | None = None
+        self._contrib: set[int] = set()
+        self._children_in: set[int] = set()
+        self._sent_up = False
+        self._mean: torch.Tensor | None = None
+
+    def start(self, grad: torch.Tensor, now: float) -> list[Send]:
+        if self._started:
+            raise ConfigError(f"tree step {self.step} rank {self.rank} started twice")
+        self._started = True
+        self._sum = grad.detach().to(torch.float32).flatten().clone()
+        self._contrib = {self.rank}
+        out = self._maybe_send_up()
+        early, self._early = self._early, []
+        for msg in early:
+            out += self.receive(msg, now)
+        return out
+
+    def receive(self, msg: CollectiveMsg, now: float) -> list[Send]:
+        if msg.step != self.step:
+            return []
+        if not self._started:
+            self._early.append(msg)
+            return []
+        assert self._sum is not None
+        if msg.data is None or msg.data.shape != self._sum.shape:
+            self.rejected += 1
+            return []
+        contrib = set(msg.contributors)
+        if msg.kind == "data_reduce" and msg.sender in self.node.children:
+            if msg.sender in self._children_in or not contrib or contrib & self._contrib:
+                self.rejected += 1
+                return []
+            self._sum += msg.data
+            self._contrib |= contrib
+            self._children_in.add(msg.sender)
+            return self._maybe_send_up()
+        if msg.kind == "data_bcast" and msg.sender == self.node.parent and self._mean is None:
+            if contrib != set(range(self.size)):
+                self.rejected += 1
+                return []
+            self._contrib = contrib
+            return self._on_mean(msg.data.clone())
+        self.rejected += 1
+        return []
+
+    def tick(self, now: float) -> list[Send]:
+        return []
+
+    def next_deadline(self) -> float | None:
+        return None
+
+    def result(self) -> torch.Tensor | None:
+        return self._mean
+
+    def done(self) -> bool:
+        return self._mean is not None
+
+    def contributors(self) -> tuple[int, ...]:
+        """The ranks summed so far on this node (all ranks once it holds the mean)."""
+        return tuple(sorted(self._contrib))
+
+    def _maybe_send_up(self) -> list[Send]:
+        if self._sent_up or not set(self.node.children) <= self._children_in:
+            return []
+        self._sent_up = True
+        assert self._sum is not None
+        if self.node.parent is None:
+            return self._on_mean(self._sum / self.size)
+        return [self._msg(self.node.parent, "data_reduce", self._sum)]
+
+    def _on_mean(self, mean: torch.Tensor) -> list[Send]:
+        self._mean = mean
+        return [self._msg(ch, "data_bcast", mean) for ch in self.node.children]
+
+    def _msg(self, to: int, kind: str, data: torch.Tensor) -> Send:
+        contrib = tuple(sorted(self._contrib))
+        return Send(to, CollectiveMsg(kind, self.step, self.rank, self.rank, to, contrib, data))
