@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from edgeagent.zoo import mobilenetv3, vgg5
+
 __all__ = [
     "MODEL_NAMES",
     "InvertedResidual",
@@ -39,7 +41,7 @@ __all__ = [
 LayerFactory = Callable[[], nn.Module]
 """Builds one layer of a model; called under a per-layer seed by :func:`build_layers`."""
 
-MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "mobilenetv2")
+MODEL_NAMES: tuple[str, ...] = ("mlp", "cnn", "mobilenetv2", "vgg5", "mobilenetv3")
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -414,6 +416,8 @@ _REGISTRY: dict[str, Callable[..., list[LayerFactory]]] = {
     "mlp": _mlp,
     "cnn": _cnn,
     "mobilenetv2": _mobilenetv2,
+    "vgg5": vgg5,  # PiPar's (papers/003 Table 2), in edgeagent/zoo.py
+    "mobilenetv3": mobilenetv3,
 }
 
 
