@@ -5,6 +5,21 @@
 with our proactive broadcast rule), ``ft-tree-thesis`` (Algorithms 1 and 2 as written), ``tree`` and
 ``ring``. The parameter-server baselines (``ps-sync``, ``ps-async``) run on the central node and are not
 collectives.
+
+Note for the mode that drives them (what :mod:`edgeagent.allreduce.base` does not say):
+- ``start`` takes this device's flat gradient (any float dtype; kept as flat float32); ``result`` is the
+  **mean** over the step's members, flat float32 (reshape it yourself).
+- Messages of the step that arrive before ``start`` are kept and handled at ``start``; other steps'
+  are ignored; inconsistent ones (wrong shape, bad contributors, unknown kind) are dropped and counted in
+  the collective's ``rejected`` attribute, never raised.
+- Keep delivering a step's messages and ticks until ``done()`` (a backup node may still owe a
+  neighbour the mean after it has its own), even while the next step runs.
+- Kinds on the wire: the ft-tree uses the eight of ``REDUCE_KINDS``/``BROADCAST_KINDS``; ``tree`` and
+  ``ring`` use ``data_reduce`` and ``data_bcast`` only; the ring puts the **chunk index in ``target``**.
+- The ft-tree and the tree have ``contributors()`` (the ranks in the mean, for checks);
+  :class:`~edgeagent.allreduce.sim.FixedTimeouts` is the thesis's fixed timeout;
+  :mod:`edgeagent.allreduce.topology` has the tree, the ring order and ``rebuild`` (live members to
+  ranks) for node failures.
 """
 
 from __future__ import annotations

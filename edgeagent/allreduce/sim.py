@@ -68,11 +68,15 @@ def run_step(
     late_failures: Iterable[tuple[int, int, float]] = (),
     latency: float = 0.01,
     meta_latency: float = 0.001,
+    jitter: float = 0.0,
+    seed: int = 0,
     max_time: float = 120.0,
 ) -> SimResult:
     """Run one step of ``collectives`` (rank ``i`` is ``collectives[i]``), all started at time 0.
 
     ``failed_links`` are down from the start, ``late_failures`` ``(a, b, t)`` from virtual time ``t``.
+    ``jitter`` stretches each message's latency by a random factor in ``[1, 1 + jitter)`` (seeded), so
+    messages overtake each other, also on one link.
     """
     n = len(collectives)
     if len(grads) != n:
@@ -85,6 +89,7 @@ def run_step(
     result_times: list[float | None] = [None] * n
     sent: collections.Counter[str] = collections.Counter()
     dropped = 0
+    rng = random.Random(seed)
 
     def after(rank: int, sends: list[Send], now: float) -> None:
         nonlocal seq, dropped
@@ -94,6 +99,8 @@ def run_step(
                 dropped += 1
                 continue
             delay = latency if s.msg.data is not None else meta_latency
+            if jitter > 0:
+                delay *= 1.0 + jitter * rng.random()
             seq += 1
             heapq.heappush(queue, (now + delay, seq, s.to, s.msg))
         if result_times[rank] is None and collectives[rank].result() is not None:
@@ -138,6 +145,8 @@ def simulate(
     late_failures: Iterable[tuple[int, int, float]] = (),
     latency: float = 0.01,
     meta_latency: float = 0.001,
+    jitter: float = 0.0,
+    seed: int = 0,
     step: int = 0,
 ) -> SimResult:
     """One step of the collective ``name`` over ``len(grads)`` ranks with a fixed timeout."""
@@ -151,6 +160,8 @@ def simulate(
         late_failures=late_failures,
         latency=latency,
         meta_latency=meta_latency,
+        jitter=jitter,
+        seed=seed,
     )
 
 

@@ -201,3 +201,40 @@ def test_isolation_stats_fig11() -> None:
     # the thesis's reading of Fig. 11: more links tolerated, a smaller share of them
     assert [s.mean_failed for s in stats] == sorted(s.mean_failed for s in stats)
     assert [s.share for s in stats] == sorted((s.share for s in stats), reverse=True)
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_exact_mean_when_messages_overtake_each_other(name: str) -> None:
+    # latencies stretched up to 21x (seeded): messages arrive in any order and, with a 50 ms timeout,
+    # backup nodes fire on links that are only slow; every rank still gets the exact mean, once each.
+    cases = list(FAULTS.values()) if name.startswith("ft-tree") else [()]
+    for seed in range(40):
+        n = 7 + seed % 25
+        grads = grads_for(n, 300 + seed, dim=5)
+        for links in cases:
+            res = simulate(name, grads, timeout=0.05, failed_links=links, jitter=20.0, seed=seed)
+            assert_exact_mean(res.results, grads)
+            assert res.all_done
+
+
+@pytest.mark.parametrize("name", ["ft-tree", "ft-tree-thesis"])
+def test_ft_tree_every_pair_of_failed_links_on_7_nodes(name: str) -> None:
+    # The thesis's relays are one backup hop deep: the step stalls only where a root's child loses
+    # both its links (to the root and to its brother, its only backup) or the root is cut off.
+    # It never gives a wrong mean.
+    grads = grads_for(7, 9, dim=5)
+    links = ft_tree_links(7)
+    stalled = set()
+    for i, a in enumerate(links):
+        for b in links[i + 1 :]:
+            res = simulate(name, grads, timeout=T, failed_links=[a, b])
+            if res.completion_time is None:
+                stalled.add(frozenset((a, b)))
+                assert all(r is None for r in res.results)
+            else:
+                assert_exact_mean(res.results, grads)
+    assert stalled == {
+        frozenset(((1, 0), (1, 2))),
+        frozenset(((2, 0), (1, 2))),
+        frozenset(((1, 0), (2, 0))),
+    }
