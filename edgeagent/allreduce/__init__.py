@@ -16,7 +16,8 @@ Note for the mode that drives them (what :mod:`edgeagent.allreduce.base` does no
   neighbour the mean after it has its own), even while the next step runs.
 - Kinds on the wire: the ft-tree uses the eight of ``REDUCE_KINDS``/``BROADCAST_KINDS``; ``tree`` and
   ``ring`` use ``data_reduce`` and ``data_bcast`` only; the ring puts the **chunk index in ``target``**.
-- The ft-tree and the tree have ``contributors()`` (the ranks in the mean, for checks);
+- Every collective here has ``contributors()`` (the ranks in the mean, for checks); the mean is
+  computed once (by the root, or per chunk on the ring) and copied, so all replicas get the same bits;
   :class:`~edgeagent.allreduce.sim.FixedTimeouts` is the thesis's fixed timeout;
   :mod:`edgeagent.allreduce.topology` has the tree, the ring order and ``rebuild`` (live members to
   ranks) for node failures.

@@ -97,6 +97,10 @@ class RingAllreduce:
     def done(self) -> bool:
         return self._mean is not None
 
+    def contributors(self) -> tuple[int, ...]:
+        """Every rank once this device holds the mean (each mean chunk was checked to have them all)."""
+        return tuple(range(self.size)) if self._mean is not None else ()
+
     def _rs(self, c: int) -> Send:
         contrib = tuple(sorted(self._contrib[c]))
         msg = CollectiveMsg("data_reduce", self.step, self.rank, self.rank, c, contrib, self._chunks[c])

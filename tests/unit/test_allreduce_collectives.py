@@ -33,6 +33,9 @@ def assert_exact_mean(res_results: list[torch.Tensor | None], grads: list[torch.
     for rank, r in enumerate(res_results):
         assert r is not None, f"rank {rank} has no result"
         assert torch.allclose(r, mean, atol=1e-6), f"rank {rank}"
+        # one rank computes each mean (chunk) and the rest copy it: replicas stay bit-identical
+        first = res_results[0]
+        assert first is not None and torch.equal(r, first), f"rank {rank} differs from rank 0"
 
 
 @pytest.mark.parametrize("name", COLLECTIVES)
