@@ -28,6 +28,7 @@ import argparse
 
 import torch
 
+from edgeagent.allreduce import COLLECTIVES
 from edgeagent.allreduce.sim import FAULTS, isolation_stats, simulate
 
 # papers/001 Tables 1 and 2: seconds per allreduce step (none, 1, 2 parallel, 2 serial faults)
@@ -85,6 +86,27 @@ def tables(latency: float, meta_latency: float) -> None:
     print("Goal (issue 17): one failed link costs at most 1.5 t; two serial faults at most 3 t.")
 
 
+def messages(latency: float, meta_latency: float) -> None:
+    print()
+    print("Messages per step (simulated): data / metadata, no fault and 1 fault (link 3-1), 0.5 s timeout")
+    print(f"{'nodes':>5}" + "".join(f"{name:>20}" for name in COLLECTIVES))
+    for n in (7, 15, 31):
+        grads = [torch.zeros(4) for _ in range(n)]
+        cells = []
+        for name in COLLECTIVES:
+            counts = []
+            for links in ((), FAULTS["1"]):
+                res = simulate(name, grads, failed_links=links, latency=latency, meta_latency=meta_latency)
+                data = sum(v for k, v in res.sent.items() if k.startswith("data_"))
+                counts.append(
+                    f"{data}/{sum(res.sent.values()) - data}" + ("" if res.completion_time else "!")
+                )
+            cells.append(" ".join(counts))
+        print(f"{n:>5}" + "".join(f"{c:>20}" for c in cells))
+    print("(! = the step stalled: the plain tree on a failed link; the ring does not use link 3-1;")
+    print(" a ring message carries 1/n of the gradient, a tree data message all of it)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -96,6 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     fig11(args.trials, args.seed)
     tables(args.latency, args.meta_latency)
+    messages(args.latency, args.meta_latency)
 
 
 if __name__ == "__main__":

@@ -241,3 +241,24 @@ def test_ft_tree_every_pair_of_failed_links_on_7_nodes(name: str) -> None:
         frozenset(((2, 0), (1, 2))),
         frozenset(((1, 0), (2, 0))),
     }
+
+
+class PerPeer:
+    """Adaptive-style timeouts: a different wait per link."""
+
+    def timeout(self, peer: int) -> float:
+        return 0.1 * (peer + 1)
+
+
+def test_ft_tree_waits_each_link_its_own_timeout() -> None:
+    node = FtTreeAllreduce(4, 15, step=0, timeouts=PerPeer())
+    node.start(torch.zeros(2), 0.0)
+    node.receive(CollectiveMsg("meta_reduce_sent", 0, 3, target=1), 1.0)  # brother 3
+    assert node.next_deadline() == pytest.approx(1.4)
+    node.receive(CollectiveMsg("meta_reduce_sent", 0, 7, target=3), 1.0)  # nephew 7 (child of 3)
+    assert node.next_deadline() == pytest.approx(1.4)
+    (req,) = node.tick(1.4)
+    assert req.to == 3 and node.next_deadline() == pytest.approx(1.8)
+    # a node it does not watch (5: brother 6, uncle 1) cannot start a timeout here
+    node.receive(CollectiveMsg("meta_reduce_sent", 0, 5, target=2), 1.0)
+    assert node.rejected == 1
