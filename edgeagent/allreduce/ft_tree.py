@@ -36,7 +36,12 @@ Note: what the thesis leaves implicit, and what we decided:
   ``meta_bcast_received``, served it the mean, or waited one timeout since it got the mean (a
   ``meta_bcast_sent`` still in flight then starts the usual timeout). The driver must keep delivering
   this step's messages until ``done()``, even while the next step runs.
-- Messages that arrive before :meth:`start` are kept and handled at start; other steps' are ignored.
+- A node's backup duties do not wait for its own gradient: metadata, timeouts, requests and relays
+  are handled before :meth:`start` too; only the data it must add (``data_reduce``, ``data_bcast``)
+  is kept until :meth:`start`. Other steps' messages are ignored.
+  A child's ``data_reduce`` that arrives before :meth:`start` (this node is still computing) is
+  confirmed at once (``meta_reduce_received`` means "I received it", line 13), so a watcher's timeout
+  covers the link and not the parent's compute time: a slow parent does not trip spurious relays.
 
 Variants: ``"thesis"`` is the above, as written. ``"proactive"`` (the default, ``--collective ft-tree``)
 adds one rule: a backup node that learnt in the reduce that ``k``'s main link is down (its data timeout
@@ -77,6 +82,7 @@ class FtTreeAllreduce:
         self._sum: torch.Tensor | None = None
         self._contrib: set[int] = set()
         self._children_in: set[int] = set()
+        self._confirmed: set[int] = set()  # children whose sum we told their watchers about
         self._sent_up = False
         self._up: CollectiveMsg | None = None  # the sum we sent up, to answer requests with
         self._requests: list[int] = []  # meta_reduce_request before we sent our sum
@@ -108,9 +114,9 @@ class FtTreeAllreduce:
     def receive(self, msg: CollectiveMsg, now: float) -> list[Send]:
         if msg.step != self.step:
             return []
-        if not self._started:
+        if not self._started and msg.kind in ("data_reduce", "data_bcast"):
             self._early.append(msg)
-            return []
+            return self._ack_early(msg)
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
             self.rejected += 1
@@ -186,12 +192,24 @@ class FtTreeAllreduce:
         self._sum += msg.data  # line 12
         self._contrib |= contrib
         self._children_in.add(origin)
-        out: list[Send] = []
+        return self._confirm(origin) + self._maybe_send_up(now)
+
+    def _confirm(self, origin: int) -> list[Send]:
+        if origin in self._confirmed:
+            return []
+        self._confirmed.add(origin)
         tell = [self.node.brother, *(c for c in self.node.children if c != origin)]  # lines 13-14
-        for x in tell:
-            if x is not None:
-                out.append(self._send(x, "meta_reduce_received", target=origin))
-        return out + self._maybe_send_up(now)
+        return [self._send(x, "meta_reduce_received", target=origin) for x in tell if x is not None]
+
+    def _ack_early(self, msg: CollectiveMsg) -> list[Send]:
+        # A child's sum that arrives while this node still computes its own gradient is confirmed at
+        # once: the watchers' timeouts then cover the link, not this node's compute time.
+        origin = msg.sender if msg.origin is None else msg.origin
+        if msg.kind != "data_reduce" or origin not in self.node.children or msg.data is None:
+            return []
+        if not msg.contributors:
+            return []
+        return self._confirm(origin)
 
     def _on_meta_reduce_received(self, msg: CollectiveMsg, now: float) -> list[Send]:
         if msg.target is not None:  # lines 15-16
@@ -305,8 +323,8 @@ class FtTreeAllreduce:
     # --- helpers -----------------------------------------------------------------------------------
 
     def _fits(self, msg: CollectiveMsg) -> bool:
-        ref = self._sum if self._sum is not None else self._mean
-        return msg.data is not None and ref is not None and msg.data.shape == ref.shape
+        # before start (a relay for a neighbour) the shape is not known here: the parent checks it
+        return msg.data is not None and (self._sum is None or msg.data.shape == self._sum.shape)
 
     def _send(self, to: int, kind: str, *, target: int | None = None) -> Send:
         return Send(to, CollectiveMsg(kind, self.step, self.rank, target=target))

@@ -70,20 +70,22 @@ def run_step(
     meta_latency: float = 0.001,
     jitter: float = 0.0,
     seed: int = 0,
+    start_times: Sequence[float] | None = None,
     max_time: float = 120.0,
 ) -> SimResult:
     """Run one step of ``collectives`` (rank ``i`` is ``collectives[i]``), all started at time 0.
 
     ``failed_links`` are down from the start, ``late_failures`` ``(a, b, t)`` from virtual time ``t``.
     ``jitter`` stretches each message's latency by a random factor in ``[1, 1 + jitter)`` (seeded), so
-    messages overtake each other, also on one link.
+    messages overtake each other, also on one link. ``start_times`` (default all 0) model devices that
+    finish their gradient at different times.
     """
     n = len(collectives)
     if len(grads) != n:
         raise ConfigError(f"{len(grads)} gradients for {n} collectives")
     failed = {frozenset(link): 0.0 for link in failed_links}
     failed.update({frozenset((a, b)): t for a, b, t in late_failures})
-    queue: list[tuple[float, int, int, CollectiveMsg | None]] = []  # (time, seq, rank, msg|None=tick)
+    queue: list[tuple[float, int, int, CollectiveMsg | str]] = []  # (time, seq, rank, msg|"tick"|"start")
     seq = 0
     pushed: list[float | None] = [None] * n
     result_times: list[float | None] = [None] * n
@@ -109,20 +111,27 @@ def run_step(
         if deadline is not None and deadline != pushed[rank]:
             pushed[rank] = deadline
             seq += 1
-            heapq.heappush(queue, (max(deadline, now), seq, rank, None))
+            heapq.heappush(queue, (max(deadline, now), seq, rank, "tick"))
 
-    for r, c in enumerate(collectives):
-        after(r, c.start(grads[r], 0.0), 0.0)
+    starts = [0.0] * n if start_times is None else list(start_times)
+    if len(starts) != n:
+        raise ConfigError(f"{len(starts)} start times for {n} collectives")
+    for r in range(n):
+        seq += 1
+        heapq.heappush(queue, (starts[r], seq, r, "start"))
     while queue:
-        now, _, rank, msg = heapq.heappop(queue)
+        now, _, rank, item = heapq.heappop(queue)
         if now > max_time:
             break
         c = collectives[rank]
-        if msg is None:
+        if item == "start":
+            after(rank, c.start(grads[rank], now), now)
+        elif item == "tick":
             pushed[rank] = None
             after(rank, c.tick(now), now)
         else:
-            after(rank, c.receive(msg, now), now)
+            assert isinstance(item, CollectiveMsg)
+            after(rank, c.receive(item, now), now)
     results = [c.result() for c in collectives]
     complete = all(t is not None for t in result_times)
     return SimResult(
@@ -147,6 +156,7 @@ def simulate(
     meta_latency: float = 0.001,
     jitter: float = 0.0,
     seed: int = 0,
+    start_times: Sequence[float] | None = None,
     step: int = 0,
 ) -> SimResult:
     """One step of the collective ``name`` over ``len(grads)`` ranks with a fixed timeout."""
@@ -162,6 +172,7 @@ def simulate(
         meta_latency=meta_latency,
         jitter=jitter,
         seed=seed,
+        start_times=start_times,
     )
 
 

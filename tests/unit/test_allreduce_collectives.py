@@ -122,15 +122,15 @@ def test_ft_tree_messages_dedup_and_validation() -> None:
     t = FixedTimeouts(T)
     node = FtTreeAllreduce(1, 7, step=4, timeouts=t, variant="thesis")
     one = torch.ones(3)
-    # a child's sum that arrives before start is kept
+    # a child's sum that arrives before start is kept, and confirmed to its watchers at once
     early = CollectiveMsg("data_reduce", 4, 3, origin=3, contributors=(3,), data=one)
-    assert node.receive(early, 0.0) == []
-    sends = node.start(torch.zeros(3), 0.0)
-    assert node.contributors() == (1, 3)
+    sends = node.receive(early, 0.0)
     assert {(s.to, s.msg.kind, s.msg.target) for s in sends} == {
         (2, "meta_reduce_received", 3),
         (4, "meta_reduce_received", 3),
     }
+    assert node.start(torch.zeros(3), 0.0) == []  # counted now, not confirmed twice
+    assert node.contributors() == (1, 3)
     # the same sum again (relayed by the brother) is not counted twice
     relay = CollectiveMsg("data_reduce", 4, 4, origin=3, contributors=(3,), data=one)
     assert node.receive(relay, 0.1) == [] and node.contributors() == (1, 3)
@@ -262,3 +262,32 @@ def test_ft_tree_waits_each_link_its_own_timeout() -> None:
     # a node it does not watch (5: brother 6, uncle 1) cannot start a timeout here
     node.receive(CollectiveMsg("meta_reduce_sent", 0, 5, target=2), 1.0)
     assert node.rejected == 1
+
+
+@pytest.mark.parametrize("name", COLLECTIVES)
+def test_slow_devices_start_late(name: str) -> None:
+    # ranks finish their gradients at different times (the parents last, 4 timeouts late): messages
+    # wait for them, a slow parent trips no backup relay, and the mean is still exact
+    n = 15
+    grads = grads_for(n, 11)
+    starts = [4 * T if r < 7 else 0.01 * r for r in range(n)]
+    res = simulate(name, grads, timeout=T, start_times=starts)
+    assert_exact_mean(res.results, grads)
+    assert "meta_reduce_request" not in res.sent and "data_reduce_request" not in res.sent
+    if name.startswith("ft-tree"):
+        late = simulate(name, grads, timeout=T, start_times=starts, failed_links=FAULTS["1"])
+        assert_exact_mean(late.results, grads)
+
+
+def test_ft_tree_backup_duties_do_not_wait_for_its_own_gradient() -> None:
+    uncle = FtTreeAllreduce(2, 7, step=0, timeouts=FixedTimeouts(T))  # not started: still computing
+    assert uncle.receive(CollectiveMsg("meta_reduce_sent", 0, 3, target=1), 0.1) == []
+    (req,) = uncle.tick(0.6)
+    assert (req.to, req.msg.kind) == (3, "meta_reduce_request")
+    relayed = uncle.receive(CollectiveMsg("data_reduce_request", 0, 3, 3, 1, (3,), torch.ones(2)), 0.7)
+    assert [(s.to, s.msg.kind, s.msg.contributors) for s in relayed] == [(1, "data_reduce", (3,))]
+    # its own children's sums wait for its gradient
+    assert uncle.receive(CollectiveMsg("data_reduce", 0, 5, 5, None, (5,), torch.ones(2)), 0.8) != []
+    assert uncle.contributors() == ()
+    uncle.start(torch.zeros(2), 1.0)
+    assert uncle.contributors() == (2, 5)
