@@ -62,6 +62,8 @@ from edgeagent.errors import ConfigError
 
 Variant = Literal["thesis", "proactive"]
 VARIANTS: tuple[Variant, ...] = ("thesis", "proactive")
+# data kept until start: at most each child's sum by 3 paths (itself, brother, uncle) and a few means
+_MAX_EARLY = 16
 
 
 class FtTreeAllreduce:
@@ -115,6 +117,9 @@ class FtTreeAllreduce:
         if msg.step != self.step:
             return []
         if not self._started and msg.kind in ("data_reduce", "data_bcast"):
+            if len(self._early) >= _MAX_EARLY:
+                self.rejected += 1
+                return []
             self._early.append(msg)
             return self._ack_early(msg)
         handler = _HANDLERS.get(msg.kind)
