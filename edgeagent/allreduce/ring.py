@@ -55,6 +55,9 @@ class RingAllreduce:
         if msg.step != self.step:
             return []
         if not self._started:
+            if len(self._early) >= 2 * self.size + 4:  # more than a correct neighbour sends before our start
+                self.rejected += 1
+                return []
             self._early.append(msg)
             return []
         c = msg.target

@@ -48,6 +48,9 @@ class TreeAllreduce:
         if msg.step != self.step:
             return []
         if not self._started:
+            if len(self._early) >= 8:  # more than a correct neighbour sends before our start
+                self.rejected += 1
+                return []
             self._early.append(msg)
             return []
         assert self._sum is not None
