@@ -45,7 +45,8 @@ class TrainConfig(_Frozen):
 
 
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
-TrainingModeName = Literal["pipeline", "hybrid"]  # edgeagent.modes.MODES: the training modes
+TrainingModeName = Literal["pipeline", "hybrid", "allreduce"]  # edgeagent.modes.MODES: the training modes
+CollectiveName = Literal["ft-tree", "ft-tree-thesis", "tree", "ring", "ps-sync", "ps-async", "direct"]
 
 
 class BrokerAccess(_Frozen):
@@ -95,6 +96,15 @@ class CentralConfig(BrokerAccess):
     mode: TrainingModeName = "pipeline"
     # Hybrid stages: the most devices one stage may have (None: no bound).
     max_replicas: int | None = Field(None, ge=1)
+    # Data-parallel training (--mode allreduce): the collective (ft-tree: papers/001's fault-tolerant tree;
+    # tree, ring; ps-sync, ps-async: the parameter server on the central node; direct: all-to-all), the
+    # timeout of its backup path (None: adaptive, from each link's measured round trips, at least
+    # allreduce_timeout_floor), injected link failures ("A,B@FROM:TO") and how the data is split.
+    collective: CollectiveName = "ft-tree"
+    allreduce_timeout: float | None = Field(None, gt=0, description="fixed timeout (s); None: adaptive")
+    allreduce_timeout_floor: float = Field(0.02, gt=0, description="adaptive timeouts: the least (s)")
+    fail_links: list[str] = Field(default_factory=list)
+    split: Literal["iid", "noniid"] = "iid"
     # uniform: PipeDream's even split, never changes; dynamic: FTPipeHD (re-split from measurements);
     # oracle: the DP fed the true slowdowns, the limit to measure against.
     partition: PartitionMode = "dynamic"

@@ -26,10 +26,11 @@ __all__ = [
     "load_dataset",
 ]
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "synthetic")
+DATASET_NAMES: tuple[str, ...] = ("digits", "digits28", "synthetic")
 
 _ALLOWED_FORMS = (
-    "'digits', 'synthetic', 'synthetic:N:CxHxW:K' (e.g. 'synthetic:4096:3x32x32:10'), "
+    "'digits', 'digits28' (upsampled to 28x28), 'synthetic', "
+    "'synthetic:N:CxHxW:K' (e.g. 'synthetic:4096:3x32x32:10'), "
     "'synthetic:N:F:K' (flat features, e.g. 'synthetic:4096:64:10') or a path to a '.npz' file "
     "with keys X and y (optional X_test, y_test)"
 )
@@ -118,6 +119,9 @@ def _load_digits(name: str, seed: int, test_fraction: float) -> Dataset:
 
     digits = load_digits()
     x = (digits.images.astype(np.float32) / 16.0)[:, None, :, :]  # (N, 1, 8, 8) in [0, 1]
+    if name == "digits28":  # MNIST-sized (papers/001's 784-512-10 MLP): bilinear upsampling
+        up = torch.nn.functional.interpolate(torch.from_numpy(x), size=(28, 28), mode="bilinear")
+        x = up.numpy()  # (N, 1, 28, 28)
     y = digits.target.astype(np.int64)  # (N,)
     train, test = _stratified_split(y, test_fraction, seed)
     # One scalar mean/std (a single channel): per-pixel std is 0 on the always-blank border pixels.
@@ -250,7 +254,7 @@ def load_dataset(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dat
         raise ValueError(f"seed must be an int, got {seed!r}")
     if not isinstance(name, str):
         raise ValueError(f"data set name must be a string, got {name!r}; allowed forms: {_ALLOWED_FORMS}")
-    if name == "digits":
+    if name in ("digits", "digits28"):
         return _load_digits(name, seed, test_fraction)
     if name == "synthetic" or name.startswith("synthetic:"):
         return _load_synthetic(name, seed, test_fraction)

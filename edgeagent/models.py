@@ -213,10 +213,11 @@ def _mlp(
     share it; ``hidden=[128, 64]`` is the 3-layer MLP that was the default before. Layers keep
     PyTorch's default Linear initialisation.
     """
-    if isinstance(hidden, str | bytes) or not isinstance(hidden, Sequence) or len(hidden) < 2:
-        # Fewer than 3 layers would leave nothing to split across more than two devices.
+    if isinstance(hidden, str | bytes) or not isinstance(hidden, Sequence) or len(hidden) < 1:
+        # One hidden size (2 layers) is papers/001's 784-512-10 MLP; a pipeline needs more layers than
+        # devices, which its mode checks.
         raise ValueError(
-            f"mlp option hidden must be a sequence of at least 2 positive ints (giving >= 3 layers), "
+            f"mlp option hidden must be a sequence of at least 1 positive int (giving >= 2 layers), "
             f"got {hidden!r}"
         )
     if not isinstance(residual, bool):

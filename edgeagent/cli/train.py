@@ -68,9 +68,35 @@ def train_options(f: F) -> F:
         click.option("--save-model", type=click.Path(dir_okay=False), help="Save the trained model here."),
         click.option(
             "--mode",
-            type=click.Choice(["pipeline", "hybrid"]),
+            type=click.Choice(["pipeline", "hybrid", "allreduce"]),
             help="Training mode: pipeline (FTPipeHD's asynchronous pipeline, the default); hybrid (a stage "
-            "may be held by several devices; the planner decides how many).",
+            "may be held by several devices; the planner decides how many); allreduce (data-parallel: a "
+            "replica per device, gradients averaged by --collective).",
+        ),
+        click.option(
+            "--collective",
+            type=click.Choice(["ft-tree", "ft-tree-thesis", "tree", "ring", "ps-sync", "ps-async", "direct"]),
+            help="Allreduce mode: ft-tree (papers/001's fault-tolerant tree, our broadcast rule; default), "
+            "ft-tree-thesis (Algorithms 1-2 as written), tree, ring, ps-sync, ps-async (a parameter "
+            "server on the central node), direct (all-to-all).",
+        ),
+        click.option(
+            "--allreduce-timeout",
+            type=float,
+            help="Allreduce mode: a fixed timeout in seconds on every link (the thesis: 0.5 or 1); default: "
+            "adaptive, from each link's measured round trips.",
+        ),
+        click.option(
+            "--fail-link",
+            "fail_links",
+            multiple=True,
+            help="Allreduce mode: A,B@FROM:TO drops every message between devices A and B during steps "
+            "FROM..TO (A,B@FROM: from then on); repeatable.",
+        ),
+        click.option(
+            "--split",
+            type=click.Choice(["iid", "noniid"]),
+            help="Allreduce mode: each worker's shard of the data set, iid (default) or by label.",
         ),
         click.option(
             "--max-replicas",
@@ -185,6 +211,9 @@ _CENTRAL_KEYS = (
     "report",
     "save_model",
     "mode",
+    "collective",
+    "allreduce_timeout",
+    "split",
     "max_replicas",
     "partition",
     "estimator",
@@ -227,6 +256,8 @@ def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
     central = {k: kw[k] for k in _CENTRAL_KEYS if kw.get(k) is not None}
     if kw.get("slowdown_changes"):
         central["slowdown_changes"] = list(kw["slowdown_changes"])
+    if kw.get("fail_links"):
+        central["fail_links"] = list(kw["fail_links"])
     return {**central, "train": train} if train else central
 
 

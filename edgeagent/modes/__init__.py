@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 MODES: dict[str, str] = {
     "pipeline": "edgeagent.modes.pipeline:PipelineMode",
     "hybrid": "edgeagent.modes.hybrid:HybridMode",
+    "allreduce": "edgeagent.modes.allreduce:AllreduceMode",
 }
 
 _loaded: dict[str, TrainingMode] = {}

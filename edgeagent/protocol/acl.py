@@ -7,7 +7,8 @@ Three roles:
   gradients, results, gradient exchange) of the stages it holds, alone or as one of a group's devices,
   in the current (or the previous) plan of its cluster; reads the run-wide topics, its own control and
   profile topics, the peer topics it needs (status, replicas, probes, fetch requests) and the
-  data-plane topics.
+  data-plane topics; on the allreduce mode's links (``link/<from>/<to>``) it publishes only links it
+  sends on (``<from>`` is itself) and reads only links into itself (``<to>`` is itself).
 * ``observer``: reads everything of its cluster and publishes nothing (monitors, Home Assistant).
 
 A grant's cluster may be ``*`` (every cluster), e.g. for an operator's central login.
@@ -204,7 +205,17 @@ def _parse(topic: str, cluster: str) -> tuple[Family, str | None, int | None] | 
         info = Topics(cluster).parse(topic)
     except Exception:
         return None
+    if info.family is Family.LINK:  # a link's sender is its device; the receiver is checked by _link_peer
+        return info.family, info.device, None
     return info.family, info.device, info.stage
+
+
+def _link_peer(topic: str, cluster: str) -> str | None:
+    """The receiver of a link topic (``link/<from>/<to>``), None for any other topic."""
+    try:
+        return Topics(cluster).parse(topic).peer
+    except Exception:
+        return None
 
 
 def may_publish(user: str, grant: Grant, topic: str, plans: PlanTracker) -> bool:
@@ -224,6 +235,8 @@ def may_publish(user: str, grant: Grant, topic: str, plans: PlanTracker) -> bool
     family, device, stage = parsed
     if family is Family.ANNOUNCE:
         return True
+    if family is Family.LINK:
+        return device == user
     if device is not None:
         return device == user and family in DEVICE_OWN
     if stage is not None:
@@ -243,6 +256,8 @@ def may_receive(user: str, grant: Grant, topic: str) -> bool:
     if parsed is None:
         return False
     family, device, stage = parsed
+    if family is Family.LINK:
+        return _link_peer(topic, cluster) == user
     if device is not None:
         return family in DEVICE_READS_PEERS or (device == user and family in DEVICE_READS_OWN)
     if stage is not None:
@@ -317,5 +332,7 @@ def mosquitto_acl(users: dict[str, Grant]) -> str:
             lines += [f"topic read {tree.device(f)}" for f in DEVICE_READS_PEERS]
             lines += [f"topic readwrite {tree.stage(f)}" for f in DEVICE_READS_STAGES]
             lines.append(f"topic write {tree.stage(Family.RESULTS)}")
+            lines.append(f"topic write {tree.link(user, ANY)}")
+            lines.append(f"topic read {tree.link(ANY, user)}")
         lines.append("")
     return "\n".join(lines)

@@ -144,7 +144,8 @@ def sender_problem(info: TopicInfo, sender: str) -> str | None:
     envelope must name that device: with a broker ACL that lets each login publish only on its own
     device topics, a payload cannot then pretend to come from another device.
     """
-    if info.device is None or info.family not in DEVICE_PUBLISHED or sender == info.device:
+    own = info.family in DEVICE_PUBLISHED or info.family is Family.LINK  # a link's sender is its device
+    if info.device is None or not own or sender == info.device:
         return None
     return (
         f"sender {sender!r} on device {info.device!r}'s topic: only {info.device!r} publishes "

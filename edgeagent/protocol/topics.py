@@ -20,6 +20,7 @@
         run/commit                  central -> all      CBOR  commit barrier of a new partition
         run/command                 central -> all      JSON  start, stop, collect, ...
         run/events                  central -> all      JSON  partition, replication, recovery events
+        link/<from>/<to>            device  -> device   CBOR  one link of an allreduce (--mode allreduce)
 
 Data-plane topics are named after the stage that *produces* them, so an ACL can say "a device
 publishes only its own stage's outputs".
@@ -77,6 +78,7 @@ class Family(str, Enum):
     GRADIENTS = "grad"
     RESULTS = "result"
     SYNC = "sync"  # a replicated stage's members exchange parameter gradients (hybrid stages)
+    LINK = "link"  # one sender -> receiver link of data-parallel training's collectives (allreduce mode)
     COMMIT = "run/commit"
     COMMAND = "run/command"
     EVENTS = "run/events"
@@ -121,8 +123,9 @@ class TopicInfo:
     """A parsed topic: its family and the device id or stage index it names, if any."""
 
     family: Family
-    device: str | None = None
+    device: str | None = None  # on a link topic: its sender
     stage: int | None = None
+    peer: str | None = None  # on a link topic: its receiver
 
 
 class _Tree:
@@ -186,6 +189,14 @@ class Topics(_Tree):
         """Where the members of a replicated stage exchange their parameter gradients."""
         return self.stage(Family.SYNC, stage)
 
+    def link(self, sender: str, receiver: str) -> str:
+        """The logical link from ``sender`` to ``receiver`` (allreduce mode): only ``sender`` publishes."""
+        return f"{self.base}/link/{check_name('device id', sender)}/{check_name('device id', receiver)}"
+
+    def links_to(self, receiver: str) -> str:
+        """Wildcard: every link into ``receiver``."""
+        return f"{self.base}/link/{ANY}/{check_name('device id', receiver)}"
+
     def parse(self, topic: str) -> TopicInfo:
         """Parse a topic of this cluster; raise :class:`ProtocolError` for anything else."""
         prefix = self.base + "/"
@@ -204,6 +215,9 @@ class Topics(_Tree):
             and _STAGE.fullmatch(parts[1])
         ):
             return TopicInfo(_STAGE_FAMILIES[parts[2]], stage=int(parts[1]))
+        if len(parts) == 3 and parts[0] == Family.LINK.value:
+            sender, receiver = check_name("device id", parts[1]), check_name("device id", parts[2])
+            return TopicInfo(Family.LINK, device=sender, peer=receiver)
         raise ProtocolError(f"unknown topic {topic!r}")
 
 
@@ -246,6 +260,10 @@ class TopicFilters(_Tree):
         if family.value not in _STAGE_FAMILIES:
             raise ValueError(f"{family} is not a per-stage topic")
         return f"{self.base}/stage/{ANY}/{family.value}"
+
+    def link(self, sender: str = ANY, receiver: str = ANY) -> str:
+        """Links from ``sender`` to ``receiver`` (either may be ``+``)."""
+        return f"{self.base}/link/{sender}/{receiver}"
 
 
 def filter_wildcards(pattern: str) -> tuple[int, bool]:

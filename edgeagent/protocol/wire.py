@@ -27,6 +27,9 @@ from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.commands import COMMAND_TYPES, Command
 from edgeagent.protocol.messages import (
     Activation,
+    AllreduceDone,
+    AllreduceMsg,
+    AllreduceStep,
     Announce,
     Assign,
     Commit,
@@ -78,6 +81,9 @@ MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
         Repartition,
         FetchRequest,
         GradSync,
+        AllreduceMsg,
+        AllreduceStep,
+        AllreduceDone,
     )
 }
 

@@ -295,3 +295,30 @@ def test_credentials_cli(tmp_path: Path) -> None:
     assert set(store.users()) == {"pi-1"}
     bad = runner.invoke(main, ["credentials", "remove", "--dir", directory, "nobody"])
     assert bad.exit_code == 2 and "no user 'nobody'" in bad.output
+
+
+def test_a_device_publishes_only_links_from_itself_and_reads_only_links_into_itself() -> None:
+    """The allreduce mode's per-sender/receiver links (``link/<from>/<to>``)."""
+    from edgeagent.protocol.limits import sender_problem
+
+    plans = PlanTracker()
+    assert may_publish("w1", DEVICE, T.link("w1", "w2"), plans)
+    assert may_publish("w1", DEVICE, T.link("w1", "central"), plans)
+    assert not may_publish("w1", DEVICE, T.link("w2", "w1"), plans)
+    assert not may_publish("w1", DEVICE, T.link("w2", "w3"), plans)
+    assert not may_publish("w1", DEVICE, Topics("other").link("w1", "w2"), plans)
+    assert not may_publish("o", Grant("observer", "site"), T.link("o", "w2"), plans)
+    assert may_publish("c", Grant("central", "site"), T.link("w2", "w3"), plans)
+    assert may_receive("w1", DEVICE, T.link("w2", "w1"))
+    assert not may_receive("w1", DEVICE, T.link("w2", "w3"))
+    assert not may_receive("w1", DEVICE, T.link("w1", "w2"))
+    assert may_subscribe("w1", DEVICE, T.links_to("w1"))
+    assert not may_subscribe("w1", DEVICE, T.links_to("w2"))
+    assert not may_subscribe("w1", DEVICE, "edgeagent/v1/site/link/#")
+    # Without a broker ACL the receiver still checks that the envelope names the link's sender.
+    info = T.parse(T.link("w1", "w2"))
+    assert sender_problem(info, "w1") is None
+    assert sender_problem(info, "w3") is not None
+    text = mosquitto_acl({"w1": DEVICE})
+    assert "topic write edgeagent/v1/site/link/w1/+" in text
+    assert "topic read edgeagent/v1/site/link/+/w1" in text

@@ -39,7 +39,7 @@ def digits() -> Dataset:
 
 
 def test_names() -> None:
-    assert DATASET_NAMES == ("digits", "synthetic")
+    assert DATASET_NAMES == ("digits", "digits28", "synthetic")
 
 
 def test_digits(digits: Dataset) -> None:

@@ -220,7 +220,7 @@ def test_unknown_name() -> None:
     ("spec", "match"),
     [
         (ModelSpec("mlp", (64,), 10, (("widht", 3),)), "widht"),
-        (ModelSpec("mlp", (64,), 10, (("hidden", (32,)),)), "hidden"),
+        (ModelSpec("mlp", (64,), 10, (("hidden", ()),)), "hidden"),
         (ModelSpec("mlp", (64,), 10, (("residual", "yes"),)), "residual"),
         (ModelSpec("cnn", (64,), 10), r"\(C, H, W\)"),
         (ModelSpec("mobilenetv2", (64,), 10), r"\(C, H, W\)"),
@@ -266,3 +266,9 @@ def test_spec_round_trip() -> None:
     assert mapped == spec
     with pytest.raises(ValueError, match="num_classes"):
         ModelSpec.from_dict({"name": "mlp", "in_shape": [64]})
+
+
+def test_the_thesis_mlp_has_its_407050_parameters() -> None:
+    """papers/001's network: 784-512-10, ``--model-option hidden=[512]`` on 28x28 digits."""
+    model = build_model(ModelSpec("mlp", (1, 28, 28), 10, (("hidden", (512,)),)), seed=0)
+    assert sum(p.numel() for p in model.parameters()) == 407_050

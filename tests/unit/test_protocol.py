@@ -35,6 +35,9 @@ from edgeagent.protocol.commands import COMMAND_TYPES, Command, Reshare, SetComp
 from edgeagent.protocol.messages import (
     Activation,
     ActivationMode,
+    AllreduceDone,
+    AllreduceMsg,
+    AllreduceStep,
     Announce,
     Assign,
     Commit,
@@ -295,6 +298,33 @@ HAND_SAMPLES: dict[MessageKind, Message] = {
         },
     ),
     MessageKind.READY: Ready(run_id="run-1", plan_id=3, device_id="w1", stage=1, parameters=1234),
+    MessageKind.ALLREDUCE: AllreduceMsg(
+        run_id="run-1",
+        step=7,
+        attempt=1,
+        kind="data_reduce",
+        sender=2,
+        origin=2,
+        contributors=[2, 5, 6],
+        data=torch.randn(10, generator=_GEN),
+        ts=12.5,
+        echo=12.25,
+        echo_delay=0.125,
+    ),
+    MessageKind.ALLREDUCE_STEP: AllreduceStep(
+        run_id="run-1", step=7, attempt=1, members=["w1", "w2"], epoch=1, collect=True, weights=torch.ones(4)
+    ),
+    MessageKind.ALLREDUCE_DONE: AllreduceDone(
+        run_id="run-1",
+        device_id="w1",
+        step=7,
+        attempt=1,
+        digest="abcd",
+        loss=0.5,
+        samples=100,
+        contributors=[0, 1],
+        collective_seconds=0.25,
+    ),
     MessageKind.ACTIVATION: Activation(
         run_id="run-1",
         plan_id=3,
@@ -388,6 +418,7 @@ _AUTO_FIELDS: dict[str, Any] = {
     "total": 3,
     "groups": [["text", "helper"], ["text"]],
     "shares": [[0.75, 0.25], [1.0]],
+    "members": ["text", "w2"],  # an allreduce step's members are distinct
 }
 
 
@@ -884,6 +915,12 @@ def test_decode_edge_cases_raise_protocol_error(payload: bytes) -> None:
 T = Topics("clu-1")
 
 
+def _link(family: Family) -> str:
+    if family is not Family.LINK:
+        raise ValueError(f"{family} is not a link")
+    return T.link("w1", "w2")
+
+
 def _builders(family: Family) -> list[str]:
     """Which of fixed / device / stage accept ``family`` (exactly one should)."""
     out = []
@@ -891,6 +928,7 @@ def _builders(family: Family) -> list[str]:
         ("fixed", lambda: T.fixed(family)),
         ("device", lambda: T.device(family, "w1")),
         ("stage", lambda: T.stage(family, 0)),
+        ("link", lambda: _link(family)),
     ):
         try:
             build_one()
@@ -912,6 +950,9 @@ def _all_built_topics() -> list[tuple[str, TopicInfo]]:
         elif kinds == ["stage"]:
             for stage in (0, 1, 12):
                 out.append((T.stage(family, stage), TopicInfo(family, stage=stage)))
+        elif kinds == ["link"]:
+            for a, b in (("w1", "w2"), ("central", "x" * 64)):
+                out.append((T.link(a, b), TopicInfo(family, device=a, peer=b)))
     for stage in (0, 3):
         out.append((T.activations(stage), TopicInfo(Family.ACTIVATIONS, stage=stage)))
         out.append((T.gradients(stage), TopicInfo(Family.GRADIENTS, stage=stage)))
@@ -979,7 +1020,12 @@ def test_topic_filters_match_the_topics_they_name(cluster: str) -> None:
         for topic, info in _all_built_topics():
             topic = topic.replace("/clu-1/", f"/{other.cluster}/", 1)
             assert topic_matches(tree.all(), topic) is matches
-            if info.device is not None:
+            if info.family is Family.LINK:
+                assert info.device is not None and info.peer is not None
+                assert topic_matches(tree.link(), topic) is matches
+                assert topic_matches(tree.link(info.device, info.peer), topic) is matches
+                assert not topic_matches(tree.link(info.peer, "someone-else"), topic)
+            elif info.device is not None:
                 assert topic_matches(tree.device(info.family), topic) is matches
                 assert topic_matches(tree.device(info.family, info.device), topic) is matches
                 assert not topic_matches(tree.device(info.family, "someone-else"), topic)

@@ -151,7 +151,9 @@ class Worker(Role):
         """One turn of the loop: handle what is queued (without waiting if the run has work), then let
         the run do one unit of work."""
         session = self.session
-        self.pump(0 if session is not None and session.has_work() else 0.5)
+        # A session with deadlines (the allreduce mode's timeouts) says how long the loop may wait.
+        hint = getattr(session, "wait_hint", None)
+        self.pump(0 if session is not None and session.has_work() else hint() if hint else 0.5)
         session = self.session  # the messages may have started, replaced or ended the run
         if session is None:
             return
