@@ -45,8 +45,13 @@ class TrainConfig(_Frozen):
 
 
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
-TrainingModeName = Literal["pipeline", "hybrid", "allreduce"]  # edgeagent.modes.MODES: the training modes
+# edgeagent.modes.MODES: the training modes
+TrainingModeName = Literal["pipeline", "hybrid", "split-federated", "allreduce"]
+# Split-federated training: how each device's (split point, parallel mini-batches) is chosen. ours / paper:
+# the profiled estimate (per device / one for all, PiPar Sec. 3.3); fl: the whole model on the devices;
+# sfl: the best split with one mini-batch; fixed: --split-point and --parallel-batches as given.
 CollectiveName = Literal["ft-tree", "ft-tree-thesis", "tree", "ring", "ps-sync", "ps-async", "direct"]
+SplitFedPlan = Literal["ours", "paper", "fl", "sfl", "fixed"]
 
 
 class BrokerAccess(_Frozen):
@@ -94,8 +99,10 @@ class CentralConfig(BrokerAccess):
     # The training mode (edgeagent.modes): pipeline is FTPipeHD's asynchronous pipeline; hybrid lets several
     # devices hold one stage (data parallelism inside the pipeline), planned by planner.hybrid.
     mode: TrainingModeName = "pipeline"
-    # Hybrid stages: the most devices one stage may have (None: no bound).
-    max_replicas: int | None = Field(None, ge=1)
+    # Split-federated (PiPar): the plan of every device's (P, N); explicit values override it for all.
+    splitfed_plan: SplitFedPlan = "ours"
+    split_point: int | None = Field(None, ge=1, description="split-federated: device layers [0, P)")
+    parallel_batches: int | None = Field(None, ge=1, description="split-federated: mini-batches N")
     # Data-parallel training (--mode allreduce): the collective (ft-tree: papers/001's fault-tolerant tree;
     # tree, ring; ps-sync, ps-async: the parameter server on the central node; direct: all-to-all), the
     # timeout of its backup path (None: adaptive, from each link's measured round trips, at least
@@ -105,6 +112,8 @@ class CentralConfig(BrokerAccess):
     allreduce_timeout_floor: float = Field(0.02, gt=0, description="adaptive timeouts: the least (s)")
     fail_links: list[str] = Field(default_factory=list)
     split: Literal["iid", "noniid"] = "iid"
+    # Hybrid stages: the most devices one stage may have (None: no bound).
+    max_replicas: int | None = Field(None, ge=1)
     # uniform: PipeDream's even split, never changes; dynamic: FTPipeHD (re-split from measurements);
     # oracle: the DP fed the true slowdowns, the limit to measure against.
     partition: PartitionMode = "dynamic"
@@ -165,6 +174,8 @@ class WorkerConfig(BrokerAccess):
     # backward pass here, or when it takes its N-th evaluation batch (1-based, over the process's life).
     die_at_backward: int | None = None
     die_at_eval: int | None = Field(None, ge=1)
+    # Split-federated training: this device's own training data (a .npz with X and y); it never leaves it.
+    dataset: str | None = None
     # Leave after one run (the demo); a service keeps serving runs.
     once: bool = False
 

@@ -215,8 +215,11 @@ class LocalWorkers:
         cpu: list[float] | None = None,
         threads: list[int] | None = None,
         cpu_root: Path = CPU_ROOT,
+        datasets: list[str] | None = None,
     ) -> None:
         self.broker, self.cluster = broker, cluster
+        # Split-federated training: each worker's own data set (--dataset), in worker order.
+        self.datasets = {f"worker-{i + 1}": path for i, path in enumerate(datasets or [])}
         self.logins = dict(logins or {})  # device id -> password file
         self.tls_dir = tls_dir  # CA and client certificates (mutual TLS)
         self.slowdowns = {f"worker-{i + 1}": slowdowns[i] for i in range(n)}
@@ -248,6 +251,8 @@ class LocalWorkers:
             extra = ("--die-at-eval", str(at)[4:]) if evaluation else ("--die-at-backward", str(at))
         if self.links.get(device):
             extra = (*extra, "--link-mbps", str(self.links[device]))
+        if self.datasets.get(device):
+            extra = (*extra, "--dataset", self.datasets[device])
         if device in self.logins:
             extra = (*extra, "--password-file", self.logins[device])
         if self.tls_dir:

@@ -68,10 +68,11 @@ def train_options(f: F) -> F:
         click.option("--save-model", type=click.Path(dir_okay=False), help="Save the trained model here."),
         click.option(
             "--mode",
-            type=click.Choice(["pipeline", "hybrid", "allreduce"]),
+            type=click.Choice(["pipeline", "hybrid", "split-federated", "allreduce"]),
             help="Training mode: pipeline (FTPipeHD's asynchronous pipeline, the default); hybrid (a stage "
-            "may be held by several devices; the planner decides how many); allreduce (data-parallel: a "
-            "replica per device, gradients averaged by --collective).",
+            "may be held by several devices; the planner decides how many); split-federated (PiPar: the "
+            "data stays on the devices, each worker's --dataset); allreduce (data-parallel: a replica per "
+            "device, gradients averaged by --collective).",
         ),
         click.option(
             "--collective",
@@ -98,6 +99,14 @@ def train_options(f: F) -> F:
             type=click.Choice(["iid", "noniid"]),
             help="Allreduce mode: each worker's shard of the data set, iid (default) or by label.",
         ),
+        click.option(
+            "--splitfed-plan",
+            type=click.Choice(["ours", "paper", "fl", "sfl", "fixed"]),
+            help="Split-federated: how each device's (P, N) is chosen (ours; paper; fl: the whole model on "
+            "the devices; sfl: N = 1; fixed: --split-point and --parallel-batches).",
+        ),
+        click.option("--split-point", type=int, help="Split-federated: layers [0, P) on every device."),
+        click.option("--parallel-batches", type=int, help="Split-federated: mini-batches N per iteration."),
         click.option(
             "--max-replicas",
             type=click.IntRange(min=1),
@@ -211,9 +220,12 @@ _CENTRAL_KEYS = (
     "report",
     "save_model",
     "mode",
+    "splitfed_plan",
     "collective",
     "allreduce_timeout",
     "split",
+    "split_point",
+    "parallel_batches",
     "max_replicas",
     "partition",
     "estimator",
@@ -439,6 +451,7 @@ def central(**kw: Any) -> None:
 @click.option(
     "--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th evaluation batch."
 )
+@click.option("--dataset", help="Split-federated: this device's own training data (FILE.npz, X and y).")
 @click.option("--once", is_flag=True, default=None, help="Exit after one run.")
 @click.option("--log-level", default=None)
 def worker(**kw: Any) -> None:

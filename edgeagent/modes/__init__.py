@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 MODES: dict[str, str] = {
     "pipeline": "edgeagent.modes.pipeline:PipelineMode",
     "hybrid": "edgeagent.modes.hybrid:HybridMode",
+    "split-federated": "edgeagent.modes.splitfed:SplitFedMode",
     "allreduce": "edgeagent.modes.allreduce:AllreduceMode",
 }
 

@@ -59,7 +59,8 @@ ROLES: tuple[RoleName, ...] = ("central", "device", "observer")
 DEVICE_OWN = tuple(f for f in Family if f in DEVICE_PUBLISHED)
 # Peer topics every device may read (replicas, layer requests and probes of its neighbours).
 DEVICE_READS_PEERS = (Family.STATUS, Family.REPLICA, Family.PROBE, Family.REQUEST)
-DEVICE_READS_OWN = (Family.CONTROL, Family.PROFILE)
+# Its own split-federated gradients too: only the device whose activations they answer reads them.
+DEVICE_READS_OWN = (Family.CONTROL, Family.PROFILE, Family.SPLIT_GRADIENTS)
 DEVICE_READS_FIXED = (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVENTS)
 STAGE_OUTPUTS = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)
 # Stage topics every device may read: its neighbours' activations and gradients, its group's gradient

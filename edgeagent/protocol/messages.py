@@ -51,6 +51,10 @@ class MessageKind(str, Enum):
     ALLREDUCE = "allreduce"
     ALLREDUCE_STEP = "allreduce_step"
     ALLREDUCE_DONE = "allreduce_done"
+    SPLIT_ROUND = "split_round"
+    SPLIT_ACTIVATION = "split_activation"
+    SPLIT_GRADIENT = "split_gradient"
+    SPLIT_UPDATE = "split_update"
 
 
 Encoding = Literal["cbor", "json"]
@@ -530,6 +534,82 @@ class FetchRequest(Message):
     layers: list[int]
     version: int = -1  # -1: the live weights; otherwise the replica (or seeded start, 0) of that version
     of_device: str = ""  # whose weights; "" means the owner's own
+
+
+# ---------------------------------------------------------------------------------------------
+# Split-federated training (PiPar, papers/003; ``--mode split-federated``)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitRound(Message):
+    """Server -> device (its ``control`` topic): epoch ``epoch`` starts from the global model's layers
+    ``[0, split)`` (``tensors``, keys ``<layer>.<name>``); train them on ``parallel`` mini-batches of
+    ``batch_size // parallel`` rows per iteration. ``split`` equal to the model's depth is FL: the whole
+    model on the device, nothing sent until the upload."""
+
+    KIND = MessageKind.SPLIT_ROUND
+    run_id: str
+    epoch: int
+    split: int
+    parallel: int
+    batch_size: int
+    tensors: dict[str, torch.Tensor]
+    checksum: str = ""  # SHA-256 over ``tensors`` (the device echoes it in its update)
+
+    def __post_init__(self) -> None:
+        if self.split < 1 or self.parallel < 1 or self.batch_size < self.parallel:
+            raise ProtocolError(
+                f"split round of epoch {self.epoch}: split {self.split} and parallel {self.parallel} must "
+                f"be >= 1 and batch size {self.batch_size} >= parallel"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitActivation(Message):
+    """Device -> server (``device/<id>/split-act``): the output of layer ``split - 1`` for mini-batch
+    ``micro`` of iteration ``iteration``, with its labels. Never the raw inputs: ``split >= 1``."""
+
+    KIND = MessageKind.SPLIT_ACTIVATION
+    run_id: str
+    epoch: int
+    iteration: int
+    micro: int
+    x: torch.Tensor | Compressed
+    y: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitGradient(Message):
+    """Server -> device (``device/<id>/split-grad``): the gradient of the loss w.r.t. that activation,
+    already scaled by ``1 / parallel`` (the device sums a whole iteration's and updates once)."""
+
+    KIND = MessageKind.SPLIT_GRADIENT
+    run_id: str
+    epoch: int
+    iteration: int
+    micro: int
+    g: torch.Tensor
+    loss: float
+    correct: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitUpdate(Message):
+    """Device -> server (its ``reply`` topic) at the end of its epoch: its layers ``[0, split)`` after
+    training on ``samples`` rows of its own data (FedAvg's weight, eq. 3), and what the epoch cost it."""
+
+    KIND = MessageKind.SPLIT_UPDATE
+    run_id: str
+    epoch: int
+    device_id: str
+    samples: int
+    iterations: int
+    tensors: dict[str, torch.Tensor]
+    base_checksum: str = ""  # the ``SplitRound.checksum`` it started from
+    loss_sum: float = 0.0  # FL (the whole model here): training loss over the epoch's mini-batches
+    correct: int = 0
+    compute_seconds: float = 0.0
+    idle_seconds: float = 0.0  # waiting for gradients
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@
         device/<id>/profile         central -> device   YAML  retained device profile (operations)
         device/<id>/probe           device  -> device   CBOR  bandwidth probes and their echoes
         device/<id>/request         device  -> device   CBOR  fetch requests for layers (re-partition)
+        device/<id>/split-act       device  -> central  CBOR  split-federated: its activations and labels
+        device/<id>/split-grad      central -> device   CBOR  split-federated: the activations' gradients
         stage/<s>/act               stage s -> s+1      CBOR  activations produced by stage s
         stage/<s>/grad              stage s -> s-1      CBOR  gradients produced by stage s
         stage/<s>/result            last    -> central  CBOR  evaluation results of the last stage
@@ -74,6 +76,8 @@ class Family(str, Enum):
     PROFILE = "profile"
     PROBE = "probe"
     REQUEST = "request"
+    SPLIT_ACTIVATIONS = "split-act"  # split-federated: a device's activations (only it publishes)
+    SPLIT_GRADIENTS = "split-grad"  # split-federated: their gradients (only the central node publishes)
     ACTIVATIONS = "act"
     GRADIENTS = "grad"
     RESULTS = "result"
@@ -96,6 +100,8 @@ _DEVICE_FAMILIES = {
         Family.PROFILE,
         Family.PROBE,
         Family.REQUEST,
+        Family.SPLIT_ACTIVATIONS,
+        Family.SPLIT_GRADIENTS,
     )
 }
 # Per-device families only the device itself publishes (its ``control`` and ``profile`` topics are the
@@ -110,6 +116,7 @@ DEVICE_PUBLISHED: frozenset[Family] = frozenset(
         Family.REPLICA,
         Family.PROBE,
         Family.REQUEST,
+        Family.SPLIT_ACTIVATIONS,
     }
 )
 _STAGE_FAMILIES = {f.value: f for f in (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)}

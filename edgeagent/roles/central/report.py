@@ -42,6 +42,8 @@ class RunReport:
     compression_ratio_tensors: float = 1.0  # the same for the tensors alone (codec parameters in)
     layer_profile: dict[str, Any] = field(default_factory=dict)
     timeline: list[dict[str, float]] = field(default_factory=list)
+    # Split-federated training: every epoch's devices, their (P, N), compute and idle time, who was left out.
+    splitfed: dict[str, Any] = field(default_factory=dict)
     # Data-parallel training (--mode allreduce): the collective, its timeout, every step's time, members,
     # digests and contributors, and the faults (excluded and joined devices, failed links).
     allreduce: dict[str, Any] = field(default_factory=dict)

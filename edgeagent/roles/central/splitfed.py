@@ -1,0 +1,477 @@
+"""Split-federated training's server half (PiPar, papers/003 Algorithm 2 and eq. 3).
+
+The central node is the server: it never holds a device's training data (its data set's test split
+evaluates the global model). Every epoch it sends each live device the global model's layers
+``[0, P_k)`` with ``(P_k, N_k)`` (:class:`~edgeagent.protocol.messages.SplitRound`) and builds that
+device's server-side model, layers ``[P_k, L)``. Activations are handled as they arrive, whichever
+device sent them: forward, loss, backward, and the gradient goes back at once; a server-side model
+updates once all ``N_k`` mini-batches of an iteration are done, as its device does. When every device
+has uploaded its layers (or was left out: it went offline, or went silent for longer than its measured
+iterations allow), FedAvg over the complete models weighted by ``|D_k|`` (eq. 3) gives the next global
+model. A device that comes back (it announces itself idle) is assigned again and gets the next epoch's
+global model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from edgeagent.data import Dataset
+from edgeagent.errors import TrainingError
+from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_shapes, num_layers
+from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
+from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.messages import (
+    Announce,
+    Assign,
+    ErrorReport,
+    Event,
+    Message,
+    SplitActivation,
+    SplitGradient,
+    SplitRound,
+    SplitUpdate,
+)
+from edgeagent.protocol.topics import Family
+from edgeagent.roles.central.report import RunReport
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from edgeagent.roles.central.node import Central
+    from edgeagent.runtime.role import Inbound
+
+log = logging.getLogger("edgeagent.roles.central")
+
+
+@dataclass
+class ServerSide:
+    """One device's server-side model for one epoch: layers ``[split, L)``, trained on its activations."""
+
+    device: str
+    split: int
+    parallel: int
+    model: nn.Sequential
+    optimizer: torch.optim.SGD
+    sample_shape: tuple[int, ...]  # one row of layer split - 1's output
+    done: dict[int, int] = field(default_factory=dict)  # iteration -> mini-batches back-propagated
+    compute: float = 0.0
+    last_heard: float = field(default_factory=time.monotonic)
+    iteration_seconds: float = 0.0  # the longest gap between two of its activations (its deadline's unit)
+
+
+def choose_plan(central: Central, spec: ModelSpec, devices: list[str]) -> dict[str, tuple[int, int]]:
+    """Every device's ``(P, N)``: the explicit ``--split-point`` / ``--parallel-batches`` for all, FL's
+    ``(L, 1)``, or (until the profiled selection is wired in) P = 1 and N = 2 (SFL: N = 1)."""
+    config = central.config
+    layers = num_layers(spec)
+    if config.splitfed_plan == "fl":
+        return {d: (layers, 1) for d in devices}
+    split = config.split_point or 1
+    parallel = 1 if config.splitfed_plan == "sfl" else (config.parallel_batches or 2)
+    if split > layers:
+        raise TrainingError(f"--split-point {split}: model {spec.name!r} has {layers} layers")
+    if config.splitfed_plan in ("ours", "paper") and config.split_point is None:
+        log.info(
+            "split-federated plan %r: profiled selection not available; P=%d N=%d",
+            config.splitfed_plan,
+            split,
+            parallel,
+        )
+    return {d: (split, parallel) for d in devices}
+
+
+class SplitFedRun:
+    """One split-federated run on the central node (see the module doc)."""
+
+    def __init__(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> None:
+        self.central = central
+        self.config = central.config
+        self.train = central.config.train
+        self.data = data
+        self.spec = spec
+        self.worker_list = devices
+        self.devices = devices[1:]
+        self.layers = num_layers(spec)
+        self.options = TrainOptions.of(self.train)
+        self.global_model = build_model(spec, seed=self.train.seed)
+        self.shapes = [tuple(s[1:]) for s in layer_output_shapes(spec)]
+        self.plan = choose_plan(central, spec, self.devices)
+        self.assigned: set[str] = set()
+        self.epoch = -1
+        self.servers: dict[str, ServerSide] = {}
+        self.updates: dict[str, SplitUpdate] = {}
+        self.left_out: dict[str, str] = {}  # device -> why, this epoch
+        self.sent_checksums: dict[str, str] = {}
+        self.iterations = 0
+        self.loss_sum = 0.0
+        self.loss_count = 0
+        self.epochs: list[dict[str, Any]] = []
+
+    # -- the CentralRun interface ---------------------------------------------------------------
+
+    def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]:
+        return {
+            SplitActivation: self._on_activation,
+            SplitUpdate: self._on_update,
+            Announce: self._on_announce,
+            ErrorReport: self._on_error,
+        }
+
+    def metrics(self) -> dict[str, Any] | None:
+        return {
+            "mode": "split-federated",
+            "epoch": self.epoch,
+            "participants": sorted(self.servers),
+            "plan": {d: list(pn) for d, pn in self.plan.items()},
+            "iterations": self.iterations,
+            "loss": self.loss_sum / self.loss_count if self.loss_count else None,
+        }
+
+    def collect_weights(self) -> dict[str, Any]:
+        return {k: v.detach().clone() for k, v in self.global_model.state_dict().items()}
+
+    def save_model(self, path: str) -> None:
+        torch.save(self.collect_weights(), path)
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def execute(self) -> RunReport:
+        central = self.central
+        central.listen(central.topics.devices(Family.SPLIT_ACTIVATIONS))
+        for d in self.devices:
+            self._assign(d)
+        report = RunReport(
+            run_id=central.run_id,
+            model=self.spec.name,
+            dataset=self.train.dataset,
+            workers=list(self.worker_list),
+            mode="split-federated",
+            partition_mode=self.config.splitfed_plan,
+            estimator="none",
+        )
+        started = time.perf_counter()
+        for epoch in range(self.train.epochs):
+            self._epoch(epoch)
+            accuracy, loss = self._evaluate()
+            report.test_accuracy_per_epoch.append(accuracy)
+            report.test_loss_per_epoch.append(loss)
+            self.epochs[-1].update(accuracy=accuracy, test_loss=loss)
+            report.train_loss_per_epoch.append(self.epochs[-1]["train_loss"])
+            self._event("splitfed-epoch", self.epochs[-1])
+            self._progress({"accuracy": accuracy})
+            log.info("epoch %d: test accuracy %.2f%% (%s)", epoch, 100 * accuracy, self.epochs[-1]["devices"])
+        report.train_seconds = time.perf_counter() - started
+        report.epochs = self.train.epochs
+        report.batches = self.iterations
+        report.final_accuracy = report.test_accuracy_per_epoch[-1] if report.test_accuracy_per_epoch else 0.0
+        samples = sum(e["samples"] for e in self.epochs)
+        report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
+        report.partitions = [
+            {"epoch": e["epoch"], "points": [pn[0] for pn in e["plan"].values()], "plan": e["plan"]}
+            for e in self.epochs
+        ]
+        report.splitfed = {"epochs": self.epochs, "plan": {d: list(pn) for d, pn in self.plan.items()}}
+        return report
+
+    def _assign(self, device: str) -> None:
+        split, _ = self.plan[device]
+        self.central.send(
+            self.central.topics.device(Family.CONTROL, device),
+            Assign(
+                run_id=self.central.run_id,
+                plan_id=0,
+                worker_list=[self.central.device_id, device],
+                points=[0, split, self.layers],
+                model=self.spec.to_dict(),
+                seed=self.train.seed,
+                committed_forward_id=-1,
+                committed_backward_id=-1,
+                status=0,
+                options=self.options,
+                epochs=self.train.epochs,
+                batches_per_epoch=0,
+                in_flight=1,
+                metrics_interval=self.config.metrics_interval,
+                mode="split-federated",
+            ),
+        )
+        self.assigned.add(device)
+
+    def _live(self, device: str) -> bool:
+        state = self.central.workers.get(device)
+        if state is None or not state.online:
+            return False
+        return time.monotonic() - state.last_heartbeat <= 3 * self.config.heartbeat_interval + 1.0
+
+    def _epoch(self, epoch: int) -> None:
+        central = self.central
+        self.epoch = epoch
+        self.updates, self.left_out, self.servers = {}, {}, {}
+        participants = [d for d in self.devices if d in self.assigned and self._live(d)]
+        if not participants:
+            central.wait_until(
+                lambda: any(d in self.assigned and self._live(d) for d in self.devices),
+                max(self.config.restart_window, self.config.batch_timeout),
+                f"no device left for epoch {epoch}",
+            )
+            participants = [d for d in self.devices if d in self.assigned and self._live(d)]
+        state = self.collect_weights()
+        started = time.perf_counter()
+        idle_before = central.times.idle
+        for d in participants:
+            split, parallel = self.plan[d]
+            server = (
+                nn.Sequential(*build_layers(self.spec, split, self.layers, seed=self.train.seed))
+                if split < self.layers
+                else nn.Sequential()
+            )
+            if split < self.layers:
+                server.load_state_dict(shift(layer_range(state, split, self.layers), -split))
+            server.train()
+            self.servers[d] = ServerSide(
+                d,
+                split,
+                parallel,
+                server,
+                torch.optim.SGD(
+                    server.parameters() if split < self.layers else [torch.zeros(1, requires_grad=True)],
+                    lr=self.options.learning_rate,
+                    momentum=self.options.momentum,
+                    weight_decay=self.options.weight_decay,
+                ),
+                self.shapes[split - 1],
+            )
+            sent = layer_range(state, 0, split)
+            self.sent_checksums[d] = state_checksum(sent)
+            central.send(
+                central.topics.device(Family.CONTROL, d),
+                SplitRound(
+                    run_id=central.run_id,
+                    epoch=epoch,
+                    split=split,
+                    parallel=parallel,
+                    batch_size=self.train.batch_size,
+                    tensors=sent,
+                    checksum=self.sent_checksums[d],
+                ),
+            )
+        central.wait_until(
+            lambda: all(d in self.updates or d in self.left_out for d in participants),
+            math.inf,
+            f"epoch {epoch} did not end",
+            fault=lambda: self._check(participants),
+        )
+        self._average(epoch, participants, time.perf_counter() - started, central.times.idle - idle_before)
+
+    def _check(self, participants: list[str]) -> None:
+        """Leave out (this epoch) a device that went offline or silent; never a fault of the run."""
+        now = time.monotonic()
+        for d in participants:
+            if d in self.updates or d in self.left_out:
+                continue
+            server = self.servers[d]
+            silent = now - server.last_heard
+            limit = max(self.config.batch_timeout, self.config.timeout_multiplier * server.iteration_seconds)
+            if not self._live(d) or silent > limit:
+                why = "offline" if not self._live(d) else f"silent for {silent:.1f} s (limit {limit:.1f} s)"
+                self._leave_out(d, why)
+        return None
+
+    def _leave_out(self, device: str, why: str) -> None:
+        """``device`` (and its server-side model) takes no part in this epoch's FedAvg."""
+        self.left_out[device] = why
+        self.assigned.discard(device)
+        self.servers.pop(device, None)
+        log.warning("epoch %d: %s left out of this FedAvg (%s)", self.epoch, device, why)
+        self._event("splitfed-left-out", {"epoch": self.epoch, "device": device, "reason": why})
+
+    def _average(self, epoch: int, participants: list[str], seconds: float, idle: float) -> None:
+        states, weights, devices = [], [], {}
+        for d in participants:
+            update = self.updates.get(d)
+            if update is None or d not in self.servers:
+                continue
+            server = self.servers[d]
+            complete = dict(update.tensors)
+            complete.update(shift(server.model.state_dict(), server.split))
+            states.append(complete)
+            weights.append(float(update.samples))
+            devices[d] = {
+                "split": server.split,
+                "parallel": server.parallel,
+                "samples": update.samples,
+                "iterations": update.iterations,
+                "compute_seconds": update.compute_seconds,
+                "idle_seconds": update.idle_seconds,
+                "server_compute_seconds": server.compute,
+                "started_from_global": update.base_checksum == self.sent_checksums.get(d),
+            }
+        if states:
+            self.global_model.load_state_dict(fedavg(states, weights))
+        train_loss = self.loss_sum / self.loss_count if self.loss_count else 0.0
+        self.epochs.append(
+            {
+                "epoch": epoch,
+                "seconds": seconds,
+                "server_idle_seconds": idle,
+                "devices": devices,
+                "left_out": dict(self.left_out),
+                "plan": {d: list(self.plan[d]) for d in participants},
+                "samples": sum(int(w) for w in weights),
+                "train_loss": train_loss,
+            }
+        )
+        self.loss_sum, self.loss_count = 0.0, 0
+
+    @torch.no_grad()
+    def _evaluate(self) -> tuple[float, float]:
+        model = self.global_model.eval()
+        correct, loss_sum = 0, 0.0
+        x, y = self.data.x_test, self.data.y_test
+        for lo in range(0, len(x), self.train.eval_batch_size):
+            out = model(x[lo : lo + self.train.eval_batch_size])
+            target = y[lo : lo + self.train.eval_batch_size]
+            loss_sum += float(nn.functional.cross_entropy(out, target, reduction="sum"))
+            correct += int((out.argmax(1) == target).sum())
+        model.train()
+        return correct / max(1, len(x)), loss_sum / max(1, len(x))
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    def _on_activation(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, SplitActivation)
+        server = self.servers.get(item.sender)
+        if msg.run_id != self.central.run_id or server is None or msg.epoch != self.epoch:
+            self.central.discard(item, f"no server-side model of {item.sender!r} for epoch {msg.epoch}")
+            return
+        x = msg.x
+        if not isinstance(x, torch.Tensor):
+            self.central.discard(item, "compressed activations are not supported in this mode yet")
+            return
+        micro = server.parallel and self.train.batch_size // server.parallel
+        rows = len(msg.y)
+        problem = None
+        if tuple(x.shape[1:]) != server.sample_shape or len(x) != rows or rows != micro:
+            problem = (
+                f"activation {tuple(x.shape)} with {rows} labels; expected ({micro}, *{server.sample_shape})"
+            )
+        elif (
+            not torch.isfinite(x).all()
+            or msg.y.dtype != torch.int64
+            or int(msg.y.min()) < 0
+            or int(msg.y.max()) >= self.spec.num_classes
+        ):
+            problem = "non-finite activation or labels out of range"
+        elif not 0 <= msg.micro < server.parallel or server.done.get(msg.iteration, 0) >= server.parallel:
+            problem = f"mini-batch {msg.micro} of iteration {msg.iteration} is not expected"
+        if problem is not None:
+            self.central.discard(item, problem)
+            return
+        now = time.monotonic()
+        server.iteration_seconds = (
+            max(server.iteration_seconds, now - server.last_heard)
+            if server.done
+            else server.iteration_seconds
+        )
+        server.last_heard = now
+        started = time.perf_counter()
+        leaf = x.detach().requires_grad_(True)
+        out = server.model(leaf)
+        loss = nn.functional.cross_entropy(out, msg.y)
+        (loss / server.parallel).backward()
+        loss = loss.detach()
+        assert leaf.grad is not None
+        grad = leaf.grad
+        done = server.done.get(msg.iteration, 0) + 1
+        server.done[msg.iteration] = done
+        if done == server.parallel:
+            server.optimizer.step()
+            server.optimizer.zero_grad(set_to_none=True)
+            self.iterations += 1
+            self._progress({"batch": self.iterations, "total": None, "loss": float(loss)})
+        server.compute += time.perf_counter() - started
+        self.loss_sum += float(loss)
+        self.loss_count += 1
+        self.central.send(
+            self.central.topics.device(Family.SPLIT_GRADIENTS, item.sender),
+            SplitGradient(
+                run_id=self.central.run_id,
+                epoch=msg.epoch,
+                iteration=msg.iteration,
+                micro=msg.micro,
+                g=grad,
+                loss=float(loss),
+                correct=int((out.argmax(1) == msg.y).sum()),
+            ),
+        )
+
+    def _on_update(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, SplitUpdate)
+        server = self.servers.get(item.sender)
+        if msg.run_id != self.central.run_id or server is None or msg.epoch != self.epoch:
+            self.central.discard(item, f"no epoch {msg.epoch} of {item.sender!r} is open")
+            return
+        expected = {k for k in self.global_model.state_dict() if int(k.split(".")[0]) < server.split}
+        if set(msg.tensors) != expected or msg.samples < 1:
+            self.central.discard(
+                item, f"update with {len(msg.tensors)} entries for layers [0, {server.split})"
+            )
+            return
+        reference = self.global_model.state_dict()
+        if any(
+            t.shape != reference[k].shape or not torch.isfinite(t).all()
+            for k, t in msg.tensors.items()
+            if t.is_floating_point()
+        ):
+            self.central.discard(item, "update tensors of the wrong shape or not finite")
+            return
+        server.last_heard = time.monotonic()
+        if server.split >= self.layers:
+            self.iterations += msg.iterations
+            self.loss_sum += msg.loss_sum
+            self.loss_count += msg.iterations
+        self.updates[item.sender] = msg
+
+    def _on_announce(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, Announce)
+        if msg.device_id in self.devices and msg.busy_with == "":
+            if msg.device_id in self.servers and msg.device_id not in self.updates:
+                self._leave_out(msg.device_id, "restarted")
+            log.info("%s is back: it takes the next epoch's global model", msg.device_id)
+            self._event("splitfed-rejoined", {"epoch": self.epoch, "device": msg.device_id})
+            state = self.central.workers.get(msg.device_id)
+            if state is not None:  # an announcement is a sign of life: it takes the next epoch
+                state.online, state.last_heartbeat = True, time.monotonic()
+            self._assign(msg.device_id)
+
+    def _on_error(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, ErrorReport)
+        if msg.run_id == self.central.run_id:
+            log.error("%s: %s", item.sender, msg.reason)
+            if msg.code == "assign":
+                self.assigned.discard(item.sender)
+
+    def _event(self, name: str, details: dict[str, Any]) -> None:
+        self.central.send(
+            self.central.topics.fixed(Family.EVENTS),
+            Event(name=name, run_id=self.central.run_id, details=details),
+        )
+
+    def _progress(self, values: dict[str, Any]) -> None:
+        if self.central.progress is not None:
+            self.central.progress(values)
+
+
+__all__ = ["ServerSide", "SplitFedRun", "choose_plan"]

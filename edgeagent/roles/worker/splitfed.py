@@ -1,0 +1,314 @@
+"""Split-federated training's device half (PiPar, papers/003 Algorithm 1): the data stays here.
+
+Each epoch starts with a :class:`~edgeagent.protocol.messages.SplitRound` from the server: the global
+model's layers ``[0, P)``, the number ``N`` of mini-batches per iteration and the batch size ``B``. For
+every iteration over this device's own data (``--dataset FILE.npz``) the session forwards ``N``
+mini-batches of ``B // N`` rows one at a time and publishes each output with its labels on its own
+``split-act`` topic; the server answers each with the gradient of the loss w.r.t. that output (already
+scaled by ``1 / N``), the session back-propagates it as it arrives and, once all ``N`` are in, updates
+once. After the last iteration it uploads its layers (:class:`SplitUpdate`) for FedAvg. With ``P`` equal
+to the model's depth (FL) it trains the whole model here and sends nothing before the upload.
+
+One unit of work per :meth:`SplitFedSession.step` (a forward of one mini-batch, a backward of one
+gradient, or an FL iteration): the worker's loop handles arriving gradients in between, so the next
+mini-batch's forward overlaps the previous one's transfer and server compute.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from edgeagent.data import batch_indices
+from edgeagent.errors import ConfigError, ProtocolError
+from edgeagent.models import ModelSpec, build_layers, num_layers
+from edgeagent.modes.fedavg import state_checksum
+from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.messages import Message, SplitActivation, SplitGradient, SplitRound, SplitUpdate
+from edgeagent.protocol.topics import Family
+from edgeagent.runtime.compute import Clock, emulate_slowdown
+
+if TYPE_CHECKING:
+    from edgeagent.protocol.messages import Assign
+    from edgeagent.roles.worker import Worker
+    from edgeagent.runtime.role import Inbound
+
+log = logging.getLogger(__name__)
+
+
+def load_shard(path: str, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """A device's own training data: ``X`` (float32, one sample of ``spec.in_shape`` per row) and ``y``
+    (class indices below ``spec.num_classes``) from a ``.npz``; a :class:`ConfigError` says what is wrong."""
+    if not Path(path).is_file():
+        raise ConfigError(f"split-federated data set {path!r} does not exist (--dataset FILE.npz)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            x, y = np.asarray(npz["X"], dtype=np.float32), np.asarray(npz["y"]).astype(np.int64)
+    except (OSError, KeyError, ValueError) as exc:
+        raise ConfigError(f"split-federated data set {path!r}: need a .npz with X and y ({exc})") from exc
+    if x.shape[1:] != tuple(spec.in_shape) or len(x) != len(y) or len(x) == 0:
+        raise ConfigError(
+            f"split-federated data set {path!r}: X {x.shape} and y {y.shape} do not fit the model's "
+            f"input {tuple(spec.in_shape)} (one label per row, at least one row)"
+        )
+    if y.min() < 0 or y.max() >= spec.num_classes:
+        raise ConfigError(f"{path!r}: labels {y.min()}..{y.max()} outside 0..{spec.num_classes - 1}")
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+class _Round:
+    """One epoch of training here, from its ``SplitRound`` to the upload."""
+
+    def __init__(self, msg: SplitRound, spec: ModelSpec, seed: int, options: TrainOptions, rows: int) -> None:
+        self.msg = msg
+        self.model = nn.Sequential(*build_layers(spec, 0, msg.split, seed=seed))
+        self.model.load_state_dict(msg.tensors)
+        self.model.train()
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(),
+            lr=options.learning_rate,
+            momentum=options.momentum,
+            weight_decay=options.weight_decay,
+        )
+        self.batches = batch_indices(rows, msg.batch_size, epoch=msg.epoch, seed=seed)
+        self.micro_rows = msg.batch_size // msg.parallel
+        self.iteration = 0
+        self.next_micro = 0
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.arrived: dict[int, torch.Tensor] = {}
+        self.applied = 0
+        self.loss_sum = 0.0
+        self.correct = 0
+        self.compute = 0.0
+        self.waiting_since: float | None = None
+        self.idle = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.iteration >= len(self.batches)
+
+
+class SplitFedSession:
+    """The device's half of a split-federated run (see the module doc)."""
+
+    def __init__(self, worker: Worker, assign: Assign, spec: ModelSpec, x: torch.Tensor, y: torch.Tensor):
+        self.worker = worker
+        self.run_id = assign.run_id
+        self.server = assign.worker_list[0]
+        self.spec = spec
+        self.layers = num_layers(spec)
+        self.seed = assign.seed
+        self.options = assign.options
+        self.x, self.y = x, y
+        self.round: _Round | None = None
+        self.iterations = 0  # over the session's life (fault injection counts these)
+        self.epochs_done = 0
+        self.topic = worker.topics.device(Family.SPLIT_ACTIVATIONS, worker.device_id)
+        self.grad_topic = worker.topics.device(Family.SPLIT_GRADIENTS, worker.device_id)
+
+    @classmethod
+    def open(cls, worker: Worker, assign: Assign) -> SplitFedSession | None:
+        """The session for ``assign``, or None after reporting why it cannot be (no or a bad data set)."""
+        try:
+            spec = ModelSpec.from_dict(assign.model)
+            if not worker.config.dataset:
+                raise ConfigError(
+                    f"{worker.device_id} has no data set: split-federated training needs the device's own "
+                    "(edgeagent worker --dataset FILE.npz)"
+                )
+            x, y = load_shard(worker.config.dataset, spec)
+        except (ConfigError, ValueError) as exc:
+            worker.report_error("assign", str(exc), assign.run_id)
+            return None
+        worker.leave_run()
+        session = cls(worker, assign, spec, x, y)
+        worker.listen(session.grad_topic)
+        worker.set_status("training", run_id=assign.run_id, stage=0)
+        log.info(
+            "%s: split-federated run %s with %d samples of its own", worker.device_id, assign.run_id, len(x)
+        )
+        return session
+
+    # -- the WorkerSession interface --------------------------------------------------------------
+
+    def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]:
+        return {SplitRound: self._on_round, SplitGradient: self._on_gradient}
+
+    def has_work(self) -> bool:
+        r = self.round
+        if r is None or r.finished:
+            return r is not None
+        if r.msg.split >= self.layers:
+            return True
+        return r.next_micro < r.msg.parallel or bool(r.arrived)
+
+    def step(self) -> None:
+        r = self.round
+        if r is None:
+            return
+        if r.finished:
+            self._upload(r)
+            return
+        if r.msg.split >= self.layers:
+            self._local_iteration(r)
+        elif r.next_micro < r.msg.parallel:
+            self._forward(r)
+        elif r.arrived:
+            self._backward(r)
+        elif r.waiting_since is None:
+            r.waiting_since = time.perf_counter()
+
+    def close(self) -> None:
+        self.worker.stop_listening(self.grad_topic)
+        self.round = None
+
+    def metrics(self) -> dict[str, Any]:
+        r = self.round
+        return {
+            "mode": "split-federated",
+            "epoch": r.msg.epoch if r else -1,
+            "split": r.msg.split if r else 0,
+            "parallel": r.msg.parallel if r else 0,
+            "iteration": r.iteration if r else 0,
+            "iterations": len(r.batches) if r else 0,
+            "epochs_done": self.epochs_done,
+            "samples": len(self.x),
+        }
+
+    def profile_changed(self) -> None:
+        """Nothing here depends on the profile beyond the slowdown, read at every step."""
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    def _on_round(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, SplitRound)
+        if msg.run_id != self.run_id or item.sender != self.server:
+            return
+        if msg.split > self.layers or msg.batch_size > len(self.x):
+            raise ProtocolError(
+                f"split round of epoch {msg.epoch}: split {msg.split} of {self.layers} layers, batch "
+                f"{msg.batch_size} for {len(self.x)} samples here"
+            )
+        if msg.checksum and state_checksum(msg.tensors) != msg.checksum:
+            raise ProtocolError(f"split round of epoch {msg.epoch}: the weights do not match their checksum")
+        self.round = _Round(msg, self.spec, self.seed, self.options, len(self.x))
+        log.info(
+            "%s: epoch %d, layers [0, %d), %d mini-batches of %d, %d iterations",
+            self.worker.device_id,
+            msg.epoch,
+            msg.split,
+            msg.parallel,
+            self.round.micro_rows,
+            len(self.round.batches),
+        )
+
+    def _on_gradient(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, SplitGradient)
+        r = self.round
+        if item.sender != self.server or r is None or msg.run_id != self.run_id:
+            return
+        if msg.epoch != r.msg.epoch or msg.iteration != r.iteration or msg.micro not in r.outputs:
+            self.worker.discard(item, f"no mini-batch {msg.micro} of iteration {msg.iteration} waits here")
+            return
+        out = r.outputs[msg.micro]
+        if msg.g.shape != out.shape or msg.g.dtype != out.dtype or not torch.isfinite(msg.g).all():
+            self.worker.discard(item, f"gradient {tuple(msg.g.shape)} for an output {tuple(out.shape)}")
+            return
+        if r.waiting_since is not None:
+            r.idle += time.perf_counter() - r.waiting_since
+            r.waiting_since = None
+        r.arrived[msg.micro] = msg.g
+        r.loss_sum += msg.loss
+        r.correct += msg.correct
+
+    # -- work -----------------------------------------------------------------------------------
+
+    def _rows(self, r: _Round, micro: int) -> torch.Tensor:
+        index = r.batches[r.iteration]
+        return index[micro * r.micro_rows : (micro + 1) * r.micro_rows]
+
+    def _forward(self, r: _Round) -> None:
+        rows = self._rows(r, r.next_micro)
+        started = Clock()
+        out = r.model(self.x[rows])
+        r.compute += emulate_slowdown(started, self.worker.slowdown)
+        r.outputs[r.next_micro] = out
+        self.worker.send(
+            self.topic,
+            SplitActivation(
+                run_id=self.run_id,
+                epoch=r.msg.epoch,
+                iteration=r.iteration,
+                micro=r.next_micro,
+                x=out.detach(),
+                y=self.y[rows],
+            ),
+        )
+        r.next_micro += 1
+
+    def _backward(self, r: _Round) -> None:
+        if r.applied == 0:
+            self.worker.fault_at_backward(self.iterations)
+        micro, g = next(iter(r.arrived.items()))
+        del r.arrived[micro]
+        started = Clock()
+        r.outputs.pop(micro).backward(g)
+        r.applied += 1
+        if r.applied == r.msg.parallel:
+            r.optimizer.step()
+            r.optimizer.zero_grad(set_to_none=True)
+            self._next_iteration(r)
+        r.compute += emulate_slowdown(started, self.worker.slowdown)
+
+    def _local_iteration(self, r: _Round) -> None:
+        """FL: the whole model here, one update per batch."""
+        self.worker.fault_at_backward(self.iterations)
+        rows = r.batches[r.iteration][: r.micro_rows * r.msg.parallel]
+        started = Clock()
+        out = r.model(self.x[rows])
+        loss = nn.functional.cross_entropy(out, self.y[rows])
+        loss.backward()
+        r.optimizer.step()
+        r.optimizer.zero_grad(set_to_none=True)
+        r.compute += emulate_slowdown(started, self.worker.slowdown)
+        r.loss_sum += float(loss)
+        r.correct += int((out.argmax(1) == self.y[rows]).sum())
+        self._next_iteration(r)
+
+    def _next_iteration(self, r: _Round) -> None:
+        r.iteration += 1
+        r.next_micro = r.applied = 0
+        self.iterations += 1
+
+    def _upload(self, r: _Round) -> None:
+        state = {k: v.detach().clone() for k, v in r.model.state_dict().items()}
+        self.worker.send(
+            self.worker.topics.device(Family.REPLY, self.worker.device_id),
+            SplitUpdate(
+                run_id=self.run_id,
+                epoch=r.msg.epoch,
+                device_id=self.worker.device_id,
+                samples=len(self.x),
+                iterations=len(r.batches),
+                tensors=state,
+                base_checksum=r.msg.checksum,
+                loss_sum=r.loss_sum,
+                correct=r.correct,
+                compute_seconds=r.compute,
+                idle_seconds=r.idle,
+            ),
+        )
+        self.epochs_done += 1
+        self.round = None
+
+
+__all__ = ["SplitFedSession", "load_shard"]

@@ -1,0 +1,190 @@
+"""Split-federated training (``--mode split-federated``, PiPar) with real processes and a real broker.
+
+Two workers, each with its own shard of the digits training set (``--dataset``); the central node keeps
+only the test set. With no BatchNorm or dropout in the MLP, N mini-batches whose gradients are summed
+(each scaled by 1/N) are one batch's gradient, and SGD on layers [0, P) on the device plus [P, L) on the
+server is SGD on the whole model: split-federated training computes FL's model up to float rounding, so
+the accuracies after the same epochs agree within a point (a few of the 360 test samples).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from edgeagent.cli.demo import LocalWorkers
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.data import load_dataset
+from edgeagent.errors import ProtocolError
+from edgeagent.protocol.messages import SplitActivation, Status
+from edgeagent.protocol.topics import Family
+from edgeagent.protocol.wire import decode
+from edgeagent.roles.central import Central, RunReport
+from edgeagent.roles.central.splitfed import SplitFedRun
+from edgeagent.transport.mqtt import MqttTransport
+
+pytestmark = pytest.mark.slow
+
+
+def shards(tmp_path: Path, k: int = 2) -> list[Path]:
+    """The digits training set split IID into ``k`` shards (the test set stays with the central node)."""
+    data = load_dataset("digits", seed=0)
+    order = torch.randperm(len(data.x_train), generator=torch.Generator().manual_seed(1))
+    paths = []
+    for i, part in enumerate(order.chunk(k)):
+        path = tmp_path / f"shard-{i}.npz"
+        np.savez(path, X=data.x_train[part].numpy(), y=data.y_train[part].numpy())
+        paths.append(path)
+    return paths
+
+
+def run(
+    broker: str,
+    datasets: list[Path],
+    *,
+    epochs: int,
+    kills: dict[str, int | str] | None = None,
+    on_progress: Any = None,
+    **central: Any,
+) -> tuple[RunReport, Central]:
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    config = CentralConfig(
+        cluster=cluster,
+        broker=broker,
+        workers=len(datasets),
+        mode="split-federated",
+        progress=False,
+        train=TrainConfig(epochs=epochs, batch_size=32, learning_rate=0.05, momentum=0.5),
+        **central,
+    )
+    local = LocalWorkers(
+        len(datasets),
+        broker,
+        cluster,
+        [1.0] * len(datasets),
+        kills=kills,
+        datasets=[str(p) for p in datasets],
+    ).start_all()
+    node: Central
+
+    def progress(values: dict[str, Any]) -> None:
+        if on_progress is not None:
+            on_progress(values, node, local)
+
+    node = Central(config, progress=progress)
+    try:
+        return node.run(), node
+    finally:
+        local.stop()
+
+
+def test_two_devices_reach_fl_accuracy_and_never_send_raw_inputs(mosquitto_url: str, tmp_path: Path) -> None:
+    """Split at P = 2 with N = 2 against FL (P = L) on the same shards; every tensor on every topic of
+    the split run is checked against the raw rows of both shards."""
+    paths = shards(tmp_path)
+    raw = {row.tobytes() for p in paths for row in np.load(p)["X"].reshape(-1, 64).astype(np.float32)}
+    seen: list[tuple[str, Any]] = []
+    undecoded: list[str] = []
+    lock = threading.Lock()
+    spy = MqttTransport(mosquitto_url, f"spy-{uuid.uuid4().hex[:6]}")
+    assert spy.wait_connected(10)
+
+    def on_message(topic: str, payload: bytes) -> None:
+        try:
+            _, msg = decode(payload)
+        except ProtocolError as exc:  # nothing here may hide from the check below
+            undecoded.append(f"{topic}: {exc}")
+            return
+        with lock:
+            seen.append((topic, msg))
+
+    spy.subscribe("edgeagent/#", on_message)
+    try:
+        split, node = run(
+            mosquitto_url, paths, epochs=2, splitfed_plan="fixed", split_point=2, parallel_batches=2
+        )
+    finally:
+        spy.close()
+    fl, _ = run(mosquitto_url, paths, epochs=2, splitfed_plan="fl")
+    assert isinstance(node.active, SplitFedRun)
+    assert fl.final_accuracy > 0.85
+    assert abs(split.final_accuracy - fl.final_accuracy) <= 0.01, (split.final_accuracy, fl.final_accuracy)
+    assert [set(e["devices"]) for e in split.splitfed["epochs"]] == [{"worker-1", "worker-2"}] * 2
+
+    assert not undecoded
+    activations = [m for _, m in seen if isinstance(m, SplitActivation)]
+    assert activations, "no activation crossed the broker"
+    tensors = 0
+    for topic, msg in seen:
+        for value in vars(msg).values():
+            items = value.values() if isinstance(value, dict) else [value]
+            for t in items:
+                if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                    continue
+                tensors += 1
+                if t.shape[-1] == 64 or t.shape[-3:] == (1, 8, 8):
+                    rows = t.detach().to(torch.float32).reshape(-1, 64).numpy()
+                    assert not any(r.tobytes() in raw for r in rows), f"raw input rows on {topic}"
+    assert tensors > len(activations)
+    for msg in activations:
+        assert tuple(msg.x.shape[1:]) == (128,)  # the output of layer 1 (P = 2), never the 1x8x8 inputs
+
+
+def test_a_killed_device_is_left_out_and_rejoins_with_the_global_model(
+    mosquitto_url: str, tmp_path: Path
+) -> None:
+    """worker-1 is SIGKILLed at its 30th iteration (epoch 1; a shard has 22 iterations per epoch): it is
+    left out of that epoch's FedAvg while worker-2 goes on; restarted, it starts a later epoch from the
+    global model sent then. The restart is made while the central node waits in its progress hook for the
+    new process's "idle" status, so the rejoin does not race the (sub-second) epochs."""
+    paths = shards(tmp_path)
+    restarted = threading.Event()
+    idle = threading.Event()
+
+    def on_status(_topic: str, payload: bytes) -> None:
+        _, msg = decode(payload)
+        if isinstance(msg, Status) and msg.state == "idle" and restarted.is_set():
+            idle.set()
+
+    spy = MqttTransport(mosquitto_url, f"spy-{uuid.uuid4().hex[:6]}")
+    assert spy.wait_connected(10)
+
+    def on_progress(values: dict[str, Any], node: Central, local: LocalWorkers) -> None:
+        active = node.active
+        if not isinstance(active, SplitFedRun) or restarted.is_set():
+            return
+        if "worker-1" in active.left_out or any("worker-1" in e["left_out"] for e in active.epochs):
+            spy.subscribe(node.topics.device(Family.STATUS, "worker-1"), on_status)
+            restarted.set()
+            local.restart("worker-1")
+            assert idle.wait(60), "the restarted worker-1 never said it is idle"
+
+    try:
+        report, _ = run(
+            mosquitto_url,
+            paths,
+            epochs=4,
+            kills={"worker-1": 30},
+            on_progress=on_progress,
+            splitfed_plan="fixed",
+            split_point=1,
+            parallel_batches=2,
+        )
+    finally:
+        spy.close()
+    epochs = report.splitfed["epochs"]
+    assert restarted.is_set()
+    assert set(epochs[0]["devices"]) == {"worker-1", "worker-2"}
+    out = next(k for k, e in enumerate(epochs) if "worker-1" in e["left_out"])
+    assert out >= 1 and set(epochs[out]["devices"]) == {"worker-2"}
+    back = next(k for k, e in enumerate(epochs) if k > out and "worker-1" in e["devices"])
+    assert all(set(e["devices"]) == {"worker-2"} for e in epochs[out:back])
+    assert set(epochs[-1]["devices"]) == {"worker-1", "worker-2"}
+    assert epochs[back]["devices"]["worker-1"]["started_from_global"]
+    assert report.final_accuracy > 0.8
