@@ -176,6 +176,8 @@ class WorkerConfig(BrokerAccess):
     die_at_eval: int | None = Field(None, ge=1)
     # Split-federated training: this device's own training data (a .npz with X and y); it never leaves it.
     dataset: str | None = None
+    # Emulated downlink in Mbit/s (what this device receives; split-federated mode); 0 = the real link only.
+    down_mbps: float = Field(0.0, ge=0)
     # Leave after one run (the demo); a service keeps serving runs.
     once: bool = False
 

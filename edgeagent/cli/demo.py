@@ -329,6 +329,7 @@ def local_workers(
     tls_dir: str | None = None,
     cpu: list[float] | None = None,
     threads: list[int] | None = None,
+    datasets: list[str] | None = None,
 ) -> Iterator[LocalWorkers]:
     workers = LocalWorkers(
         n,
@@ -341,6 +342,7 @@ def local_workers(
         tls_dir=tls_dir,
         cpu=cpu,
         threads=threads,
+        datasets=datasets,
     )
     try:
         yield workers.start_all()
@@ -442,6 +444,12 @@ def run_demo(
                 **(tls_files(tls_dir, "central") if tls_dir else {}),
             }
         )
+        shards = None
+        if config.mode == "split-federated":  # each worker gets its own part of the training set
+            from edgeagent.modes.splitfed import write_demo_shards
+
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="edgeagent-shards-"))
+            shards = write_demo_shards(config, workers, folder)
         stack.enter_context(
             local_workers(
                 workers,
@@ -454,6 +462,7 @@ def run_demo(
                 tls_dir=tls_dir,
                 cpu=cpu,
                 threads=threads,
+                datasets=shards,
             )
         )
         if show_progress and config.progress:

@@ -97,7 +97,8 @@ def train_options(f: F) -> F:
         click.option(
             "--split",
             type=click.Choice(["iid", "noniid"]),
-            help="Allreduce mode: each worker's shard of the data set, iid (default) or by label.",
+            help="Allreduce and split-federated modes: each worker's shard of the data set, iid (default) or "
+            "by label.",
         ),
         click.option(
             "--splitfed-plan",
@@ -452,6 +453,7 @@ def central(**kw: Any) -> None:
     "--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th evaluation batch."
 )
 @click.option("--dataset", help="Split-federated: this device's own training data (FILE.npz, X and y).")
+@click.option("--down-mbps", type=float, help="Split-federated: emulated downlink in Mbit/s (received).")
 @click.option("--once", is_flag=True, default=None, help="Exit after one run.")
 @click.option("--log-level", default=None)
 def worker(**kw: Any) -> None:

@@ -16,12 +16,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from edgeagent.config import CentralConfig
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
     from edgeagent.modes.base import WorkerSession
     from edgeagent.protocol.messages import Assign
     from edgeagent.roles.central import Central, RunReport
     from edgeagent.roles.worker import Worker
+
+
+def write_demo_shards(config: CentralConfig, workers: int, folder: str) -> list[str]:
+    """``edgeagent demo``: the run's training set split among ``workers`` devices (``config.split``: IID or
+    non-IID by label), one ``.npz`` each in ``folder``; the central node keeps the test set."""
+    from edgeagent.data import load_dataset
+    from edgeagent.splitfed.partition import partition, write_shards
+
+    train = config.train
+    data = load_dataset(train.dataset, seed=train.seed, test_fraction=train.test_fraction)
+    x, y = data.x_train.numpy(), data.y_train.numpy()
+    parts = partition(x, y, workers, config.split, train.seed)
+    return [str(p) for p in write_shards(x, y, parts, folder, prefix="worker-")]
 
 
 class SplitFedMode:
@@ -55,4 +69,4 @@ class SplitFedMode:
         return SplitFedSession.open(worker, assign)
 
 
-__all__ = ["SplitFedMode"]
+__all__ = ["SplitFedMode", "write_demo_shards"]

@@ -55,6 +55,7 @@ class MessageKind(str, Enum):
     SPLIT_ACTIVATION = "split_activation"
     SPLIT_GRADIENT = "split_gradient"
     SPLIT_UPDATE = "split_update"
+    SPLIT_PROFILE = "split_profile"
 
 
 Encoding = Literal["cbor", "json"]
@@ -218,6 +219,7 @@ class Assign(Message):
     # The training mode whose worker session takes this run (edgeagent.modes.MODES). Not an enumeration on
     # the wire: a worker that lacks the mode says so (an "assign" error) rather than dropping the message.
     mode: str = "pipeline"
+    batch_size: int = 0  # split-federated: the run's batch size B (the device profiles the model at B)
     # Hybrid stages: every device of every stage, the stage's primary (``worker_list[k]``) first, and each
     # member's share of every batch's rows; empty = one device per stage (``worker_list``).
     groups: list[list[str]] = dataclasses.field(default_factory=list)
@@ -610,6 +612,31 @@ class SplitUpdate(Message):
     correct: int = 0
     compute_seconds: float = 0.0
     idle_seconds: float = 0.0  # waiting for gradients
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitProfile(Message):
+    """Device -> server (its ``reply`` topic): PiPar's profiling phase (Sec. 3.3.1) on this device, a few
+    training iterations of the whole model at the run's batch size: every layer's forward and backward
+    seconds (its emulated slowdown included), and its links as emulated here (0: not emulated)."""
+
+    KIND = MessageKind.SPLIT_PROFILE
+    run_id: str
+    device_id: str
+    fwd: list[float]
+    bwd: list[float]
+    samples: int
+    up_bps: float = 0.0
+    down_bps: float = 0.0
+    seconds: float = 0.0  # what profiling took here
+
+    def __post_init__(self) -> None:
+        values = [*self.fwd, *self.bwd, self.up_bps, self.down_bps, self.seconds]
+        if len(self.fwd) != len(self.bwd) or not self.fwd or any(not v >= 0 for v in values):
+            raise ProtocolError(
+                f"split profile of {self.device_id}: {len(self.fwd)} forward and "
+                f"{len(self.bwd)} backward times, all >= 0, at least one layer"
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,11 +36,19 @@ from edgeagent.protocol.messages import (
     Message,
     SplitActivation,
     SplitGradient,
+    SplitProfile,
     SplitRound,
     SplitUpdate,
 )
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.report import RunReport
+from edgeagent.roles.central.splitfed_plan import (
+    REAL_LINK_BPS,
+    choose,
+    device_costs,
+    needs_profiles,
+    profile_server,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -67,27 +75,6 @@ class ServerSide:
     iteration_seconds: float = 0.0  # the longest gap between two of its activations (its deadline's unit)
 
 
-def choose_plan(central: Central, spec: ModelSpec, devices: list[str]) -> dict[str, tuple[int, int]]:
-    """Every device's ``(P, N)``: the explicit ``--split-point`` / ``--parallel-batches`` for all, FL's
-    ``(L, 1)``, or (until the profiled selection is wired in) P = 1 and N = 2 (SFL: N = 1)."""
-    config = central.config
-    layers = num_layers(spec)
-    if config.splitfed_plan == "fl":
-        return {d: (layers, 1) for d in devices}
-    split = config.split_point or 1
-    parallel = 1 if config.splitfed_plan == "sfl" else (config.parallel_batches or 2)
-    if split > layers:
-        raise TrainingError(f"--split-point {split}: model {spec.name!r} has {layers} layers")
-    if config.splitfed_plan in ("ours", "paper") and config.split_point is None:
-        log.info(
-            "split-federated plan %r: profiled selection not available; P=%d N=%d",
-            config.splitfed_plan,
-            split,
-            parallel,
-        )
-    return {d: (split, parallel) for d in devices}
-
-
 class SplitFedRun:
     """One split-federated run on the central node (see the module doc)."""
 
@@ -103,7 +90,9 @@ class SplitFedRun:
         self.options = TrainOptions.of(self.train)
         self.global_model = build_model(spec, seed=self.train.seed)
         self.shapes = [tuple(s[1:]) for s in layer_output_shapes(spec)]
-        self.plan = choose_plan(central, spec, self.devices)
+        self.plan: dict[str, tuple[int, int]] = {}
+        self.plan_info: dict[str, Any] = {}
+        self.profiles: dict[str, SplitProfile] = {}
         self.assigned: set[str] = set()
         self.epoch = -1
         self.servers: dict[str, ServerSide] = {}
@@ -123,6 +112,7 @@ class SplitFedRun:
             SplitUpdate: self._on_update,
             Announce: self._on_announce,
             ErrorReport: self._on_error,
+            SplitProfile: self._on_profile,
         }
 
     def metrics(self) -> dict[str, Any] | None:
@@ -148,6 +138,7 @@ class SplitFedRun:
         central.listen(central.topics.devices(Family.SPLIT_ACTIVATIONS))
         for d in self.devices:
             self._assign(d)
+        self._plan()
         report = RunReport(
             run_id=central.run_id,
             model=self.spec.name,
@@ -178,11 +169,51 @@ class SplitFedRun:
             {"epoch": e["epoch"], "points": [pn[0] for pn in e["plan"].values()], "plan": e["plan"]}
             for e in self.epochs
         ]
-        report.splitfed = {"epochs": self.epochs, "plan": {d: list(pn) for d, pn in self.plan.items()}}
+        report.splitfed = {
+            "epochs": self.epochs,
+            "plan": {d: list(pn) for d, pn in self.plan.items()},
+            "planning": self.plan_info,
+        }
         return report
 
+    def _plan(self) -> None:
+        """The profiling phase (if the plan needs it) and every device's (P, N)."""
+        config, central = self.config, self.central
+        costs = server = None
+        if needs_profiles(config):
+            server = profile_server(self.spec, self.train.batch_size, self.train.seed)
+            slowest = max([1.0, *(central.workers[d].slowdown for d in self.devices if d in central.workers)])
+            wait = max(config.batch_timeout, config.unmeasured_slowdown * slowest * server.seconds)
+            try:
+                central.wait_until(
+                    lambda: all(d in self.profiles for d in self.assigned),
+                    wait,
+                    lambda: f"profiles of {sorted(self.assigned - set(self.profiles))} did not come",
+                )
+            except TrainingError as exc:
+                log.warning("%s: those devices are planned from this node's times x their slowdown", exc)
+            known = [p.samples for p in self.profiles.values()] or [1]
+            costs = [
+                device_costs(
+                    d,
+                    self.profiles.get(d),
+                    server,
+                    slowdown=central.workers[d].slowdown if d in central.workers else 1.0,
+                    unmeasured=config.unmeasured_slowdown,
+                    down_bps=config.link_mbps * 1e6 / 8 if config.link_mbps else REAL_LINK_BPS,
+                    samples=max(known),
+                )
+                for d in self.devices
+            ]
+        self.plan, info = choose(config, self.spec, self.layers, self.devices, costs, server)
+        info.profiled = sorted(d for d in self.devices if d in self.profiles)
+        info.assumed = sorted(d for d in self.devices if costs is not None and d not in self.profiles)
+        self.plan_info = info.to_dict()
+        log.info("split-federated plan %s: %s", config.splitfed_plan, self.plan)
+        self._event("splitfed-plan", {"plan": {d: list(pn) for d, pn in self.plan.items()}, **self.plan_info})
+
     def _assign(self, device: str) -> None:
-        split, _ = self.plan[device]
+        split, _ = self.plan.get(device, (self.layers, 1))
         self.central.send(
             self.central.topics.device(Family.CONTROL, device),
             Assign(
@@ -201,6 +232,7 @@ class SplitFedRun:
                 in_flight=1,
                 metrics_interval=self.config.metrics_interval,
                 mode="split-federated",
+                batch_size=self.train.batch_size,
             ),
         )
         self.assigned.add(device)
@@ -442,6 +474,15 @@ class SplitFedRun:
             self.loss_count += msg.iterations
         self.updates[item.sender] = msg
 
+    def _on_profile(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, SplitProfile)
+        if msg.run_id == self.central.run_id and msg.device_id == item.sender and item.sender in self.devices:
+            if len(msg.fwd) != self.layers:
+                self.central.discard(item, f"profile of {len(msg.fwd)} layers for a model of {self.layers}")
+                return
+            self.profiles[item.sender] = msg
+
     def _on_announce(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Announce)
@@ -474,4 +515,4 @@ class SplitFedRun:
             self.central.progress(values)
 
 
-__all__ = ["ServerSide", "SplitFedRun", "choose_plan"]
+__all__ = ["ServerSide", "SplitFedRun"]

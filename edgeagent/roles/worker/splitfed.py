@@ -31,9 +31,19 @@ from edgeagent.errors import ConfigError, ProtocolError
 from edgeagent.models import ModelSpec, build_layers, num_layers
 from edgeagent.modes.fedavg import state_checksum
 from edgeagent.pipeline.stage import TrainOptions
-from edgeagent.protocol.messages import Message, SplitActivation, SplitGradient, SplitRound, SplitUpdate
+from edgeagent.protocol.commands import Stop
+from edgeagent.protocol.messages import (
+    Message,
+    SplitActivation,
+    SplitGradient,
+    SplitProfile,
+    SplitRound,
+    SplitUpdate,
+    Status,
+)
 from edgeagent.protocol.topics import Family
 from edgeagent.runtime.compute import Clock, emulate_slowdown
+from edgeagent.splitfed.profile import profile_layers
 
 if TYPE_CHECKING:
     from edgeagent.protocol.messages import Assign
@@ -63,6 +73,33 @@ def load_shard(path: str, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
+class Downlink:
+    """An emulated downlink (``--down-mbps``): each message received occupies it for ``bytes / rate``
+    seconds after the one before; the message counts as here only then. The session does other work
+    meanwhile (the transfer overlaps computation, as on a real link); 0 Mbit/s: not emulated."""
+
+    def __init__(self, mbps: float) -> None:
+        self.bytes_per_second = mbps * 1e6 / 8
+        self.free_at = 0.0
+
+    def arrive(self, nbytes: int) -> float:
+        """When a message of ``nbytes`` that arrives now has come down the link."""
+        now = time.monotonic()
+        if self.bytes_per_second <= 0:
+            return now
+        self.free_at = max(now, self.free_at) + nbytes / self.bytes_per_second
+        return self.free_at
+
+    @staticmethod
+    def wait_until(ready: float) -> bool:
+        """True if ``ready`` has passed; otherwise sleep a little of the rest (the loop comes back)."""
+        rest = ready - time.monotonic()
+        if rest > 0:
+            time.sleep(min(rest, 0.002))
+            return False
+        return True
+
+
 class _Round:
     """One epoch of training here, from its ``SplitRound`` to the upload."""
 
@@ -82,13 +119,12 @@ class _Round:
         self.iteration = 0
         self.next_micro = 0
         self.outputs: dict[int, torch.Tensor] = {}
-        self.arrived: dict[int, torch.Tensor] = {}
+        self.arrived: dict[int, tuple[float, torch.Tensor]] = {}  # micro -> (when it is here, gradient)
         self.applied = 0
         self.loss_sum = 0.0
         self.correct = 0
         self.compute = 0.0
-        self.waiting_since: float | None = None
-        self.idle = 0.0
+        self.idle_at_start = 0.0  # the worker's idle seconds (waiting on its inbox) when the round began
 
     @property
     def finished(self) -> bool:
@@ -112,6 +148,10 @@ class SplitFedSession:
         self.epochs_done = 0
         self.topic = worker.topics.device(Family.SPLIT_ACTIVATIONS, worker.device_id)
         self.grad_topic = worker.topics.device(Family.SPLIT_GRADIENTS, worker.device_id)
+        self.batch_size = assign.batch_size
+        self.profiled = assign.batch_size < 2  # nothing to profile at: skip the phase
+        self.down = Downlink(worker.config.down_mbps)
+        self.pending_round: tuple[float, SplitRound] | None = None
 
     @classmethod
     def open(cls, worker: Worker, assign: Assign) -> SplitFedSession | None:
@@ -130,6 +170,8 @@ class SplitFedSession:
         worker.leave_run()
         session = cls(worker, assign, spec, x, y)
         worker.listen(session.grad_topic)
+        # The server's retained status: "idle" means the run is over, even if its "stop" was lost.
+        worker.listen(worker.topics.device(Family.STATUS, session.server))
         worker.set_status("training", run_id=assign.run_id, stage=0)
         log.info(
             "%s: split-federated run %s with %d samples of its own", worker.device_id, assign.run_id, len(x)
@@ -139,9 +181,16 @@ class SplitFedSession:
     # -- the WorkerSession interface --------------------------------------------------------------
 
     def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]:
-        return {SplitRound: self._on_round, SplitGradient: self._on_gradient}
+        return {
+            SplitRound: self._on_round,
+            SplitGradient: self._on_gradient,
+            Stop: self._on_stop,
+            Status: self._on_status,
+        }
 
     def has_work(self) -> bool:
+        if not self.profiled or self.pending_round is not None:
+            return True
         r = self.round
         if r is None or r.finished:
             return r is not None
@@ -150,6 +199,15 @@ class SplitFedSession:
         return r.next_micro < r.msg.parallel or bool(r.arrived)
 
     def step(self) -> None:
+        if not self.profiled:
+            self._profile()
+            return
+        if self.pending_round is not None:
+            ready, msg = self.pending_round
+            if not self.down.wait_until(ready):
+                return
+            self.pending_round = None
+            self._start(msg)
         r = self.round
         if r is None:
             return
@@ -160,13 +218,12 @@ class SplitFedSession:
             self._local_iteration(r)
         elif r.next_micro < r.msg.parallel:
             self._forward(r)
-        elif r.arrived:
+        elif r.arrived and self.down.wait_until(min(at for at, _ in r.arrived.values())):
             self._backward(r)
-        elif r.waiting_since is None:
-            r.waiting_since = time.perf_counter()
 
     def close(self) -> None:
         self.worker.stop_listening(self.grad_topic)
+        self.worker.stop_listening(self.worker.topics.device(Family.STATUS, self.server))
         self.round = None
 
     def metrics(self) -> dict[str, Any]:
@@ -199,7 +256,12 @@ class SplitFedSession:
             )
         if msg.checksum and state_checksum(msg.tensors) != msg.checksum:
             raise ProtocolError(f"split round of epoch {msg.epoch}: the weights do not match their checksum")
+        self.round = None
+        self.pending_round = (self.down.arrive(item.size), msg)
+
+    def _start(self, msg: SplitRound) -> None:
         self.round = _Round(msg, self.spec, self.seed, self.options, len(self.x))
+        self.round.idle_at_start = self.worker.times.idle
         log.info(
             "%s: epoch %d, layers [0, %d), %d mini-batches of %d, %d iterations",
             self.worker.device_id,
@@ -223,12 +285,29 @@ class SplitFedSession:
         if msg.g.shape != out.shape or msg.g.dtype != out.dtype or not torch.isfinite(msg.g).all():
             self.worker.discard(item, f"gradient {tuple(msg.g.shape)} for an output {tuple(out.shape)}")
             return
-        if r.waiting_since is not None:
-            r.idle += time.perf_counter() - r.waiting_since
-            r.waiting_since = None
-        r.arrived[msg.micro] = msg.g
+        r.arrived[msg.micro] = (self.down.arrive(item.size), msg.g)
         r.loss_sum += msg.loss
         r.correct += msg.correct
+
+    def _on_stop(self, item: Inbound) -> None:
+        msg = item.message
+        if isinstance(msg, Stop) and msg.run_id == self.run_id:
+            self._end()
+
+    def _on_status(self, item: Inbound) -> None:
+        msg = item.message
+        assert isinstance(msg, Status)
+        if msg.device_id == self.server and msg.state in ("idle", "left"):
+            self._end()
+
+    def _end(self) -> None:
+        log.info(
+            "%s: split-federated run %s over after %d epochs here",
+            self.worker.device_id,
+            self.run_id,
+            self.epochs_done,
+        )
+        self.worker.end_run()
 
     # -- work -----------------------------------------------------------------------------------
 
@@ -258,8 +337,8 @@ class SplitFedSession:
     def _backward(self, r: _Round) -> None:
         if r.applied == 0:
             self.worker.fault_at_backward(self.iterations)
-        micro, g = next(iter(r.arrived.items()))
-        del r.arrived[micro]
+        micro = min(r.arrived, key=lambda m: r.arrived[m][0])
+        _, g = r.arrived.pop(micro)
         started = Clock()
         r.outputs.pop(micro).backward(g)
         r.applied += 1
@@ -289,6 +368,28 @@ class SplitFedSession:
         r.next_micro = r.applied = 0
         self.iterations += 1
 
+    def _profile(self) -> None:
+        """PiPar's profiling phase here: a few training iterations of the whole model at the run's batch
+        size, each layer's times scaled by this device's emulated slowdown; reported to the server."""
+        self.profiled = True
+        started = time.perf_counter()
+        times, _, _ = profile_layers(self.spec, self.batch_size, iterations=3, seed=self.seed)
+        factor = self.worker.slowdown
+        config = self.worker.config
+        self.worker.send(
+            self.worker.topics.device(Family.REPLY, self.worker.device_id),
+            SplitProfile(
+                run_id=self.run_id,
+                device_id=self.worker.device_id,
+                fwd=[t * factor for t in times.fwd],
+                bwd=[t * factor for t in times.bwd],
+                samples=len(self.x),
+                up_bps=self.worker.link_mbps * 1e6 / 8,
+                down_bps=config.down_mbps * 1e6 / 8,
+                seconds=time.perf_counter() - started,
+            ),
+        )
+
     def _upload(self, r: _Round) -> None:
         state = {k: v.detach().clone() for k, v in r.model.state_dict().items()}
         self.worker.send(
@@ -304,7 +405,7 @@ class SplitFedSession:
                 loss_sum=r.loss_sum,
                 correct=r.correct,
                 compute_seconds=r.compute,
-                idle_seconds=r.idle,
+                idle_seconds=self.worker.times.idle - r.idle_at_start,
             ),
         )
         self.epochs_done += 1

@@ -1,0 +1,153 @@
+"""Every device's (P_k, N_k) for a split-federated run (PiPar Sec. 3.3), from the profiling phase.
+
+The server profiles the whole model here (a few training iterations at the run's batch size: per-layer
+forward and backward seconds, activation and gradient bytes; :func:`edgeagent.splitfed.profile.
+profile_layers`); every device does the same on its own hardware and reports its times and its emulated
+links (:class:`~edgeagent.protocol.messages.SplitProfile`). The plan named by ``--splitfed-plan`` then
+chooses: ``ours`` (per device, :func:`edgeagent.splitfed.plan.select`), ``paper`` (the paper's rule: one
+(P, N) for all), ``sfl`` (the best common split with N = 1), ``fl`` (the whole model on every device) or
+``fixed`` (``--split-point``/``--parallel-batches``). Explicit ``--split-point`` or ``--parallel-batches``
+override the chosen value for every device. Everything here is pure: the run does the waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeagent.config import CentralConfig
+from edgeagent.errors import PlanningError
+from edgeagent.models import ModelSpec
+from edgeagent.protocol.messages import SplitProfile
+from edgeagent.splitfed.cost import DeviceCosts, LayerTimes
+from edgeagent.splitfed.plan import baseline, select
+from edgeagent.splitfed.profile import param_bytes, profile_layers
+
+# A link that is not emulated is this machine's loopback or a LAN: taken as 1 Gbit/s.
+REAL_LINK_BPS = 1e9 / 8
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """The server's own profiling phase: layer times, bytes crossing each possible split, what it took."""
+
+    times: LayerTimes
+    act_bytes: tuple[float, ...]
+    grad_bytes: tuple[float, ...]
+    param_bytes: tuple[float, ...]
+    seconds: float
+
+
+@dataclass
+class PlanInfo:
+    """How the plan was made, for the report."""
+
+    plan: str
+    profiled: list[str] = field(default_factory=list)  # devices whose own profile was used
+    assumed: list[str] = field(default_factory=list)  # devices planned from the server's times x slowdown
+    selection_seconds: float = 0.0
+    estimate: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def needs_profiles(config: CentralConfig) -> bool:
+    """Whether the plan uses measured times (the explicit flags may leave nothing to choose)."""
+    if config.splitfed_plan in ("fl", "fixed"):
+        return False
+    return config.split_point is None or (config.parallel_batches is None and config.splitfed_plan != "sfl")
+
+
+def profile_server(spec: ModelSpec, batch_size: int, seed: int) -> ServerProfile:
+    started = time.perf_counter()
+    times, act, grad = profile_layers(spec, max(2, batch_size), iterations=3, seed=seed)
+    return ServerProfile(times, act, grad, param_bytes(spec, seed=seed), time.perf_counter() - started)
+
+
+def _bps(mbps: float) -> float:
+    return mbps * 1e6 / 8 if mbps > 0 else REAL_LINK_BPS
+
+
+def device_costs(
+    device: str,
+    profile: SplitProfile | None,
+    server: ServerProfile,
+    *,
+    slowdown: float,
+    unmeasured: float,
+    down_bps: float,
+    samples: int,
+) -> DeviceCosts:
+    """What the plan knows of ``device``: its own profile, or the server's times x its announced slowdown
+    x ``unmeasured`` (a device that did not report in time is taken as that much slower)."""
+    if profile is not None and len(profile.fwd) == server.times.layers:
+        times = LayerTimes(tuple(profile.fwd), tuple(profile.bwd))
+        return DeviceCosts(
+            device,
+            times,
+            profile.up_bps or REAL_LINK_BPS,
+            profile.down_bps or down_bps,
+            profile.samples,
+        )
+    factor = slowdown * unmeasured
+    times = LayerTimes(
+        tuple(t * factor for t in server.times.fwd), tuple(t * factor for t in server.times.bwd)
+    )
+    return DeviceCosts(device, times, REAL_LINK_BPS, down_bps, samples)
+
+
+def choose(
+    config: CentralConfig,
+    spec: ModelSpec,
+    layers: int,
+    devices: list[str],
+    costs: list[DeviceCosts] | None,
+    server: ServerProfile | None,
+) -> tuple[dict[str, tuple[int, int]], PlanInfo]:
+    """Every device's ``(P, N)`` by ``config.splitfed_plan`` (see the module doc)."""
+    plan = config.splitfed_plan
+    info = PlanInfo(plan)
+    batch = config.train.batch_size
+    if config.split_point is not None and config.split_point > layers:
+        raise PlanningError(f"--split-point {config.split_point}: model {spec.name!r} has {layers} layers")
+    if config.parallel_batches is not None and config.parallel_batches > batch:
+        raise PlanningError(f"--parallel-batches {config.parallel_batches} exceeds the batch size {batch}")
+    chosen: dict[str, tuple[int, int]]
+    if plan == "fl":
+        chosen = {d: (layers, 1) for d in devices}
+    elif plan == "fixed" or costs is None or server is None:
+        chosen = {d: (config.split_point or 1, config.parallel_batches or 1) for d in devices}
+    else:
+        started = time.perf_counter()
+        args = (costs, server.times, server.act_bytes, server.grad_bytes, batch)
+        if plan == "sfl":
+            picked = baseline("sfl", *args, param_bytes=server.param_bytes)
+        else:
+            picked = select(
+                *args,
+                per_device=plan == "ours",
+                method="ours" if plan == "ours" else "paper",
+                param_bytes=server.param_bytes,
+            )
+        info.selection_seconds = time.perf_counter() - started
+        chosen = {d: (picked[d].split, picked[d].n) for d in devices}
+    if config.split_point is not None and plan != "fl":
+        chosen = {d: (config.split_point, n) for d, (_, n) in chosen.items()}
+    if config.parallel_batches is not None and plan not in ("fl", "sfl"):
+        chosen = {d: (p, config.parallel_batches) for d, (p, _) in chosen.items()}
+    if plan == "sfl":
+        chosen = {d: (p, 1) for d, (p, _) in chosen.items()}
+    return chosen, info
+
+
+__all__ = [
+    "REAL_LINK_BPS",
+    "PlanInfo",
+    "ServerProfile",
+    "choose",
+    "device_costs",
+    "needs_profiles",
+    "profile_server",
+]
