@@ -47,11 +47,12 @@ class TrainConfig(_Frozen):
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
 # edgeagent.modes.MODES: the training modes
 TrainingModeName = Literal["pipeline", "hybrid", "split-federated", "allreduce"]
-# Split-federated training: how each device's (split point, parallel mini-batches) is chosen. ours / paper:
-# the profiled estimate (per device / one for all, PiPar Sec. 3.3); fl: the whole model on the devices;
-# sfl: the best split with one mini-batch; fixed: --split-point and --parallel-batches as given.
 CollectiveName = Literal["ft-tree", "ft-tree-thesis", "tree", "ring", "ps-sync", "ps-async", "direct"]
-SplitFedPlan = Literal["ours", "paper", "fl", "sfl", "fixed"]
+# Split-federated training: how each device's (split point, parallel mini-batches) is chosen, from the
+# profiled estimate (PiPar Sec. 3.3): ours (per device), paper (the paper's rule), common (the best one for
+# all); fl: the whole model on the devices; sfl: the best split with one mini-batch; fixed: --split-point
+# and --parallel-batches as given.
+SplitFedPlan = Literal["ours", "paper", "common", "fl", "sfl", "fixed"]
 
 
 class BrokerAccess(_Frozen):

@@ -216,10 +216,12 @@ class LocalWorkers:
         threads: list[int] | None = None,
         cpu_root: Path = CPU_ROOT,
         datasets: list[str] | None = None,
+        downs: list[float] | None = None,
     ) -> None:
         self.broker, self.cluster = broker, cluster
         # Split-federated training: each worker's own data set (--dataset), in worker order.
         self.datasets = {f"worker-{i + 1}": path for i, path in enumerate(datasets or [])}
+        self.downs = {f"worker-{i + 1}": mbps for i, mbps in enumerate(downs or [])}  # emulated downlinks
         self.logins = dict(logins or {})  # device id -> password file
         self.tls_dir = tls_dir  # CA and client certificates (mutual TLS)
         self.slowdowns = {f"worker-{i + 1}": slowdowns[i] for i in range(n)}
@@ -253,6 +255,8 @@ class LocalWorkers:
             extra = (*extra, "--link-mbps", str(self.links[device]))
         if self.datasets.get(device):
             extra = (*extra, "--dataset", self.datasets[device])
+        if self.downs.get(device):
+            extra = (*extra, "--down-mbps", str(self.downs[device]))
         if device in self.logins:
             extra = (*extra, "--password-file", self.logins[device])
         if self.tls_dir:

@@ -102,9 +102,10 @@ def train_options(f: F) -> F:
         ),
         click.option(
             "--splitfed-plan",
-            type=click.Choice(["ours", "paper", "fl", "sfl", "fixed"]),
-            help="Split-federated: how each device's (P, N) is chosen (ours; paper; fl: the whole model on "
-            "the devices; sfl: N = 1; fixed: --split-point and --parallel-batches).",
+            type=click.Choice(["ours", "paper", "common", "fl", "sfl", "fixed"]),
+            help="Split-federated: how each device's (P, N) is chosen (ours: per device; paper: PiPar's "
+            "rule; common: the best one for all; fl: the whole model on the devices; sfl: N = 1; fixed: "
+            "--split-point and --parallel-batches).",
         ),
         click.option("--split-point", type=int, help="Split-federated: layers [0, P) on every device."),
         click.option("--parallel-batches", type=int, help="Split-federated: mini-batches N per iteration."),

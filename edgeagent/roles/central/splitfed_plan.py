@@ -4,10 +4,11 @@ The server profiles the whole model here (a few training iterations at the run's
 forward and backward seconds, activation and gradient bytes; :func:`edgeagent.splitfed.profile.
 profile_layers`); every device does the same on its own hardware and reports its times and its emulated
 links (:class:`~edgeagent.protocol.messages.SplitProfile`). The plan named by ``--splitfed-plan`` then
-chooses: ``ours`` (per device, :func:`edgeagent.splitfed.plan.select`), ``paper`` (the paper's rule: one
-(P, N) for all), ``sfl`` (the best common split with N = 1), ``fl`` (the whole model on every device) or
-``fixed`` (``--split-point``/``--parallel-batches``). Explicit ``--split-point`` or ``--parallel-batches``
-override the chosen value for every device. Everything here is pure: the run does the waiting.
+chooses: ``ours`` (per device, :func:`edgeagent.splitfed.plan.select`), ``paper`` (the paper's rule),
+``common`` (the best (P, N) shared by all devices by ours's estimate), ``sfl`` (the best common split with
+N = 1), ``fl`` (the whole model on every device) or ``fixed`` (``--split-point``/``--parallel-batches``).
+Explicit ``--split-point`` or ``--parallel-batches`` override the chosen value for every device.
+Everything here is pure: the run does the waiting.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def choose(
             picked = select(
                 *args,
                 per_device=plan == "ours",
-                method="ours" if plan == "ours" else "paper",
+                method="paper" if plan == "paper" else "ours",
                 param_bytes=server.param_bytes,
             )
         info.selection_seconds = time.perf_counter() - started

@@ -1,0 +1,249 @@
+"""Split-federated training (``--mode split-federated``, PiPar papers/003) over the real runtime: real broker,
+real worker processes, emulated links; ours beside FL, SFL and the paper's figures.
+
+    python bench/splitfed.py                       # all parts below (about 15 minutes on 2 cores)
+    python bench/splitfed.py --parts time          # one part: time, accuracy, score, hetero
+    python bench/splitfed.py --json out.json       # also every run's figures
+
+Set-up: the Mosquitto broker at ``--broker`` (default mqtt://127.0.0.1:1883), a fresh cluster per run; the
+central node (the server) in this process, K workers as processes, each with its own shard of ``digits28``
+(8x8 digits upsampled to 28x28, 1437 training samples; ``edgeagent.splitfed.partition``). Devices are
+``--device-slowdown`` times slower than the server (default 4; emulated by sleeping, so they do not fight
+for this machine's two cores); links are emulated per device: uplink (``worker --link-mbps``) and downlink
+(``worker --down-mbps``), the issue's 4G (10/25 Mbit/s), 4G+ (20/40) and WiFi (50/50). Model: VGG-5
+(papers/003 Table 2), batch 32, lr 0.05, momentum 0.5.
+
+Parts:
+
+* ``time``: per-epoch seconds of PiPar (ours: per-device (P, N) from the profiling phase), FL (the whole
+  model on the devices) and SFL (the best split, N = 1), K = 2 and 4, each link; the mean of the epochs
+  after the first (``--time-epochs``, default 3) on ``--time-samples`` samples per device (default 192: 6
+  iterations). Ratios SFL/PiPar and FL/PiPar beside the paper's (VGG-5: 1.4-2.0x SFL, 1.4-3.4x FL; the
+  issue's goal: >= 1.4x SFL everywhere), and the selection's time against one epoch (paper: 27%).
+* ``accuracy``: K = 2, no link emulation, every sample, ``--acc-epochs`` (default 4) epochs; PiPar vs FL
+  test accuracy, IID and non-IID (paper Table 5: -0.2 to +2.07 points; the issue's goal: within 0.5).
+* ``score``: K = 2 at 4G: every common (P, N) in [1, 5] x {1, 2, 4, 8, 16} run for real (two epochs of
+  two iterations per device, the second timed), T_opt = the fastest; score T_opt / T_selected for ours
+  (eq. 28; paper: >= 0.96).
+* ``hetero``: K = 2 at 4G, worker-1 2x slower again: ours (per-device (P_k, N_k)) against the best common
+  (P, N) (``--splitfed-plan common``), per-epoch seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgeagent.cli.demo import LocalWorkers
+from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.data import load_dataset
+from edgeagent.roles.central import Central
+from edgeagent.splitfed.partition import partition, write_shards
+
+LINKS = {"4G": (10.0, 25.0), "4G+": (20.0, 40.0), "WiFi": (50.0, 50.0)}
+PAPER_TIME = {"SFL": "1.4-2.0", "FL": "1.4-3.4"}
+DATASET = "digits28"
+
+
+def shards(folder: Path, k: int, how: str, per_device: int | None, seed: int = 0) -> list[str]:
+    data = load_dataset(DATASET, seed=seed)
+    x, y = data.x_train.numpy(), data.y_train.numpy()
+    parts = partition(x, y, k, how, seed)  # type: ignore[arg-type]
+    if per_device is not None:
+        parts = [p[:per_device] for p in parts]
+    out = folder / f"{k}-{how}-{per_device}"
+    return [str(p) for p in write_shards(x, y, parts, out, prefix="worker-")]
+
+
+def run(
+    broker: str,
+    datasets: list[str],
+    *,
+    plan: str,
+    epochs: int,
+    slowdowns: list[float],
+    link: tuple[float, float] | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One run; its report as a dict."""
+    k = len(datasets)
+    cluster = f"b{uuid.uuid4().hex[:8]}"
+    config = CentralConfig(
+        cluster=cluster,
+        broker=broker,
+        workers=k,
+        mode="split-federated",
+        splitfed_plan=plan,
+        progress=False,
+        restart_window=0.0,
+        train=TrainConfig(
+            model="vgg5", dataset=DATASET, epochs=epochs, batch_size=32, learning_rate=0.05, momentum=0.5
+        ),
+        **extra,
+    )
+    up, down = link if link else (0.0, 0.0)
+    local = LocalWorkers(k, broker, cluster, slowdowns, links=[up] * k, downs=[down] * k, datasets=datasets)
+    local.start_all()
+    try:
+        return Central(config).run().to_dict()
+    finally:
+        local.stop()
+
+
+def epoch_seconds(report: dict[str, Any]) -> float:
+    epochs = report["splitfed"]["epochs"]
+    return statistics.mean(e["seconds"] for e in (epochs[1:] or epochs))
+
+
+def plan_of(report: dict[str, Any]) -> str:
+    return " ".join(f"{d[-1]}:({p},{n})" for d, (p, n) in sorted(report["splitfed"]["plan"].items()))
+
+
+def part_time(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
+    print("\n== per-epoch time (s): PiPar (ours) vs SFL vs FL, VGG-5 on 28x28 ==")
+    print(
+        f"{'K':>2} {'link':>5} {'PiPar':>7} {'SFL':>7} {'FL':>7} {'SFL/PiPar':>9} {'FL/PiPar':>8} "
+        f"{'paper SFL':>9} {'paper FL':>8} {'select/epoch':>12}  PiPar's (P,N)"
+    )
+    for k in (2, 4):
+        data = shards(folder, k, "iid", args.time_samples)
+        for name, link in LINKS.items():
+            row: dict[str, Any] = {}
+            for label, plan in (("PiPar", "ours"), ("SFL", "sfl"), ("FL", "fl")):
+                report = run(
+                    args.broker,
+                    data,
+                    plan=plan,
+                    epochs=args.time_epochs,
+                    slowdowns=[args.device_slowdown] * k,
+                    link=link,
+                )
+                row[label] = report
+            t = {label: epoch_seconds(r) for label, r in row.items()}
+            selection = row["PiPar"]["splitfed"]["planning"]["selection_seconds"]
+            print(
+                f"{k:>2} {name:>5} {t['PiPar']:7.2f} {t['SFL']:7.2f} {t['FL']:7.2f} "
+                f"{t['SFL'] / t['PiPar']:9.2f} {t['FL'] / t['PiPar']:8.2f} {PAPER_TIME['SFL']:>9} "
+                f"{PAPER_TIME['FL']:>8} {selection / t['PiPar']:11.1%}  {plan_of(row['PiPar'])}  "
+                f"(SFL {plan_of(row['SFL'])})",
+                flush=True,
+            )
+            results.setdefault("time", []).append(
+                {
+                    "k": k,
+                    "link": name,
+                    "seconds": t,
+                    "selection": selection,
+                    "plans": {lb: r["splitfed"]["plan"] for lb, r in row.items()},
+                }
+            )
+
+
+def part_accuracy(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
+    print(
+        f"\n== accuracy after {args.acc_epochs} epochs (%), K = 2, VGG-5: PiPar vs FL (paper Table 5: "
+        "-0.2 to +2.07 points) =="
+    )
+    for how in ("iid", "noniid"):
+        data = shards(folder, 2, how, None)
+        acc = {}
+        for label, plan in (("PiPar", "ours"), ("FL", "fl")):
+            report = run(
+                args.broker, data, plan=plan, epochs=args.acc_epochs, slowdowns=[1.0, 1.0], link=None
+            )
+            acc[label] = (report["final_accuracy"], plan_of(report))
+        diff = 100 * (acc["PiPar"][0] - acc["FL"][0])
+        print(
+            f"{how:>6}: PiPar {100 * acc['PiPar'][0]:.2f} {acc['PiPar'][1]}  FL {100 * acc['FL'][0]:.2f}  "
+            f"PiPar - FL {diff:+.2f} points",
+            flush=True,
+        )
+        results.setdefault("accuracy", []).append(
+            {"split": how, "pipar": acc["PiPar"][0], "fl": acc["FL"][0]}
+        )
+
+
+def part_score(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
+    print("\n== selection score T_opt / T_selected (eq. 28), K = 2 at 4G; every common (P, N) run ==")
+    data = shards(folder, 2, "iid", 64)
+    slow = [args.device_slowdown] * 2
+    grid = {}
+    for p in range(1, 6):
+        for n in (1, 2, 4, 8, 16):
+            report = run(
+                args.broker,
+                data,
+                plan="fixed",
+                epochs=2,
+                slowdowns=slow,
+                link=LINKS["4G"],
+                split_point=p,
+                parallel_batches=n,
+            )
+            grid[(p, n)] = epoch_seconds(report)
+            print(f"  P={p} N={n:>2}: {grid[(p, n)]:.2f} s", flush=True)
+    ours = run(args.broker, data, plan="ours", epochs=2, slowdowns=slow, link=LINKS["4G"])
+    best = min(grid, key=lambda c: grid[c])
+    t_sel = epoch_seconds(ours)
+    print(
+        f"T_opt {grid[best]:.2f} s at {best}; ours {plan_of(ours)} {t_sel:.2f} s; score "
+        f"{grid[best] / t_sel:.2f} (paper >= 0.96)"
+    )
+    results["score"] = {
+        "grid": {f"{p},{n}": v for (p, n), v in grid.items()},
+        "ours": t_sel,
+        "ours_plan": ours["splitfed"]["plan"],
+    }
+
+
+def part_hetero(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
+    print("\n== one device 2x slower, K = 2 at 4G: per-device (P_k, N_k) vs the best common (P, N) ==")
+    data = shards(folder, 2, "iid", args.time_samples)
+    slow = [2 * args.device_slowdown, args.device_slowdown]
+    out = {}
+    for label, plan in (("ours", "ours"), ("common", "common")):
+        report = run(args.broker, data, plan=plan, epochs=args.time_epochs, slowdowns=slow, link=LINKS["4G"])
+        out[label] = (epoch_seconds(report), plan_of(report))
+    print(
+        f"ours {out['ours'][1]} {out['ours'][0]:.2f} s; common {out['common'][1]} {out['common'][0]:.2f} s; "
+        f"common/ours {out['common'][0] / out['ours'][0]:.2f}"
+    )
+    results["hetero"] = {k: {"seconds": v[0], "plan": v[1]} for k, v in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--broker", default="mqtt://127.0.0.1:1883")
+    parser.add_argument("--parts", default="time,accuracy,score,hetero")
+    parser.add_argument("--device-slowdown", type=float, default=4.0)
+    parser.add_argument("--time-samples", type=int, default=192)
+    parser.add_argument("--time-epochs", type=int, default=3)
+    parser.add_argument("--acc-epochs", type=int, default=4)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    results: dict[str, Any] = {}
+    started = time.perf_counter()
+    parts = {"time": part_time, "accuracy": part_accuracy, "score": part_score, "hetero": part_hetero}
+    with tempfile.TemporaryDirectory(prefix="bench-splitfed-") as folder:
+        for name in args.parts.split(","):
+            parts[name](args, Path(folder), results)
+    print(f"\n(bench took {time.perf_counter() - started:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
