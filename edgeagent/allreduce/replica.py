@@ -77,6 +77,10 @@ class Replica:
         self.load_flat(snap[0], reset_momentum=False)
         self.optimizer.load_state_dict(snap[1])
 
+    def collect_state(self) -> dict[str, torch.Tensor]:
+        """The model's state dict (a copy): what ``--save-model`` writes."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
     def digest(self) -> str:
         """SHA-256 (16 hex digits) of the parameters' bytes: equal on replicas holding the same model."""
         return hashlib.sha256(self.flat().numpy().tobytes()).hexdigest()[:16]

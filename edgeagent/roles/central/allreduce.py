@@ -121,7 +121,7 @@ class AllreduceRun:
         }
 
     def collect_weights(self) -> dict[str, Any]:
-        return {k: v.detach().clone() for k, v in self.replica.model.state_dict().items()}
+        return dict(self.replica.collect_state())
 
     def save_model(self, path: str) -> None:
         torch.save(self.collect_weights(), path)

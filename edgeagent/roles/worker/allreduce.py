@@ -403,10 +403,10 @@ class AllreduceSession:
             return
         data = msg.data
         if data is not None and (
-            not isinstance(data, torch.Tensor) or data.dim() != 1 or data.numel() != self.replica.size
-        ):
+            not isinstance(data, torch.Tensor) or data.dim() != 1 or data.numel() > self.replica.size
+        ):  # a chunk (ring) or the whole vector; the collective checks the rest
             log.warning(
-                "%s: dropped a %s from %s: not %d floats",
+                "%s: dropped a %s from %s: not a flat tensor of at most %d floats",
                 self.worker.device_id,
                 msg.kind,
                 sender,
