@@ -539,4 +539,9 @@ def write_plots(report: Mapping[str, Any], json_path: str | Path) -> list[Path]:
         written.append(_plot_faults(report, steps, recoveries, paths["faults"]))
     else:
         paths["faults"].unlink(missing_ok=True)  # left by an earlier run that wrote the same report name
+    from edgeagent.ops.report.splitfed_plot import plot_splitfed  # split-federated runs' Fig. 6
+
+    splitfed = plot_splitfed(report, json_path)
+    if splitfed is not None:
+        written.append(splitfed)
     return written

@@ -359,7 +359,7 @@ class SplitFedSession:
         r.optimizer.step()
         r.optimizer.zero_grad(set_to_none=True)
         r.compute += emulate_slowdown(started, self.worker.slowdown)
-        r.loss_sum += float(loss)
+        r.loss_sum += float(loss.detach())
         r.correct += int((out.argmax(1) == self.y[rows]).sum())
         self._next_iteration(r)
 
