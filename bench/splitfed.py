@@ -8,10 +8,11 @@ real worker processes, emulated links; ours beside FL, SFL and the paper's figur
 Set-up: the Mosquitto broker at ``--broker`` (default mqtt://127.0.0.1:1883), a fresh cluster per run; the
 central node (the server) in this process, K workers as processes, each with its own shard of ``digits28``
 (8x8 digits upsampled to 28x28, 1437 training samples; ``edgeagent.splitfed.partition``). Devices are
-``--device-slowdown`` times slower than the server (default 4; emulated by sleeping, so they do not fight
-for this machine's two cores); links are emulated per device: uplink (``worker --link-mbps``) and downlink
-(``worker --down-mbps``), the issue's 4G (10/25 Mbit/s), 4G+ (20/40) and WiFi (50/50). Model: VGG-5
-(papers/003 Table 2), batch 32, lr 0.05, momentum 0.5.
+``--device-slowdown`` times slower than the server (default 30, as bench/splitfed_select.py assumes for a
+Raspberry Pi 3B against one x86 core; emulated by sleeping, so they do not fight for this machine's
+cores); links are emulated per device: uplink (``worker --link-mbps``) and downlink (``worker
+--down-mbps``), the issue's 4G (10/25 Mbit/s), 4G+ (20/40) and WiFi (50/50). Model: VGG-5 (papers/003
+Table 2), batch 32, lr 0.05, momentum 0.5.
 
 Parts:
 
@@ -115,9 +116,10 @@ def part_time(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -
         f"{'K':>2} {'link':>5} {'PiPar':>7} {'SFL':>7} {'FL':>7} {'SFL/PiPar':>9} {'FL/PiPar':>8} "
         f"{'paper SFL':>9} {'paper FL':>8} {'select/epoch':>12}  PiPar's (P,N)"
     )
-    for k in (2, 4):
+    for k in (int(v) for v in args.ks.split(",")):
         data = shards(folder, k, "iid", args.time_samples)
-        for name, link in LINKS.items():
+        for name in args.links.split(","):
+            link = LINKS[name]
             row: dict[str, Any] = {}
             for label, plan in (("PiPar", "ours"), ("SFL", "sfl"), ("FL", "fl")):
                 report = run(
@@ -227,10 +229,12 @@ def main() -> None:
     )
     parser.add_argument("--broker", default="mqtt://127.0.0.1:1883")
     parser.add_argument("--parts", default="time,accuracy,score,hetero")
-    parser.add_argument("--device-slowdown", type=float, default=4.0)
+    parser.add_argument("--device-slowdown", type=float, default=30.0)
     parser.add_argument("--time-samples", type=int, default=192)
     parser.add_argument("--time-epochs", type=int, default=3)
     parser.add_argument("--acc-epochs", type=int, default=4)
+    parser.add_argument("--ks", default="2,4", help="time: the numbers of devices")
+    parser.add_argument("--links", default=",".join(LINKS), help="time: the links, of " + ", ".join(LINKS))
     parser.add_argument("--json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -557,6 +557,7 @@ class SplitRound(Message):
     batch_size: int
     tensors: dict[str, torch.Tensor]
     checksum: str = ""  # SHA-256 over ``tensors`` (the device echoes it in its update)
+    forward_bits: int = 32  # the activations' k-bit quantizer (AccEPT's codecs; 32: none)
 
     def __post_init__(self) -> None:
         if self.split < 1 or self.parallel < 1 or self.batch_size < self.parallel:
@@ -590,7 +591,7 @@ class SplitGradient(Message):
     epoch: int
     iteration: int
     micro: int
-    g: torch.Tensor
+    g: torch.Tensor | Compressed  # raw, or 8-bit stochastic quantization when the activations are compressed
     loss: float
     correct: int = 0
 
@@ -626,13 +627,17 @@ class SplitProfile(Message):
     fwd: list[float]
     bwd: list[float]
     samples: int
-    up_bps: float = 0.0
-    down_bps: float = 0.0
+    up_bps: float = 0.0  # measured along the real path to the server (probes); 0: not measured
+    down_bps: float = 0.0  # the emulated downlink (--down-mbps); 0: none
     seconds: float = 0.0  # what profiling took here
+    latency: float = 0.0  # seconds per message to the server, measured with the bandwidth
+    fwd_fixed: list[float] = dataclasses.field(default_factory=list)  # per-call parts of ``fwd`` ([]: 0)
+    bwd_fixed: list[float] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        values = [*self.fwd, *self.bwd, self.up_bps, self.down_bps, self.seconds]
-        if len(self.fwd) != len(self.bwd) or not self.fwd or any(not v >= 0 for v in values):
+        values = [*self.fwd, *self.bwd, self.up_bps, self.down_bps, self.seconds, self.latency]
+        fixed_ok = all(len(f) in (0, len(self.fwd)) for f in (self.fwd_fixed, self.bwd_fixed))
+        if len(self.fwd) != len(self.bwd) or not self.fwd or not fixed_ok or any(not v >= 0 for v in values):
             raise ProtocolError(
                 f"split profile of {self.device_id}: {len(self.fwd)} forward and "
                 f"{len(self.bwd)} backward times, all >= 0, at least one layer"

@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from edgeagent.compression import CompressionError
+from edgeagent.compression.stage import NONE, StageCodecs, restore
 from edgeagent.data import Dataset
-from edgeagent.errors import TrainingError
+from edgeagent.errors import PlanningError, TrainingError
 from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_shapes, num_layers
 from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
 from edgeagent.pipeline.stage import TrainOptions
@@ -91,6 +93,14 @@ class SplitFedRun:
         self.global_model = build_model(spec, seed=self.train.seed)
         self.shapes = [tuple(s[1:]) for s in layer_output_shapes(spec)]
         self.plan: dict[str, tuple[int, int]] = {}
+        # AccEPT's codecs on the activations (k bits) and their gradients (8 bits): --compression 2|3|4.
+        if self.config.compression in ("adaptive", "auto"):
+            raise PlanningError(
+                f"--compression {self.config.compression} is the pipeline's schedule; split-federated "
+                "training takes a fixed width: --compression 2, 3 or 4 (or none)"
+            )
+        self.forward_bits = NONE if self.config.compression == "none" else int(self.config.compression)
+        self.codecs = StageCodecs(backward_bits=NONE if self.forward_bits >= NONE else 8)
         self.plan_info: dict[str, Any] = {}
         self.profiles: dict[str, SplitProfile] = {}
         self.assigned: set[str] = set()
@@ -147,6 +157,7 @@ class SplitFedRun:
             mode="split-federated",
             partition_mode=self.config.splitfed_plan,
             estimator="none",
+            compression=self.config.compression,
         )
         started = time.perf_counter()
         for epoch in range(self.train.epochs):
@@ -213,6 +224,7 @@ class SplitFedRun:
         self._event("splitfed-plan", {"plan": {d: list(pn) for d, pn in self.plan.items()}, **self.plan_info})
 
     def _assign(self, device: str) -> None:
+        self.central.probes.watch(device)  # echo the probes it measures its link to this node with
         split, _ = self.plan.get(device, (self.layers, 1))
         self.central.send(
             self.central.topics.device(Family.CONTROL, device),
@@ -290,6 +302,7 @@ class SplitFedRun:
                     epoch=epoch,
                     split=split,
                     parallel=parallel,
+                    forward_bits=self.forward_bits,
                     batch_size=self.train.batch_size,
                     tensors=sent,
                     checksum=self.sent_checksums[d],
@@ -385,9 +398,10 @@ class SplitFedRun:
         if msg.run_id != self.central.run_id or server is None or msg.epoch != self.epoch:
             self.central.discard(item, f"no server-side model of {item.sender!r} for epoch {msg.epoch}")
             return
-        x = msg.x
-        if not isinstance(x, torch.Tensor):
-            self.central.discard(item, "compressed activations are not supported in this mode yet")
+        try:
+            x = restore(msg.x)
+        except CompressionError as exc:
+            self.central.discard(item, str(exc))
             return
         micro = server.parallel and self.train.batch_size // server.parallel
         rows = len(msg.y)
@@ -440,7 +454,7 @@ class SplitFedRun:
                 epoch=msg.epoch,
                 iteration=msg.iteration,
                 micro=msg.micro,
-                g=grad,
+                g=self.codecs.gradient(grad),
                 loss=float(loss),
                 correct=int((out.argmax(1) == msg.y).sum()),
             ),

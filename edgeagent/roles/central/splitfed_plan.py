@@ -21,8 +21,8 @@ from edgeagent.config import CentralConfig
 from edgeagent.errors import PlanningError
 from edgeagent.models import ModelSpec
 from edgeagent.protocol.messages import SplitProfile
-from edgeagent.splitfed.cost import DeviceCosts, LayerTimes
-from edgeagent.splitfed.plan import baseline, select
+from edgeagent.splitfed.cost import Choice, DeviceCosts, LayerTimes, epoch_time
+from edgeagent.splitfed.plan import select
 from edgeagent.splitfed.profile import param_bytes, profile_layers
 
 # A link that is not emulated is this machine's loopback or a LAN: taken as 1 Gbit/s.
@@ -63,7 +63,7 @@ def needs_profiles(config: CentralConfig) -> bool:
 
 def profile_server(spec: ModelSpec, batch_size: int, seed: int) -> ServerProfile:
     started = time.perf_counter()
-    times, act, grad = profile_layers(spec, max(2, batch_size), iterations=3, seed=seed)
+    times, act, grad = profile_layers(spec, max(2, batch_size), iterations=3, seed=seed, fit_fixed=True)
     return ServerProfile(times, act, grad, param_bytes(spec, seed=seed), time.perf_counter() - started)
 
 
@@ -84,13 +84,16 @@ def device_costs(
     """What the plan knows of ``device``: its own profile, or the server's times x its announced slowdown
     x ``unmeasured`` (a device that did not report in time is taken as that much slower)."""
     if profile is not None and len(profile.fwd) == server.times.layers:
-        times = LayerTimes(tuple(profile.fwd), tuple(profile.bwd))
+        times = LayerTimes(
+            tuple(profile.fwd), tuple(profile.bwd), tuple(profile.fwd_fixed), tuple(profile.bwd_fixed)
+        )
         return DeviceCosts(
             device,
             times,
             profile.up_bps or REAL_LINK_BPS,
             profile.down_bps or down_bps,
             profile.samples,
+            latency_s=profile.latency,
         )
     factor = slowdown * unmeasured
     times = LayerTimes(
@@ -123,8 +126,16 @@ def choose(
     else:
         started = time.perf_counter()
         args = (costs, server.times, server.act_bytes, server.grad_bytes, batch)
-        if plan == "sfl":
-            picked = baseline("sfl", *args, param_bytes=server.param_bytes)
+        if plan == "sfl":  # split learning: a server-side part (P < L), or it would be FL
+            if layers < 2:
+                raise PlanningError(f"SFL needs a model of 2 layers or more; {spec.name!r} has {layers}")
+            best = min(
+                range(1, layers),
+                key=lambda p: epoch_time(
+                    *args, {d.name: Choice(p, 1) for d in costs}, param_bytes=server.param_bytes
+                ),
+            )
+            picked = {d.name: Choice(best, 1) for d in costs}
         else:
             picked = select(
                 *args,

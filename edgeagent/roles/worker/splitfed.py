@@ -26,8 +26,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from edgeagent.compression import CompressionError
+from edgeagent.compression.stage import StageCodecs, restore
 from edgeagent.data import batch_indices
-from edgeagent.errors import ConfigError, ProtocolError
+from edgeagent.errors import ConfigError, ProtocolError, TrainingError
 from edgeagent.models import ModelSpec, build_layers, num_layers
 from edgeagent.modes.fedavg import state_checksum
 from edgeagent.pipeline.stage import TrainOptions
@@ -116,6 +118,7 @@ class _Round:
         )
         self.batches = batch_indices(rows, msg.batch_size, epoch=msg.epoch, seed=seed)
         self.micro_rows = msg.batch_size // msg.parallel
+        self.codecs = StageCodecs(forward_bits=msg.forward_bits)  # a fresh quantizer state every epoch
         self.iteration = 0
         self.next_micro = 0
         self.outputs: dict[int, torch.Tensor] = {}
@@ -282,10 +285,15 @@ class SplitFedSession:
             self.worker.discard(item, f"no mini-batch {msg.micro} of iteration {msg.iteration} waits here")
             return
         out = r.outputs[msg.micro]
-        if msg.g.shape != out.shape or msg.g.dtype != out.dtype or not torch.isfinite(msg.g).all():
-            self.worker.discard(item, f"gradient {tuple(msg.g.shape)} for an output {tuple(out.shape)}")
+        try:
+            g = restore(msg.g)
+        except CompressionError as exc:
+            self.worker.discard(item, str(exc))
             return
-        r.arrived[msg.micro] = (self.down.arrive(item.size), msg.g)
+        if g.shape != out.shape or g.dtype != out.dtype or not torch.isfinite(g).all():
+            self.worker.discard(item, f"gradient {tuple(g.shape)} for an output {tuple(out.shape)}")
+            return
+        r.arrived[msg.micro] = (self.down.arrive(item.size), g)
         r.loss_sum += msg.loss
         r.correct += msg.correct
 
@@ -328,7 +336,7 @@ class SplitFedSession:
                 epoch=r.msg.epoch,
                 iteration=r.iteration,
                 micro=r.next_micro,
-                x=out.detach(),
+                x=r.codecs.activation(out.detach(), epoch=r.msg.epoch),
                 y=self.y[rows],
             ),
         )
@@ -373,9 +381,14 @@ class SplitFedSession:
         size, each layer's times scaled by this device's emulated slowdown; reported to the server."""
         self.profiled = True
         started = time.perf_counter()
-        times, _, _ = profile_layers(self.spec, self.batch_size, iterations=3, seed=self.seed)
+        times, _, _ = profile_layers(self.spec, self.batch_size, iterations=3, seed=self.seed, fit_fixed=True)
         factor = self.worker.slowdown
         config = self.worker.config
+        try:  # the link to the server along the real path (the emulated uplink included)
+            up, latency = self.worker.probes.measure(self.server, timeout=10.0)
+        except TrainingError as exc:
+            log.warning("%s: link to %s not measured (%s)", self.worker.device_id, self.server, exc)
+            up, latency = 0.0, 0.0
         self.worker.send(
             self.worker.topics.device(Family.REPLY, self.worker.device_id),
             SplitProfile(
@@ -384,9 +397,12 @@ class SplitFedSession:
                 fwd=[t * factor for t in times.fwd],
                 bwd=[t * factor for t in times.bwd],
                 samples=len(self.x),
-                up_bps=self.worker.link_mbps * 1e6 / 8,
+                up_bps=up,
                 down_bps=config.down_mbps * 1e6 / 8,
                 seconds=time.perf_counter() - started,
+                latency=latency,
+                fwd_fixed=[t * factor for t in times.fwd_fixed],
+                bwd_fixed=[t * factor for t in times.bwd_fixed],
             ),
         )
 
