@@ -9,7 +9,12 @@ the accuracies after the same epochs agree within a point (a few of the 360 test
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -188,3 +193,45 @@ def test_a_killed_device_is_left_out_and_rejoins_with_the_global_model(
     assert set(epochs[-1]["devices"]) == {"worker-1", "worker-2"}
     assert epochs[back]["devices"]["worker-1"]["started_from_global"]
     assert report.final_accuracy > 0.8
+
+
+def test_the_server_resumes_from_its_checkpoint_after_a_sigkill(mosquitto_url: str, tmp_path: Path) -> None:
+    """The central node (a process) writes a checkpoint after every epoch; SIGKILLed once the first is
+    written, a new central node with ``--resume`` continues the same run with the same devices (still in
+    the run) from the next epoch. The devices' 1 Mbit/s uplinks make an epoch take seconds, so the kill
+    lands inside the run."""
+    paths = shards(tmp_path)
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    checkpoint, report_path = tmp_path / "server.ckpt", tmp_path / "report.json"
+    flags = [
+        "--broker", mosquitto_url, "--cluster", cluster, "--workers", "2", "--mode", "split-federated",
+        "--splitfed-plan", "fixed", "--split-point", "2", "--parallel-batches", "2",
+    ]  # fmt: skip
+    central = [sys.executable, "-m", "edgeagent", "central", *flags]
+    local = LocalWorkers(
+        2, mosquitto_url, cluster, [1.0, 1.0], links=[1.0, 1.0], datasets=[str(p) for p in paths]
+    )
+    local.start_all()
+    first = subprocess.Popen([*central, "--epochs", "2", "--checkpoint", str(checkpoint)])
+    try:
+        deadline = time.monotonic() + 60
+        while not checkpoint.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting for the file (the event), not for time to pass
+        assert checkpoint.exists() and first.poll() is None, "no checkpoint while the run was on"
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        resumed = subprocess.run(
+            [*central, "--resume", str(checkpoint), "--report", str(report_path)], timeout=120, check=False
+        )
+        assert resumed.returncode == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+        local.stop()
+    report = json.loads(report_path.read_text())
+    (recovery,) = report["recoveries"]
+    assert recovery["case"] == "central" and recovery["resumed_from"] >= 0
+    epochs = report["splitfed"]["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1] and len(report["test_accuracy_per_epoch"]) == 2
+    assert all(set(e["devices"]) == {"worker-1", "worker-2"} for e in epochs)
+    assert report["final_accuracy"] > 0.8

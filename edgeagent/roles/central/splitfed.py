@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from edgeagent.runtime.role import Inbound
 
 log = logging.getLogger("edgeagent.roles.central")
+_HISTORY = ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch")
 
 
 @dataclass
@@ -159,14 +161,16 @@ class SplitFedRun:
             estimator="none",
             compression=self.config.compression,
         )
+        first = self._resume(report)
         started = time.perf_counter()
-        for epoch in range(self.train.epochs):
+        for epoch in range(first, self.train.epochs):
             self._epoch(epoch)
             accuracy, loss = self._evaluate()
             report.test_accuracy_per_epoch.append(accuracy)
             report.test_loss_per_epoch.append(loss)
             self.epochs[-1].update(accuracy=accuracy, test_loss=loss)
             report.train_loss_per_epoch.append(self.epochs[-1]["train_loss"])
+            self._checkpoint(epoch, report)
             self._event("splitfed-epoch", self.epochs[-1])
             self._progress({"accuracy": accuracy})
             log.info("epoch %d: test accuracy %.2f%% (%s)", epoch, 100 * accuracy, self.epochs[-1]["devices"])
@@ -186,6 +190,39 @@ class SplitFedRun:
             "planning": self.plan_info,
         }
         return report
+
+    def _resume(self, report: RunReport) -> int:
+        """The first epoch to train: after the checkpoint's (``--resume``), with its model and history."""
+        state = self.central.resume
+        if state is None:
+            return 0
+        if state.get("mode") != "split-federated":
+            raise TrainingError("--resume: the checkpoint is not of a split-federated run")
+        self.global_model.load_state_dict(state["weights"])
+        self.epochs = list(state["epochs"])
+        for key in _HISTORY:
+            getattr(report, key).extend(state["history"][key])
+        report.recoveries.append({"case": "central", "resumed_from": state["epoch"]})
+        log.info("resuming run %s after epoch %d", self.central.run_id, state["epoch"])
+        return int(state["epoch"]) + 1
+
+    def _checkpoint(self, epoch: int, report: RunReport) -> None:
+        """The global model after ``epoch`` and the history so far (``--checkpoint``), written atomically."""
+        path = self.config.checkpoint
+        if not path:
+            return
+        state = {
+            "format": 1,
+            "mode": "split-federated",
+            "run_id": self.central.run_id,
+            "epoch": epoch,
+            "weights": self.collect_weights(),
+            "config": self.config.model_dump_json(),
+            "history": {key: list(getattr(report, key)) for key in _HISTORY},
+            "epochs": self.epochs,
+        }
+        torch.save(state, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
 
     def _plan(self) -> None:
         """The profiling phase (if the plan needs it) and every device's (P, N)."""
@@ -259,6 +296,9 @@ class SplitFedRun:
         central = self.central
         self.epoch = epoch
         self.updates, self.left_out, self.servers = {}, {}, {}
+        for d in self.devices:  # a live device not in the run (its announcement lost, say) is asked again
+            if d not in self.assigned and self._live(d):
+                self._assign(d)
         participants = [d for d in self.devices if d in self.assigned and self._live(d)]
         if not participants:
             central.wait_until(
@@ -500,9 +540,11 @@ class SplitFedRun:
     def _on_announce(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Announce)
-        if msg.device_id in self.devices and msg.busy_with == "":
-            if msg.device_id in self.servers and msg.device_id not in self.updates:
-                self._leave_out(msg.device_id, "restarted")
+        # An idle device of the run that is not assigned (left out, restarted) takes the next epoch. From
+        # an assigned one it is an announcement sent before its assignment came (discovery's answers);
+        # a restart of an assigned device is found by its last will (_check), then its announcement
+        # (sent seconds later, once the new process is up) lands here unassigned.
+        if msg.device_id in self.devices and msg.busy_with == "" and msg.device_id not in self.assigned:
             log.info("%s is back: it takes the next epoch's global model", msg.device_id)
             self._event("splitfed-rejoined", {"epoch": self.epoch, "device": msg.device_id})
             state = self.central.workers.get(msg.device_id)

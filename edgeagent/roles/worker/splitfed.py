@@ -17,6 +17,8 @@ mini-batch's forward overlaps the previous one's transfer and server compute.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +31,7 @@ from torch import nn
 from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import StageCodecs, restore
 from edgeagent.data import batch_indices
-from edgeagent.errors import ConfigError, ProtocolError, TrainingError
+from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, TrainingError
 from edgeagent.models import ModelSpec, build_layers, num_layers
 from edgeagent.modes.fedavg import state_checksum
 from edgeagent.pipeline.stage import TrainOptions
@@ -73,6 +75,33 @@ def load_shard(path: str, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
     if y.min() < 0 or y.max() >= spec.num_classes:
         raise ConfigError(f"{path!r}: labels {y.min()}..{y.max()} outside 0..{spec.num_classes - 1}")
     return torch.from_numpy(x), torch.from_numpy(y)
+
+
+class Uplink:
+    """Sends in order from a thread of its own: an emulated uplink (``--link-mbps``) blocks the sender for
+    each message's transfer time, and on a device the network interface sends while the processor
+    computes the next mini-batch, so the session's thread must not wait for it (pipelining, Fig. 2)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.queue: queue.SimpleQueue[tuple[str, Message] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"{worker.device_id}-uplink", daemon=True)
+        self.thread.start()
+
+    def post(self, topic: str, message: Message) -> None:
+        self.queue.put((topic, message))
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            try:
+                self.worker.send(*item)
+            except EdgeAgentError as exc:
+                log.error("%s: %s not sent: %s", self.worker.device_id, item[1].KIND.value, exc)
+
+    def close(self) -> None:
+        """Send what is queued, then stop."""
+        self.queue.put(None)
+        self.thread.join(timeout=30.0)
 
 
 class Downlink:
@@ -155,6 +184,7 @@ class SplitFedSession:
         self.profiled = assign.batch_size < 2  # nothing to profile at: skip the phase
         self.down = Downlink(worker.config.down_mbps)
         self.pending_round: tuple[float, SplitRound] | None = None
+        self.uplink = Uplink(worker)
 
     @classmethod
     def open(cls, worker: Worker, assign: Assign) -> SplitFedSession | None:
@@ -225,6 +255,7 @@ class SplitFedSession:
             self._backward(r)
 
     def close(self) -> None:
+        self.uplink.close()
         self.worker.stop_listening(self.grad_topic)
         self.worker.stop_listening(self.worker.topics.device(Family.STATUS, self.server))
         self.round = None
@@ -329,7 +360,7 @@ class SplitFedSession:
         out = r.model(self.x[rows])
         r.compute += emulate_slowdown(started, self.worker.slowdown)
         r.outputs[r.next_micro] = out
-        self.worker.send(
+        self.uplink.post(
             self.topic,
             SplitActivation(
                 run_id=self.run_id,
@@ -408,7 +439,7 @@ class SplitFedSession:
 
     def _upload(self, r: _Round) -> None:
         state = {k: v.detach().clone() for k, v in r.model.state_dict().items()}
-        self.worker.send(
+        self.uplink.post(
             self.worker.topics.device(Family.REPLY, self.worker.device_id),
             SplitUpdate(
                 run_id=self.run_id,
