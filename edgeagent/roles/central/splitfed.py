@@ -483,7 +483,7 @@ class SplitFedRun:
             server.optimizer.step()
             server.optimizer.zero_grad(set_to_none=True)
             self.iterations += 1
-            self._progress({"batch": self.iterations, "total": None, "loss": float(loss)})
+            self._progress({"batch": self.iterations, "total": self._total(), "loss": float(loss)})
         server.compute += time.perf_counter() - started
         self.loss_sum += float(loss)
         self.loss_count += 1
@@ -527,6 +527,8 @@ class SplitFedRun:
             self.loss_sum += msg.loss_sum
             self.loss_count += msg.iterations
         self.updates[item.sender] = msg
+        loss = self.loss_sum / self.loss_count if self.loss_count else 0.0
+        self._progress({"batch": self.iterations, "total": self._total(), "loss": loss})
 
     def _on_profile(self, item: Inbound) -> None:
         msg = item.message
@@ -565,6 +567,14 @@ class SplitFedRun:
             self.central.topics.fixed(Family.EVENTS),
             Event(name=name, run_id=self.central.run_id, details=details),
         )
+
+    def _total(self) -> int | None:
+        """Iterations of the whole run (the progress bar's end), once every device said how much data it
+        has (its profile); each device runs ``|D_k| // B`` per epoch."""
+        if not all(d in self.profiles for d in self.devices):
+            return None
+        batch = self.train.batch_size
+        return self.train.epochs * sum(self.profiles[d].samples // batch for d in self.devices)
 
     def _progress(self, values: dict[str, Any]) -> None:
         if self.central.progress is not None:
