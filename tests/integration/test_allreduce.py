@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec
 from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.messages import Ready
 from edgeagent.roles.central import Central, RunReport
+from edgeagent.roles.central.allreduce import AllreduceRun
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +37,19 @@ TRAIN = TrainConfig(dataset="digits", batch_size=20, model_options={"hidden": HI
 
 
 def run(
-    broker: str, workers: int, steps: int, save: Path, *, kill: tuple[str, int] | None = None, **central: Any
+    broker: str,
+    workers: int,
+    steps: int,
+    save: Path,
+    *,
+    kill: tuple[str, int] | None = None,
+    restart: bool = False,
+    **central: Any,
 ) -> tuple[RunReport, list[str]]:
-    """A run of ``steps`` steps; ``kill=(device, step)``: SIGKILL it when that step is done."""
+    """A run of ``steps`` steps; ``kill=(device, step)``: SIGKILL it when that step is done (and start it
+    again at once with ``restart``)."""
     cluster = f"t{uuid.uuid4().hex[:8]}"
-    train = TRAIN.model_copy(update={"max_batches": steps})
+    train = TRAIN.model_copy(update={"max_batches": steps, "epochs": 100})  # the steps bound the run
     config = CentralConfig(
         cluster=cluster,
         broker=broker,
@@ -51,16 +62,48 @@ def run(
     )
     local = LocalWorkers(workers, broker, cluster, [1.0] * workers).start_all()
     killed: list[str] = []
+    node: Central
+    joining: list[str] = []
 
     def progress(values: dict[str, Any]) -> None:
+        if restart and killed and not joining:
+            wait_for_ready(node, killed[0], joining)
         if kill is not None and values.get("batch") == kill[1] and not killed:
-            killed.append(kill[0])
-            os.kill(local.procs[kill[0]].pid, signal.SIGKILL)
+            device = kill[0]
+            killed.append(device)
+            os.kill(local.procs[device].pid, signal.SIGKILL)
+            if restart:
+                local.procs[device].wait(10)
+                died = time.monotonic()
+                local.restart(device)
+                # Until the new process heartbeats (stamped on the network thread while this one waits).
+                state = node.workers[device]
+                deadline = died + 60
+                while not (state.online and state.last_heartbeat > died) and time.monotonic() < deadline:
+                    time.sleep(0.05)
 
+    node = Central(config, progress=progress)
     try:
-        return Central(config, progress=progress).run(), killed
+        return node.run(), killed
     finally:
         local.stop()
+
+
+def wait_for_ready(node: Central, device: str, seen: list[str]) -> None:
+    """Once the run has assigned ``device`` again, hold the run until its ``ready`` has come (queued on the
+    network thread while the run waits here): a restarted process takes seconds to build its replica, and
+    the run's steps must not all be over by then."""
+    run = node.active
+    assert isinstance(run, AllreduceRun)
+    if device not in run.joiners:
+        return
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        queued = list(node.inbox.queue)
+        if device in run.ready or any(isinstance(i.message, Ready) and i.sender == device for i in queued):
+            seen.append(device)
+            return
+        time.sleep(0.05)
 
 
 def reference(report: RunReport) -> dict[str, torch.Tensor]:
@@ -71,7 +114,10 @@ def reference(report: RunReport) -> dict[str, torch.Tensor]:
     workers = report.workers[1:]
     shards = {d: shard(data.y_train, i, len(workers), "iid", TRAIN.seed) for i, d in enumerate(workers)}
     per_epoch = report.allreduce["steps_per_epoch"]
+    joins = {e["step"] for e in report.allreduce["events"] if e["name"] == "allreduce-joined"}
     for it in report.allreduce["iterations"]:
+        if it["step"] in joins:  # every member loads the joiner's model: momentum starts anew everywhere
+            replica.optimizer.state.clear()
         total = torch.zeros(replica.size)
         for d in it["members"]:
             rows = batch(shards[d], it["step"], per_epoch, TRAIN.batch_size, TRAIN.seed)
@@ -128,4 +174,25 @@ def test_a_killed_device_is_excluded_and_the_others_go_on(amqtt_url: str, tmp_pa
     assert [it["members"] for it in iterations[2:]] == [["worker-1", "worker-3"]] * 3
     excluded = [e for e in report.allreduce["events"] if e["name"] == "allreduce-excluded"]
     assert [e["devices"] for e in excluded] == [["worker-2"]]
+    check_model(report, saved)
+
+
+STEPS = 12  # the run waits for the restarted device's ready; it joins within a few steps
+
+
+def test_a_device_that_comes_back_rejoins_with_the_current_model(amqtt_url: str, tmp_path: Path) -> None:
+    """worker-3 of three is SIGKILLed once step 1 is done and started again at once: it is excluded, then
+    assigned again when it announces itself, and joins at a later step with the current model; from then
+    on the three replicas are identical again and the model is still the exact mean step by step."""
+    saved = tmp_path / "model.pt"
+    report, killed = run(amqtt_url, 3, STEPS, saved, kill=("worker-3", 1), restart=True, restart_window=0.0)
+    assert killed == ["worker-3"]
+    check_steps(report, STEPS)
+    events = report.allreduce["events"]
+    joined = [e for e in events if e["name"] == "allreduce-joined"]
+    assert [e["devices"] for e in joined] == [["worker-3"]], events
+    at = joined[0]["step"]
+    members = [it["members"] for it in report.allreduce["iterations"]]
+    assert members[2:at] == [["worker-1", "worker-2"]] * (at - 2)
+    assert members[at:] == [["worker-1", "worker-2", "worker-3"]] * (STEPS - at)
     check_model(report, saved)

@@ -544,4 +544,9 @@ def write_plots(report: Mapping[str, Any], json_path: str | Path) -> list[Path]:
     splitfed = plot_splitfed(report, json_path)
     if splitfed is not None:
         written.append(splitfed)
+    from edgeagent.ops.report.allreduce_plot import plot_allreduce  # allreduce runs' Figs. 14-17
+
+    allreduce = plot_allreduce(report, json_path)
+    if allreduce is not None:
+        written.append(allreduce)
     return written

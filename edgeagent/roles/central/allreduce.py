@@ -89,6 +89,7 @@ class AllreduceRun:
         self.weights: torch.Tensor | None = None  # rank 0's flat weights after ``weights_step``
         self.weights_step = -1
         self.joiners: list[str] = []
+        self.restarted: set[str] = set()  # members that announced themselves idle: they lost the run
         self.errors: list[str] = []
         self.grads: dict[str, torch.Tensor] = {}  # ps-sync: this step's gradients
         self.applied = 0  # ps-async: gradients applied
@@ -279,7 +280,9 @@ class AllreduceRun:
                         f"step {step} (attempt {self.attempt}): no result from "
                         f"{sorted(set(self.members) - set(self.done))}"
                     ),
-                    fault=lambda: [d for d in self.members if not self._live(d)] or None,
+                    fault=lambda: (
+                        [d for d in self.members if not self._live(d) or d in self.restarted] or None
+                    ),
                 )
             except TrainingError as exc:
                 tries += 1
@@ -290,6 +293,7 @@ class AllreduceRun:
                 self.attempt += 1
                 continue
             if dead:
+                self.restarted -= set(dead)
                 self.members = [d for d in self.members if d not in dead]
                 log.warning("step %d: %s gone; the step runs again over %s", step, dead, self.members)
                 self._event("allreduce-excluded", {"step": step, "devices": dead, "members": self.members})
@@ -372,10 +376,13 @@ class AllreduceRun:
         msg = item.message
         assert isinstance(msg, Announce)
         d = msg.device_id
-        if d in self.devices and d not in self.members and d not in self.joiners and msg.busy_with == "":
+        if d in self.devices and msg.busy_with == "" and item.sender == d:
             if self.collective in ("ps-sync", "ps-async"):
                 return
-            self.joiners.append(d)
+            if d in self.members:  # it restarted (with its id) before its death was noticed
+                self.restarted.add(d)
+            if d not in self.joiners:
+                self.joiners.append(d)
             self.ready.discard(d)
             self._assign(d)
             log.info("%s is back: assigned again; it joins at a step boundary", d)

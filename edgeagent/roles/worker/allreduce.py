@@ -237,6 +237,8 @@ class AllreduceSession:
         if cur is not None and (msg.step, msg.attempt) <= (cur.step, cur.attempt):
             return  # a duplicate, or overtaken
         if self.worker.device_id not in msg.members:
+            if cur is None:
+                return  # assigned to join: the central node names this device in a later step
             log.info("%s: step %d goes on without this device", self.worker.device_id, msg.step)
             self._end(rejoin=True)
             return
