@@ -49,7 +49,7 @@ def parse_failure(text: str) -> LinkFailure:
             "e.g. worker-1,worker-3@20:200"
         ) from None
     if failure.first < 0 or (failure.last is not None and failure.last < failure.first):
-        raise ConfigError(f"--fail-link {text!r}: steps must satisfy 0 <= FROM <= TO")
+        raise ConfigError(f"--fail-link {text!r}: expected A,B@FROM:TO with 0 <= FROM <= TO")
     return failure
 
 
