@@ -14,7 +14,8 @@ time, with a floor) is run again; after three tries the run stops with the reaso
 
 ``ps-sync``: the central node is the parameter server: it waits for every member's gradient, averages them
 in rank order, applies them and sends its model back. ``ps-async``: it applies every gradient as it
-arrives and sends the current model back to that device, which goes on at once.
+arrives (scaled by 1/n for n devices, so that n gradients move the model as one synchronous step does)
+and sends the current model back to that device, which goes on at once.
 """
 
 from __future__ import annotations
@@ -422,7 +423,9 @@ class AllreduceRun:
             self.central.discard(item, f"a gradient of {msg.data.numel()} floats, not {self.replica.size}")
             return
         if self.collective == "ps-async":
-            self.replica.apply(msg.data, self.train.batch_size)
+            # One device's gradient is 1/n of a step's mean: a round of n gradients moves the model as far
+            # as one synchronous step (at the full rate, 7 devices' stale gradients with momentum diverge).
+            self.replica.apply(msg.data / len(self.members), self.train.batch_size)
             self.applied += 1
             self._reply(item.sender, msg.step, [msg.sender])
             return
