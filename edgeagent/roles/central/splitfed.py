@@ -77,6 +77,7 @@ class ServerSide:
     compute: float = 0.0
     last_heard: float = field(default_factory=time.monotonic)
     iteration_seconds: float = 0.0  # the longest gap between two of its activations (its deadline's unit)
+    started: float = field(default_factory=time.monotonic)  # when its round was sent
 
 
 class SplitFedRun:
@@ -111,6 +112,7 @@ class SplitFedRun:
         self.updates: dict[str, SplitUpdate] = {}
         self.left_out: dict[str, str] = {}  # device -> why, this epoch
         self.sent_checksums: dict[str, str] = {}
+        self.device_seconds: dict[str, float] = {}  # each device's last epoch, round sent to update in
         self.iterations = 0
         self.loss_sum = 0.0
         self.loss_count = 0
@@ -364,8 +366,13 @@ class SplitFedRun:
                 continue
             server = self.servers[d]
             silent = now - server.last_heard
-            limit = max(self.config.batch_timeout, self.config.timeout_multiplier * server.iteration_seconds)
-            if not self._live(d) or silent > limit:
+            # Its measured gap between activations; FL sends nothing until its upload: its last epoch's
+            # time (and so before a measurement, for a first iteration that may be slow). Unmeasured: the
+            # last will and the heartbeats alone.
+            gap = server.iteration_seconds if server.split < self.layers else 0.0
+            expected = gap or self.device_seconds.get(d, 0.0)
+            limit = max(self.config.batch_timeout, self.config.timeout_multiplier * expected)
+            if not self._live(d) or (expected > 0 and silent > limit):
                 why = "offline" if not self._live(d) else f"silent for {silent:.1f} s (limit {limit:.1f} s)"
                 self._leave_out(d, why)
         return None
@@ -522,6 +529,7 @@ class SplitFedRun:
             self.central.discard(item, "update tensors of the wrong shape or not finite")
             return
         server.last_heard = time.monotonic()
+        self.device_seconds[item.sender] = server.last_heard - server.started
         if server.split >= self.layers:
             self.iterations += msg.iterations
             self.loss_sum += msg.loss_sum
