@@ -46,6 +46,9 @@ from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     Activation,
     ActivationMode,
+    AllreduceDone,
+    AllreduceMsg,
+    AllreduceStep,
     Announce,
     Assign,
     Commit,
@@ -65,6 +68,11 @@ from edgeagent.protocol.messages import (
     Profile,
     Ready,
     Repartition,
+    SplitActivation,
+    SplitGradient,
+    SplitProfile,
+    SplitRound,
+    SplitUpdate,
     Status,
     Weights,
 )
@@ -99,6 +107,9 @@ def fuzz_topics(topics: Topics, num_stages: int) -> list[str]:
             out += [topics.device(family, d) for d in [*DEVICES, FUZZER]]
         with contextlib.suppress(ValueError):
             out += [topics.stage(family, s) for s in range(num_stages + 1)]
+    # Data-parallel training's links (allreduce mode): sender -> receiver, the fuzzer as either end.
+    ends = [*DEVICES, FUZZER]
+    out += [topics.link(a, b) for a in ends for b in ends if a != b]
     # Outside the protocol, but inside the roles' wildcards (device/+/...): an invalid device id.
     out += [f"{topics.base}/device/{'x' * 65}/heartbeat", f"{topics.base}/device/bad!id/request"]
     out.append(f"{topics.base}/device/{FUZZER}/no-such-family")
@@ -263,6 +274,41 @@ def base_messages(spec: ModelSpec) -> list[Message]:
             total=4,
             grads={"layers.1.0.weight": torch.zeros(2, 2)},
         ),
+        # Data-parallel training (allreduce mode).
+        AllreduceStep(run_id=FOREIGN, step=0, attempt=0, members=[FUZZER, WORKERS[0]]),
+        AllreduceMsg(run_id=FOREIGN, step=0, attempt=0, kind="data_reduce", sender=0, data=torch.zeros(4)),
+        AllreduceDone(
+            run_id=FOREIGN,
+            device_id=FUZZER,
+            step=0,
+            attempt=0,
+            digest="0",
+            loss=0.0,
+            samples=1,
+            contributors=[0],
+        ),
+        # Split-federated training (PiPar).
+        SplitRound(
+            run_id=FOREIGN, epoch=0, split=1, parallel=1, batch_size=2, tensors={"0.weight": torch.zeros(2)}
+        ),
+        SplitActivation(
+            run_id=FOREIGN,
+            epoch=0,
+            iteration=0,
+            micro=0,
+            x=torch.zeros(2, 3),
+            y=torch.zeros(2, dtype=torch.long),
+        ),
+        SplitGradient(run_id=FOREIGN, epoch=0, iteration=0, micro=0, g=torch.zeros(2, 3), loss=0.0),
+        SplitUpdate(
+            run_id=FOREIGN,
+            epoch=0,
+            device_id=FUZZER,
+            samples=2,
+            iterations=1,
+            tensors={"0.weight": torch.zeros(2)},
+        ),
+        SplitProfile(run_id=FOREIGN, device_id=FUZZER, fwd=[0.1], bwd=[0.2], samples=2),
     ]
     assert {m.KIND for m in messages} == set(MessageKind), "one message of every kind"
     return messages
