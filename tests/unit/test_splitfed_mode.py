@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -104,3 +106,13 @@ def test_the_plan_flags() -> None:
         choose(config(splitfed_plan="fixed", split_point=7), spec, layers, ["w1"], None, None)
     with pytest.raises(PlanningError, match="exceeds the batch size 16"):
         choose(config(splitfed_plan="fixed", parallel_batches=17), spec, layers, ["w1"], None, None)
+
+
+def test_the_fig6_plot_is_written_for_split_federated_reports_only(tmp_path: Path) -> None:
+    from edgeagent.ops.report.splitfed_plot import plot_splitfed
+
+    json_path = tmp_path / "report.json"
+    assert plot_splitfed({"mode": "pipeline", "splitfed": {}}, json_path) is None
+    assert plot_splitfed({"mode": "allreduce"}, json_path) is None
+    written = plot_splitfed({"mode": "split-federated", "splitfed": {"epochs": []}}, json_path)
+    assert written is not None and written.exists() and written.stat().st_size > 0

@@ -50,7 +50,7 @@ def _bars(epoch: Mapping[str, Any]) -> list[tuple[str, float, float, str]]:
 def plot_splitfed(report: Mapping[str, Any], json_path: str | Path) -> Path | None:
     """Write ``<report>-splitfed.png`` for a split-federated report; None (nothing written) for others."""
     section = report.get("splitfed")
-    if not isinstance(section, Mapping):
+    if report.get("mode") != "split-federated" or not isinstance(section, Mapping):
         return None
     epochs = [e for e in section.get("epochs", []) if isinstance(e, Mapping)]
     fig = _figure(9.0, 4.8)
