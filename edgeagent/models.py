@@ -214,8 +214,7 @@ def _mlp(
     PyTorch's default Linear initialisation.
     """
     if isinstance(hidden, str | bytes) or not isinstance(hidden, Sequence) or len(hidden) < 1:
-        # One hidden size (2 layers) is papers/001's 784-512-10 MLP; a pipeline needs more layers than
-        # devices, which its mode checks.
+        # One hidden size (2 layers) is papers/001's 784-512-10 MLP; the pipeline mode checks the depth.
         raise ValueError(
             f"mlp option hidden must be a sequence of at least 1 positive int (giving >= 2 layers), "
             f"got {hidden!r}"

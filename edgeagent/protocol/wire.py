@@ -24,12 +24,10 @@ import torch
 from edgeagent.compression.base import Compressed, from_wire, to_wire
 from edgeagent.errors import ProtocolError
 from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.commands import COMMAND_TYPES, Command
 from edgeagent.protocol.messages import (
     Activation,
-    AllreduceDone,
-    AllreduceMsg,
-    AllreduceStep,
     Announce,
     Assign,
     Commit,
@@ -49,13 +47,15 @@ from edgeagent.protocol.messages import (
     Profile,
     Ready,
     Repartition,
+    Status,
+    Weights,
+)
+from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,
     SplitRound,
     SplitUpdate,
-    Status,
-    Weights,
 )
 from edgeagent.protocol.tensors import decode_tensor, encode_tensor
 

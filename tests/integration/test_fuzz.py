@@ -40,15 +40,13 @@ from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
 from edgeagent.models import ModelSpec, layer_output_shapes
 from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.chunking import CHUNK_TAG
 from edgeagent.protocol.commands import Ping
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     Activation,
     ActivationMode,
-    AllreduceDone,
-    AllreduceMsg,
-    AllreduceStep,
     Announce,
     Assign,
     Commit,
@@ -68,13 +66,15 @@ from edgeagent.protocol.messages import (
     Profile,
     Ready,
     Repartition,
+    Status,
+    Weights,
+)
+from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,
     SplitRound,
     SplitUpdate,
-    Status,
-    Weights,
 )
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG
 from edgeagent.protocol.topics import Family, Topics, topic_matches

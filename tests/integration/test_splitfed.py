@@ -27,7 +27,8 @@ from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
-from edgeagent.protocol.messages import SplitActivation, Status
+from edgeagent.protocol.messages import Status
+from edgeagent.protocol.splitfed_messages import SplitActivation
 from edgeagent.protocol.topics import Family
 from edgeagent.protocol.wire import decode
 from edgeagent.roles.central import Central, RunReport

@@ -30,14 +30,12 @@ from edgeagent.config import CentralConfig, DemoConfig, TrainConfig, build, load
 from edgeagent.errors import ConfigError, ProtocolError
 from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.partition import balanced_partition, check_points, stage_of_layer
+from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.chunking import CHUNK_TAG, Reassembler, is_chunk, split_payload
 from edgeagent.protocol.commands import COMMAND_TYPES, Command, Reshare, SetCompression, Stop
 from edgeagent.protocol.messages import (
     Activation,
     ActivationMode,
-    AllreduceDone,
-    AllreduceMsg,
-    AllreduceStep,
     Announce,
     Assign,
     Commit,

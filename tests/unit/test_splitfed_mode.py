@@ -13,7 +13,13 @@ from edgeagent.models import ModelSpec, build_model, num_layers
 from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
 from edgeagent.protocol.acl import Grant, PlanTracker, may_publish, may_receive, may_subscribe, mosquitto_acl
 from edgeagent.protocol.limits import sender_problem
-from edgeagent.protocol.messages import SplitActivation, SplitGradient, SplitProfile, SplitRound, SplitUpdate
+from edgeagent.protocol.splitfed_messages import (
+    SplitActivation,
+    SplitGradient,
+    SplitProfile,
+    SplitRound,
+    SplitUpdate,
+)
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.central.splitfed_plan import choose, needs_profiles

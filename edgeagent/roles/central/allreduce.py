@@ -33,17 +33,8 @@ from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import shard, steps_per_epoch
 from edgeagent.errors import TrainingError
 from edgeagent.pipeline.stage import TrainOptions
-from edgeagent.protocol.messages import (
-    AllreduceDone,
-    AllreduceMsg,
-    AllreduceStep,
-    Announce,
-    Assign,
-    ErrorReport,
-    Event,
-    Message,
-    Ready,
-)
+from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
+from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message, Ready
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.report import RunReport
 from edgeagent.runtime.role import Inbound

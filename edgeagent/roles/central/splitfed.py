@@ -31,12 +31,8 @@ from edgeagent.errors import PlanningError, TrainingError
 from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_shapes, num_layers
 from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
 from edgeagent.pipeline.stage import TrainOptions
-from edgeagent.protocol.messages import (
-    Announce,
-    Assign,
-    ErrorReport,
-    Event,
-    Message,
+from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
+from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,

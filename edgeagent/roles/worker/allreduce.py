@@ -33,16 +33,9 @@ from edgeagent.allreduce.shards import batch, shard, steps_per_epoch
 from edgeagent.data import load_dataset
 from edgeagent.errors import EdgeAgentError
 from edgeagent.models import ModelSpec
+from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.commands import Stop
-from edgeagent.protocol.messages import (
-    AllreduceDone,
-    AllreduceMsg,
-    AllreduceStep,
-    Assign,
-    Message,
-    Ready,
-    Status,
-)
+from edgeagent.protocol.messages import Assign, Message, Ready, Status
 from edgeagent.protocol.topics import Family
 from edgeagent.runtime.role import Handler, Inbound
 

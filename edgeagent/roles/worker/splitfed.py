@@ -36,14 +36,13 @@ from edgeagent.models import ModelSpec, build_layers, num_layers
 from edgeagent.modes.fedavg import state_checksum
 from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.commands import Stop
-from edgeagent.protocol.messages import (
-    Message,
+from edgeagent.protocol.messages import Message, Status
+from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,
     SplitRound,
     SplitUpdate,
-    Status,
 )
 from edgeagent.protocol.topics import Family
 from edgeagent.runtime.compute import Clock, emulate_slowdown
