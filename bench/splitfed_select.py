@@ -8,7 +8,7 @@ layer at batch B and B/8, ``splitfed.profile``); each device is ``--device-slowd
 "hetero" device 0 is 2x slower again (the paper's Sec. 5.6.1: half the clock). For K = 2 and 4
 devices (``--samples`` split evenly) and the issue's links (4G 10/25 Mbit/s up/down, 4G+ 20/40,
 WiFi 50/50; ``--latency-ms`` per message) it prints the (P_k, N_k) chosen by ours and by the paper's
-rule, the estimated epoch time (``plan.epoch_time``: contended server, floor(B/N) mini-batches, the
+rule, the estimated epoch time (``cost.epoch_time``: contended server, floor(B/N) mini-batches, the
 FedAvg exchange) of ours, the paper's, the best common (P, N), FL and SFL, the score T_opt / T (eq. 28)
 against the exhaustive search of every common (P, N) in [1, 5] x [1, B] over the same estimate, and the
 selection's own time against one epoch. Everything is the estimate: the measured exhaustive search,
@@ -32,15 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgeagent.models import ModelSpec
-from edgeagent.splitfed.plan import (
-    Choice,
-    DeviceCosts,
-    LayerTimes,
-    baseline,
-    epoch_time,
-    exhaustive,
-    select,
-)
+from edgeagent.splitfed.cost import Choice, DeviceCosts, LayerTimes, epoch_time
+from edgeagent.splitfed.plan import baseline, exhaustive, select
 from edgeagent.splitfed.profile import param_bytes, profile_layers
 
 SPEC = ModelSpec("vgg5", (1, 28, 28), 10)

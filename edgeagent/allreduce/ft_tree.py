@@ -58,6 +58,7 @@ import torch
 
 from edgeagent.allreduce import topology
 from edgeagent.allreduce.base import CollectiveMsg, LinkTimeouts, Send
+from edgeagent.allreduce.step import StepCollective
 from edgeagent.errors import ConfigError
 
 Variant = Literal["thesis", "proactive"]
@@ -66,21 +67,19 @@ VARIANTS: tuple[Variant, ...] = ("thesis", "proactive")
 _MAX_EARLY = 16
 
 
-class FtTreeAllreduce:
+class FtTreeAllreduce(StepCollective):
     """One device's part in one fault-tolerant tree allreduce step (see the module doc)."""
+
+    label = "ft-tree"
 
     def __init__(
         self, rank: int, size: int, step: int, timeouts: LinkTimeouts, *, variant: Variant = "proactive"
     ) -> None:
         if variant not in VARIANTS:
             raise ConfigError(f"ft-tree variant {variant!r} is not one of {', '.join(VARIANTS)}")
+        super().__init__(rank, size, step, timeouts, max_early=_MAX_EARLY)
         self.node = topology.node(rank, size)
-        self.rank, self.size, self.step = rank, size, step
-        self.timeouts = timeouts
         self.variant: Variant = variant
-        self.rejected = 0  # messages dropped as inconsistent (wrong shape, partial overlap, bad target)
-        self._started = False
-        self._early: list[CollectiveMsg] = []
         self._sum: torch.Tensor | None = None
         self._contrib: set[int] = set()
         self._children_in: set[int] = set()
@@ -91,7 +90,6 @@ class FtTreeAllreduce:
         self._reduce_seen: set[int] = set()  # watched nodes whose sum their parent confirmed
         self._reduce_deadline: dict[int, float] = {}
         self._suspect: set[int] = set()  # watched nodes whose parent link failed in the reduce
-        self._mean: torch.Tensor | None = None
         self._bcast_seen: set[int] = set()  # watched nodes that said meta_bcast_received
         self._bcast_served: set[int] = set()  # watched nodes we sent data_bcast to
         self._bcast_deadline: dict[int, float] = {}
@@ -102,26 +100,15 @@ class FtTreeAllreduce:
     # --- the Collective protocol -------------------------------------------------------------------
 
     def start(self, grad: torch.Tensor, now: float) -> list[Send]:
-        if self._started:
-            raise ConfigError(f"ft-tree step {self.step} rank {self.rank} started twice")
-        self._started = True
-        self._sum = grad.detach().to(torch.float32).flatten().clone()
+        self._sum = self._begin(grad).clone()
         self._contrib = {self.rank}
-        out = self._maybe_send_up(now)
-        early, self._early = self._early, []
-        for msg in early:
-            out += self.receive(msg, now)
-        return out
+        return self._replay_early(self._maybe_send_up(now), now)
 
     def receive(self, msg: CollectiveMsg, now: float) -> list[Send]:
         if msg.step != self.step:
             return []
         if not self._started and msg.kind in ("data_reduce", "data_bcast"):
-            if len(self._early) >= _MAX_EARLY:
-                self.rejected += 1
-                return []
-            self._early.append(msg)
-            return self._ack_early(msg)
+            return self._ack_early(msg) if self._keep_early(msg) else []
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
             self.rejected += 1
@@ -150,9 +137,6 @@ class FtTreeAllreduce:
         if self._linger is not None:
             times.append(self._linger)
         return min(times) if times else None
-
-    def result(self) -> torch.Tensor | None:
-        return self._mean
 
     def done(self) -> bool:
         return self._mean is not None and self.next_deadline() is None and not self._bcast_owed

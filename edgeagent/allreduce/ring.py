@@ -19,46 +19,32 @@ import torch
 
 from edgeagent.allreduce import topology
 from edgeagent.allreduce.base import CollectiveMsg, LinkTimeouts, Send
-from edgeagent.errors import ConfigError
+from edgeagent.allreduce.step import UntimedCollective
 
 
-class RingAllreduce:
+class RingAllreduce(UntimedCollective):
     """One device's part in one ring allreduce step."""
 
+    label = "ring"
+
     def __init__(self, rank: int, size: int, step: int, timeouts: LinkTimeouts) -> None:
-        self.rank, self.size, self.step = rank, size, step
+        # timeouts unused: the ring has none (same signature as the rest); 2 * size + 4 is more than a
+        # correct neighbour sends before this device starts
+        super().__init__(rank, size, step, timeouts, max_early=2 * size + 4)
         self.right = topology.ring_next(rank, size)
         self.left = topology.ring_prev(rank, size)
-        self.timeouts = timeouts  # unused: the ring has no timeouts (same signature as the rest)
-        self.rejected = 0
-        self._started = False
-        self._early: list[CollectiveMsg] = []
         self._chunks: list[torch.Tensor] = []
         self._contrib: list[set[int]] = []
         self._final: dict[int, torch.Tensor] = {}
-        self._mean: torch.Tensor | None = None
 
     def start(self, grad: torch.Tensor, now: float) -> list[Send]:
-        if self._started:
-            raise ConfigError(f"ring step {self.step} rank {self.rank} started twice")
-        self._started = True
-        flat = grad.detach().to(torch.float32).flatten()
+        flat = self._begin(grad)
         self._chunks = [c.clone() for c in torch.tensor_split(flat, self.size)]
         self._contrib = [{self.rank} for _ in range(self.size)]
-        out = self._complete(self.rank) if self.size == 1 else [self._rs(self.rank)]
-        early, self._early = self._early, []
-        for msg in early:
-            out += self.receive(msg, now)
-        return out
+        return self._replay_early(self._complete(self.rank) if self.size == 1 else [self._rs(self.rank)], now)
 
     def receive(self, msg: CollectiveMsg, now: float) -> list[Send]:
-        if msg.step != self.step:
-            return []
-        if not self._started:
-            if len(self._early) >= 2 * self.size + 4:  # more than a correct neighbour sends before our start
-                self.rejected += 1
-                return []
-            self._early.append(msg)
+        if self._deferred(msg):
             return []
         c = msg.target
         if (
@@ -87,18 +73,6 @@ class RingAllreduce:
             return self._keep(c, msg.data.clone(), forward=self.right != (c - 1) % self.size)
         self.rejected += 1
         return []
-
-    def tick(self, now: float) -> list[Send]:
-        return []
-
-    def next_deadline(self) -> float | None:
-        return None
-
-    def result(self) -> torch.Tensor | None:
-        return self._mean
-
-    def done(self) -> bool:
-        return self._mean is not None
 
     def contributors(self) -> tuple[int, ...]:
         """Every rank once this device holds the mean (each mean chunk was checked to have them all)."""

@@ -13,45 +13,31 @@ import torch
 
 from edgeagent.allreduce import topology
 from edgeagent.allreduce.base import CollectiveMsg, LinkTimeouts, Send
-from edgeagent.errors import ConfigError
+from edgeagent.allreduce.step import UntimedCollective
 
 
-class TreeAllreduce:
+class TreeAllreduce(UntimedCollective):
     """One device's part in one plain tree allreduce step."""
 
+    label = "tree"
+
     def __init__(self, rank: int, size: int, step: int, timeouts: LinkTimeouts) -> None:
+        # timeouts unused: the plain tree has none (same signature as the rest); 8 is more than a
+        # correct neighbour sends before this device starts
+        super().__init__(rank, size, step, timeouts, max_early=8)
         self.node = topology.node(rank, size)
-        self.rank, self.size, self.step = rank, size, step
-        self.timeouts = timeouts  # unused: the plain tree has no timeouts (same signature as the rest)
-        self.rejected = 0
-        self._started = False
-        self._early: list[CollectiveMsg] = []
         self._sum: torch.Tensor | None = None
         self._contrib: set[int] = set()
         self._children_in: set[int] = set()
         self._sent_up = False
-        self._mean: torch.Tensor | None = None
 
     def start(self, grad: torch.Tensor, now: float) -> list[Send]:
-        if self._started:
-            raise ConfigError(f"tree step {self.step} rank {self.rank} started twice")
-        self._started = True
-        self._sum = grad.detach().to(torch.float32).flatten().clone()
+        self._sum = self._begin(grad).clone()
         self._contrib = {self.rank}
-        out = self._maybe_send_up()
-        early, self._early = self._early, []
-        for msg in early:
-            out += self.receive(msg, now)
-        return out
+        return self._replay_early(self._maybe_send_up(), now)
 
     def receive(self, msg: CollectiveMsg, now: float) -> list[Send]:
-        if msg.step != self.step:
-            return []
-        if not self._started:
-            if len(self._early) >= 8:  # more than a correct neighbour sends before our start
-                self.rejected += 1
-                return []
-            self._early.append(msg)
+        if self._deferred(msg):
             return []
         assert self._sum is not None
         if msg.data is None or msg.data.shape != self._sum.shape:
@@ -74,18 +60,6 @@ class TreeAllreduce:
             return self._on_mean(msg.data.clone())
         self.rejected += 1
         return []
-
-    def tick(self, now: float) -> list[Send]:
-        return []
-
-    def next_deadline(self) -> float | None:
-        return None
-
-    def result(self) -> torch.Tensor | None:
-        return self._mean
-
-    def done(self) -> bool:
-        return self._mean is not None
 
     def contributors(self) -> tuple[int, ...]:
         """The ranks summed so far on this node (all ranks once it holds the mean)."""

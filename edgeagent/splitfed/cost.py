@@ -7,7 +7,7 @@ with it; the module note there says what the graph is and what ours adds to the 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -17,7 +17,6 @@ __all__ = [
     "DeviceCosts",
     "LayerTimes",
     "brute_force_critical_path",
-    "brute_force_iteration_time",
     "critical_path",
     "epoch_time",
     "epoch_times",
@@ -241,29 +240,14 @@ def iteration_time(
     *,
     server_share: float = 1.0,
     batch_size: int | None = None,
+    path: Callable[[Sequence[Stages]], float] = critical_path,
 ) -> float:
-    """Estimated seconds of one iteration (eq. 11-13), linear in N."""
+    """Estimated seconds of one iteration (eq. 11-13), linear in N (``path=brute_force_critical_path``
+    enumerates every path of the stage graph instead, exponential in N)."""
     st = stage_times(
         device, server, act_bytes, grad_bytes, choice, server_share=server_share, batch_size=batch_size
     )
-    return critical_path([st] * choice.n)
-
-
-def brute_force_iteration_time(
-    device: DeviceCosts,
-    server: LayerTimes,
-    act_bytes: Sequence[float],
-    grad_bytes: Sequence[float],
-    choice: Choice,
-    *,
-    server_share: float = 1.0,
-    batch_size: int | None = None,
-) -> float:
-    """:func:`iteration_time` by enumerating every path of the stage graph (exponential in N)."""
-    st = stage_times(
-        device, server, act_bytes, grad_bytes, choice, server_share=server_share, batch_size=batch_size
-    )
-    return brute_force_critical_path([st] * choice.n)
+    return path([st] * choice.n)
 
 
 def estimate_n(

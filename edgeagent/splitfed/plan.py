@@ -1,6 +1,6 @@
 """PiPar's cost model and the choice of (P, N) per device (papers/003 Sec. 3.2-3.3, eq. 2 and 5-14).
 
-Pure: no torch, no I/O. The cost model itself (eq. 5-13) is in :mod:`.cost`, re-exported here.
+Pure: no torch, no I/O. The cost model itself (eq. 5-14) is in :mod:`.cost`.
 
 Note: the stage graph of one iteration (Table 1 of the paper is garbled; this is Sec. 3.2.2 and Fig. 2(b)).
     For mini-batches n = 1..N of one device (``f`` forward, ``b`` backward, ``c`` device, ``s`` server,
@@ -38,42 +38,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from edgeagent.splitfed.cost import (
-    STAGES,
     Choice,
     Choices,
     DeviceCosts,
     LayerTimes,
-    brute_force_critical_path,
-    brute_force_iteration_time,
-    critical_path,
-    epoch_time,
     epoch_times,
     estimate_n,
     iteration_time,
-    iterations_per_epoch,
     server_shares,
-    stage_times,
 )
 
-__all__ = [
-    "STAGES",
-    "Choice",
-    "DeviceCosts",
-    "LayerTimes",
-    "baseline",
-    "brute_force_critical_path",
-    "brute_force_iteration_time",
-    "critical_path",
-    "epoch_time",
-    "epoch_times",
-    "estimate_n",
-    "exhaustive",
-    "iteration_time",
-    "iterations_per_epoch",
-    "select",
-    "server_shares",
-    "stage_times",
-]
+__all__ = ["baseline", "exhaustive", "select"]
 
 _SEARCH_PASSES = 3
 

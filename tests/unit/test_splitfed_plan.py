@@ -6,24 +6,21 @@ import random
 
 import pytest
 
-from edgeagent.splitfed.plan import (
+from edgeagent.splitfed.cost import (
     STAGES,
     Choice,
     DeviceCosts,
     LayerTimes,
-    baseline,
     brute_force_critical_path,
-    brute_force_iteration_time,
     critical_path,
     epoch_time,
     estimate_n,
-    exhaustive,
     iteration_time,
     iterations_per_epoch,
-    select,
     server_shares,
     stage_times,
 )
+from edgeagent.splitfed.plan import baseline, exhaustive, select
 
 FWD = (0.02, 0.15, 0.10, 0.01, 0.002)  # a VGG-5-like device at the full batch
 ACT = (2.5e5, 1.25e5, 2.3e4, 5.1e3, 4e2)
@@ -62,7 +59,9 @@ def test_iteration_time_equals_brute_force(n: int) -> None:
         choice = Choice(rng.randint(1, q), n)
         share = rng.uniform(0.2, 1.0)
         memo = iteration_time(device, server, act, act, choice, server_share=share)
-        brute = brute_force_iteration_time(device, server, act, act, choice, server_share=share)
+        brute = iteration_time(
+            device, server, act, act, choice, server_share=share, path=brute_force_critical_path
+        )
         assert memo == pytest.approx(brute, abs=1e-12)
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from edgeagent.models import ModelSpec, layer_output_shapes
-from edgeagent.splitfed.plan import Choice, DeviceCosts, iteration_time
+from edgeagent.splitfed.cost import Choice, DeviceCosts, iteration_time
 from edgeagent.splitfed.profile import param_bytes, profile_layers
 
 SPEC = ModelSpec("vgg5", (1, 28, 28), 10)
