@@ -92,13 +92,20 @@ def _select_paper(
             ]
             out[d.name] = min(estimates, key=lambda pair: pair[0])[1]
         return out
-    top = min(d.max_split for d in devices)
-    shortlist = {c for d in devices for c in _paper_candidates(d, server, act, grad, batch) if c.split <= top}
+    splits = _common_splits(devices)
+    shortlist = {
+        c for d in devices for c in _paper_candidates(d, server, act, grad, batch) if c.split in splits
+    }
     best = min(
         sorted(shortlist, key=lambda c: (c.split, c.n)),
         key=lambda c: max(_paper_estimate(d, server, act, grad, batch, c) for d in devices),
     )
     return {d.name: best for d in devices}
+
+
+def _common_splits(devices: Sequence[DeviceCosts]) -> range:
+    """The split points P that every device can hold: 1 to the smallest Q'."""
+    return range(1, min(d.max_split for d in devices) + 1)
 
 
 class _Evaluator:
@@ -185,10 +192,10 @@ def select(
     if method != "ours":
         raise ValueError(f"unknown method {method!r}; allowed: 'ours', 'paper'")
     ev = _Evaluator(devices, server, act_bytes, grad_bytes, batch_size, param_bytes)
-    top = min(d.max_split for d in devices)
     shares = server_shares(devices, server, act_bytes, grad_bytes, batch_size, paper)
+    splits = _common_splits(devices)
     common = sorted(
-        {Choice(p, n) for d in devices for p in range(1, top + 1) for n in ev.window(d, p, shares[d.name])},
+        {Choice(p, n) for d in devices for p in splits for n in ev.window(d, p, shares[d.name])},
         key=lambda c: (c.split, c.n),
     )
     best_common = ev.best_common([*common, *set(paper.values())])
@@ -215,8 +222,7 @@ def exhaustive(
 ) -> dict[str, Choice]:
     """The best common (P, N) over all of [1, Q'] x [1, B] by :func:`epoch_time` (the paper's T_opt)."""
     ev = _Evaluator(devices, server, act_bytes, grad_bytes, batch_size, param_bytes)
-    top = min(d.max_split for d in devices)
-    return ev.best_common(Choice(p, n) for p in range(1, top + 1) for n in range(1, batch_size + 1))
+    return ev.best_common(Choice(p, n) for p in _common_splits(devices) for n in range(1, batch_size + 1))
 
 
 def baseline(
@@ -237,6 +243,5 @@ def baseline(
         return {d.name: Choice(d.times.layers, 1) for d in devices}
     if kind == "sfl":
         ev = _Evaluator(devices, server, act_bytes, grad_bytes, batch_size, param_bytes)
-        top = min(d.max_split for d in devices)
-        return ev.best_common(Choice(p, 1) for p in range(1, top + 1))
+        return ev.best_common(Choice(p, 1) for p in _common_splits(devices))
     raise ValueError(f"unknown baseline {kind!r}; allowed: 'fl', 'sfl'")
