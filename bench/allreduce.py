@@ -50,19 +50,9 @@ from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.roles.central import Central, RunReport
 
-THESIS = {  # papers/001 Tables 1 (0.5 s) and 2 (1 s): seconds per step, none / 1 / 2 parallel / 2 serial
-    0.5: {
-        7: (0.033, 1.449, 1.495, 2.822),
-        15: (0.062, 1.510, 1.513, 2.890),
-        31: (0.091, 1.497, 1.494, 2.880),
-    },
-    1.0: {
-        7: (0.034, 2.441, 2.473, 4.839),
-        15: (0.065, 2.541, 2.498, 4.860),
-        31: (0.093, 2.509, 2.541, 4.911),
-    },
-}
-CASES = ("none", "1", "2-parallel", "2-serial")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.allreduce_topology import CASES, THESIS  # papers/001 Tables 1 and 2
+
 THESIS_MODEL = {"hidden": [512]}
 WARMUP = 2
 

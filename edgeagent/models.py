@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from edgeagent.zoo import mobilenetv3, vgg5
+from edgeagent.zoo import mobilenet_init, mobilenetv3, vgg5
 
 __all__ = [
     "MODEL_NAMES",
@@ -317,24 +317,8 @@ class InvertedResidual(nn.Module):
         return self.conv(x)  # (B, C_out, H/stride, W/stride)
 
 
-def _mobilenet_init(module: nn.Module) -> nn.Module:
-    """torchvision's MobileNetV2 initialisation, applied per layer so it stays under the layer's seed."""
-    for m in module.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out")
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.BatchNorm2d):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, 0.0, 0.01)
-            nn.init.zeros_(m.bias)
-    return module
-
-
 def _initialised(build: Callable[..., nn.Module], *args: Any, **kwargs: Any) -> nn.Module:
-    return _mobilenet_init(build(*args, **kwargs))
+    return mobilenet_init(build(*args, **kwargs))
 
 
 def _pool_flatten() -> nn.Module:

@@ -151,8 +151,9 @@ _V3_SMALL: tuple[tuple[int, int, int, int, bool, type[nn.Module], int], ...] = (
 )
 
 
-def _v3_init(module: nn.Module) -> nn.Module:
-    """torchvision's MobileNetV3 initialisation, per layer so it stays under the layer's seed."""
+def mobilenet_init(module: nn.Module) -> nn.Module:
+    """torchvision's MobileNetV2 and V3 initialisation (they are the same), applied per layer so it stays
+    under the layer's seed."""
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out")
@@ -168,7 +169,7 @@ def _v3_init(module: nn.Module) -> nn.Module:
 
 
 def _init(build: Callable[..., nn.Module], *args: Any) -> nn.Module:
-    return _v3_init(build(*args))
+    return mobilenet_init(build(*args))
 
 
 def _pool_linear(in_features: int, out_features: int) -> nn.Module:
