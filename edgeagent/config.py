@@ -136,7 +136,8 @@ class CentralConfig(BrokerAccess):
     resume: str | None = None  # continue the run of this checkpoint (after the central node failed)
     # AccEPT compression of activations and gradients (papers/004 Sec. 3.3-3.4): none; 2, 3 or 4 bits
     # forward with 8-bit gradients; adaptive (the paper's schedule); auto (bits from measured links).
-    compression: Literal["none", "2", "3", "4", "adaptive", "auto"] = "none"
+    # --mode allreduce: none, 8 or 4 (stochastic k-bit gradients of the reduce direction only).
+    compression: Literal["none", "2", "3", "4", "8", "adaptive", "auto"] = "none"
     # Emulation changes during the run, "DEVICE@BATCH=SLOWDOWN", e.g. "worker-2@300=5".
     slowdown_changes: list[str] = Field(default_factory=list)
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -144,8 +144,9 @@ def train_options(f: F) -> F:
         ),
         click.option(
             "--compression",
-            type=click.Choice(["none", "2", "3", "4", "adaptive", "auto"]),
-            help="AccEPT compression: k-bit activations, 8-bit gradients; adaptive; auto (from the links).",
+            type=click.Choice(["none", "2", "3", "4", "8", "adaptive", "auto"]),
+            help="AccEPT compression: k-bit activations, 8-bit gradients; adaptive; auto (from the links). "
+            "--mode allreduce: 8 or 4 (bits of the gradients it sums; the broadcast stays exact).",
         ),
         click.option(
             "--recovery",

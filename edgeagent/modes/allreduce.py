@@ -35,7 +35,9 @@ class AllreduceMode:
 
     def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
         from edgeagent.roles.central.allreduce import AllreduceRun
+        from edgeagent.roles.worker.allreduce_codec import gradient_bits
 
+        gradient_bits(central.config.compression)  # a ConfigError before any device is assigned
         run = AllreduceRun(central, data, spec, devices)
         central.attach(run)
         report = run.execute()

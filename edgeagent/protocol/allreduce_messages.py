@@ -108,6 +108,8 @@ class AllreduceDone(Message):
     compute_seconds: float = 0.0
     collective_seconds: float = 0.0
     dropped: int = 0  # link messages dropped by --fail-link on this device so far
+    raw_bytes: int = 0  # --compression: float32 bytes of the gradients it compressed so far
+    sent_bytes: int = 0  # and their compressed bytes
     weights: torch.Tensor | None = None  # flat parameters, when the step asked for them (collect)
 
     def __post_init__(self) -> None:

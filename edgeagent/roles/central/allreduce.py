@@ -134,6 +134,7 @@ class AllreduceRun:
             "timeout": c.allreduce_timeout,
             "timeout_floor": c.allreduce_timeout_floor,
             "fail_links": list(c.fail_links),
+            "compression": c.compression,  # the reduce direction's gradients (worker/allreduce_codec.py)
         }
 
     def _assign(self, device: str) -> None:
@@ -180,7 +181,7 @@ class AllreduceRun:
             mode="allreduce",
             partition_mode="data-parallel",
             estimator="none",
-            compression="none",
+            compression=self.config.compression,
         )
         started = time.perf_counter()
         if self.collective == "ps-async":
@@ -205,6 +206,10 @@ class AllreduceRun:
             {"step": it["step"], "seconds": it["seconds"], "collective": it["collective_seconds"]}
             for it in self.iterations
         ]
+        last = self.iterations[-1] if self.iterations else {}
+        if last.get("sent_bytes"):  # the devices' totals so far: the last step's are the run's
+            ratio = last["raw_bytes"] / last["sent_bytes"]
+            report.compression_ratio = report.compression_ratio_tensors = ratio
         report.allreduce = {
             "collective": self.collective,
             "timeout": self.config.allreduce_timeout,
@@ -329,6 +334,8 @@ class AllreduceRun:
             "contributors": {d.device_id: list(d.contributors) for d in dones},
             "failed_links": self.failed.failed_at(step),
             "dropped": sum(d.dropped for d in dones),
+            "raw_bytes": sum(d.raw_bytes for d in dones),
+            "sent_bytes": sum(d.sent_bytes for d in dones),
         }
         self.iterations.append(entry)
         self._progress({"batch": step, "total": self.total, "loss": entry["loss"]})

@@ -30,6 +30,7 @@ from edgeagent.allreduce.base import Collective, CollectiveMsg, Send
 from edgeagent.allreduce.links import AdaptiveTimeouts, FailedLinks, FixedTimeouts
 from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import batch, shard, steps_per_epoch
+from edgeagent.compression.base import CompressionError
 from edgeagent.data import load_dataset
 from edgeagent.errors import EdgeAgentError
 from edgeagent.models import ModelSpec
@@ -37,6 +38,7 @@ from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, A
 from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.messages import Assign, Message, Ready, Status
 from edgeagent.protocol.topics import Family
+from edgeagent.roles.worker.allreduce_codec import LinkCodec, gradient_bits
 from edgeagent.runtime.role import Handler, Inbound
 
 if TYPE_CHECKING:
@@ -101,6 +103,8 @@ class AllreduceSession:
             settings.get("steps_per_epoch") or steps_per_epoch(len(self.indices), 1, self.batch_size)
         )
         self.failed = FailedLinks.parse(settings.get("fail_links", []))
+        rank = msg.worker_list.index(worker.device_id)  # each device its own rounding stream
+        self.codec = LinkCodec(gradient_bits(str(settings.get("compression", "none"))), seed=msg.seed + rank)
         fixed = settings.get("timeout")
         self.timeouts: FixedTimeouts | AdaptiveTimeouts = (
             FixedTimeouts(float(fixed))
@@ -184,6 +188,8 @@ class AllreduceSession:
             "collective_seconds": round(self.collective_seconds, 6),
             "dropped_links": self.dropped,
             "digest": self.replica.digest(),
+            "compression_ratio": round(self.codec.ratio, 3),
+            "compressed_bytes_saved": self.codec.raw_bytes - self.codec.sent_bytes,
         }
         if isinstance(self.timeouts, AdaptiveTimeouts):
             values["timeouts"] = self.timeouts.summary()
@@ -315,6 +321,8 @@ class AllreduceSession:
                 compute_seconds=self.grad[3],
                 collective_seconds=seconds,
                 dropped=self.dropped,
+                raw_bytes=self.codec.raw_bytes,
+                sent_bytes=self.codec.sent_bytes,
                 weights=self.replica.flat() if (self._collect and rank0) else None,
             ),
         )
@@ -348,7 +356,7 @@ class AllreduceSession:
             origin=-1 if m.origin is None else m.origin,
             target=-1 if m.target is None else m.target,
             contributors=list(m.contributors),
-            data=m.data,
+            data=self.codec.encode(m.kind, m.data),  # the reduce direction only (allreduce_codec)
             ts=now,
             echo=echo,
             echo_delay=echo_delay,
@@ -396,7 +404,11 @@ class AllreduceSession:
                 active.members.index(sender),
             )
             return
-        data = msg.data
+        try:
+            data = self.codec.decode(msg.kind, msg.data, self.replica.size)
+        except CompressionError as exc:
+            log.warning("%s: dropped a %s from %s: %s", self.worker.device_id, msg.kind, sender, exc)
+            return
         if data is not None and (
             not isinstance(data, torch.Tensor) or data.dim() != 1 or data.numel() > self.replica.size
         ):  # a chunk (ring) or the whole vector; the collective checks the rest
