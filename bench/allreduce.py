@@ -20,9 +20,9 @@ segment's median beside the thesis's Tables 1 (0.5 s) and 2 (1 s), then each fau
 floor 20 ms); goal: one failed link costs less than 0.5 s.
 
 ``fig13``: one run per collective (ps-sync, ps-async, ring, tree, ft-tree) of ``--epochs`` epochs on
-``--workers`` devices: final test accuracy and training time, and torch.distributed's allreduce over gloo
-(TCP) on the same number of processes with the same model, shards and batches as the reference a user
-would otherwise pick (median step time, and our ft-tree's over it).
+``--workers`` devices (and ft-tree with ``--compression 8``): final test accuracy and training time, and
+torch.distributed's allreduce over gloo (TCP) on the same number of processes with the same model, shards
+and batches as the reference a user would otherwise pick (median step time, and our ft-tree's over it).
 
 Time: ``tables`` with 7, 15, 31 devices and three timeouts is nine runs (~15-25 min on 2 cores; 31 torch
 processes start in about a minute); ``fig13`` about 3 minutes.
@@ -217,21 +217,25 @@ def gloo(workers: int, steps: int) -> tuple[float, float]:
     return float(median), float(accuracy)
 
 
+FIG13_RUNS = [(c, "none") for c in ("ps-sync", "ps-async", "ring", "tree", "ft-tree")] + [("ft-tree", "8")]
+"""Fig. 13's runs (collective, --compression): the thesis's five, and ft-tree with 8-bit gradients."""
+
+
 def fig13(workers: int, epochs: int) -> None:
     broker = Broker()
     rows = []
     try:
-        for collective in ("ps-sync", "ps-async", "ring", "tree", "ft-tree"):
-            report = run(broker.url, workers, None, epochs, collective=collective)
+        for collective, compression in FIG13_RUNS:
+            report = run(broker.url, workers, None, epochs, collective=collective, compression=compression)
             its = report.allreduce["iterations"]
             step = statistics.median(it["collective_seconds"] for it in its[WARMUP:] or its)
-            rows.append((collective, report.final_accuracy, report.train_seconds, step, len(its)))
-            print(
-                f"  ran {collective}: {report.final_accuracy:.3f}, {report.train_seconds:.1f} s", flush=True
-            )
+            name = collective if compression == "none" else f"{collective}+{compression}b"
+            rows.append((name, report.final_accuracy, report.train_seconds, step, len(its)))
+            print(f"  ran {name}: {report.final_accuracy:.3f}, {report.train_seconds:.1f} s", flush=True)
     finally:
         broker.stop()
-    steps = rows[-1][4]
+    by_name = {r[0]: r for r in rows}
+    steps = by_name["ft-tree"][4]
     gloo_step, gloo_accuracy = gloo(workers, steps)
     print(
         f"\nFig. 13: {workers} devices, {epochs} epochs ({steps} steps), 784-512-10 MLP, batch 100 per device"
@@ -239,9 +243,14 @@ def fig13(workers: int, epochs: int) -> None:
     print(f"{'collective':>10} {'accuracy':>9} {'train s':>8} {'step s':>8}")
     for name, accuracy, seconds, step, _ in rows:
         print(f"{name:>10} {accuracy:>9.3f} {seconds:>8.1f} {step:>8.3f}")
-    ft = rows[-1][3]
-    tree = rows[3][1]
-    print(f"ft-tree - tree accuracy: {100 * (rows[-1][1] - tree):+.2f} points (goal: within 0.5)")
+    ft = by_name["ft-tree"][3]
+    tree = by_name["tree"][1]
+    print(f"ft-tree - tree accuracy: {100 * (by_name['ft-tree'][1] - tree):+.2f} points (goal: within 0.5)")
+    q, exact = by_name["ft-tree+8b"], by_name["ft-tree"]
+    print(
+        f"ft-tree with 8-bit gradients (--compression 8): accuracy {100 * (q[1] - exact[1]):+.2f} points, "
+        f"step {q[3] / ft:.2f}x ft-tree's"
+    )
     print(
         f"torch.distributed all_reduce over gloo (TCP), same processes' work: step {gloo_step:.4f} s, "
         f"accuracy {gloo_accuracy:.3f}; ft-tree over MQTT / gloo: {ft / gloo_step:.1f}x"
