@@ -12,6 +12,11 @@ the next step with the current model (the step's ``weights``, which every member
 restarts alike everywhere). A step that does not end within its deadline (a multiple of the median step
 time, with a floor) is run again; after three tries the run stops with the reason.
 
+``--checkpoint FILE``: after every epoch (rank 0's weights, just evaluated) the model, the last step and
+the run's identity (its id, the digest of the settings that decide what a step computes) are written
+atomically; ``--resume FILE``: a new central node goes on from the next step, every member loading the
+checkpoint's weights with that step as a joiner does.
+
 ``ps-sync``: the central node is the parameter server: it waits for every member's gradient, averages them
 in rank order, applies them and sends its model back. ``ps-async``: it applies every gradient as it
 arrives (scaled by 1/n for n devices, so that n gradients move the model as one synchronous step does)
@@ -20,6 +25,8 @@ and sends the current model back to that device, which goes on at once.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import statistics
 import time
@@ -36,6 +43,7 @@ from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message, Ready
 from edgeagent.protocol.topics import Family
+from edgeagent.roles.central.checkpoint import resume_of, save_checkpoint
 from edgeagent.roles.central.report import RunReport
 from edgeagent.runtime.role import Inbound
 
@@ -49,6 +57,9 @@ log = logging.getLogger(__name__)
 _TRIES = 3  # a step that times out this many times in a row stops the run
 _STEP_FLOOR = 10.0  # seconds: the least a step may take before it is run again
 _STEP_MULTIPLE = 20.0  # a step's deadline: this many times the median step so far (and the floor)
+# The settings that decide what a step computes: a checkpoint resumes only a run that agrees on them.
+_IDENTITY = ("collective", "batch_size", "dataset", "test_fraction", "split", "steps_per_epoch")
+_HISTORY = ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch")
 
 
 class AllreduceRun:
@@ -81,6 +92,7 @@ class AllreduceRun:
         self.weights: torch.Tensor | None = None  # rank 0's flat weights after ``weights_step``
         self.weights_step = -1
         self.joiners: list[str] = []
+        self.resumed = False  # the first step sends the checkpoint's weights (``--resume``)
         self.restarted: set[str] = set()  # members that announced themselves idle: they lost the run
         self.errors: list[str] = []
         self.grads: dict[str, torch.Tensor] = {}  # ps-sync: this step's gradients
@@ -183,11 +195,12 @@ class AllreduceRun:
             estimator="none",
             compression=self.config.compression,
         )
+        first = self._resume(report)
         started = time.perf_counter()
         if self.collective == "ps-async":
-            self._run_async(report)
+            self._run_async(report, first)
         else:
-            for step in range(self.total):
+            for step in range(first, self.total):
                 self._run_step(step)
                 if (step + 1) % self.per_epoch == 0 or step + 1 == self.total:
                     self._end_epoch(report, step)
@@ -233,6 +246,63 @@ class AllreduceRun:
         self._event("allreduce-epoch", {"epoch": step // self.per_epoch, "accuracy": accuracy, "loss": loss})
         self._progress({"accuracy": accuracy})
         log.info("epoch %d: test accuracy %.2f%%", step // self.per_epoch, 100 * accuracy)
+        self._checkpoint(report, step)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _identity(self) -> str:
+        """The digest of what decides a step's result: a checkpoint resumes only a run that computes alike."""
+        settings = self._settings()
+        ident = {k: settings[k] for k in _IDENTITY} | {"devices": self.devices, "model": self.spec.to_dict()}
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _checkpoint(self, report: RunReport, step: int) -> None:
+        """The model after ``step`` (rank 0's, just evaluated) and the run so far (``--checkpoint``)."""
+        path = self.config.checkpoint
+        if not path:
+            return
+        state = {
+            "mode": "allreduce",
+            "run_id": self.central.run_id,
+            "step": step,
+            "epoch": step // self.per_epoch,
+            "weights": self.replica.flat(),
+            "config": self.config.model_dump_json(),
+            "config_digest": self._identity(),
+            "history": {key: list(getattr(report, key)) for key in _HISTORY},
+            "iterations": self.iterations,
+            "events": self.events,
+        }
+        save_checkpoint(path, state)
+        log.info("checkpoint after step %d written to %s", step, path)
+
+    def _resume(self, report: RunReport) -> int:
+        """The first step to run: 0, or the one after the checkpoint's (``--resume``), with its model."""
+        state = self.central.resume
+        if state is None:
+            return 0
+        keys = ("run_id", "step", "weights", "config_digest", "history", "iterations", "events")
+        resume_of(state, "allreduce", keys)
+        weights, step = state["weights"], state["step"]
+        if not isinstance(weights, torch.Tensor) or weights.numel() != self.replica.size:
+            got = weights.numel() if isinstance(weights, torch.Tensor) else type(weights).__name__
+            raise TrainingError(f"--resume: the checkpoint holds {got} weights, not {self.replica.size}")
+        if state["config_digest"] != self._identity():
+            raise TrainingError(
+                f"--resume: the checkpoint is of a run with other settings (digest {state['config_digest']}, "
+                f"this one {self._identity()}): give the same --collective, --split and devices"
+            )
+        if not isinstance(step, int) or not 0 <= step < self.total:
+            raise TrainingError(f"--resume: the checkpoint's step {step} is not in 0..{self.total - 1}")
+        self.replica.load_flat(weights.float())
+        self.weights, self.weights_step, self.resumed = self.replica.flat(), step, True
+        self.iterations, self.events = list(state["iterations"]), list(state["events"])
+        for key in _HISTORY:
+            getattr(report, key).extend(state["history"][key])
+        report.recoveries.append({"case": "central", "resumed_from": step, "checkpoint": self.config.resume})
+        self._event("allreduce-resumed", {"step": step + 1, "digest": self.replica.digest()})
+        log.info("resuming run %s at step %d", self.central.run_id, step + 1)
+        return step + 1
 
     # -- one synchronous step ---------------------------------------------------------------------
 
@@ -254,6 +324,8 @@ class AllreduceRun:
         tries, started = 0, time.perf_counter()
         self.step, self.attempt = step, 0
         weights = self._take_joiners(step)
+        if self.resumed:  # the first step after --resume: every member starts from the checkpoint's model
+            weights, self.resumed = self.weights, False
         while True:
             self.done, self.grads = {}, {}
             central.send(
@@ -439,23 +511,24 @@ class AllreduceRun:
             for d in self.members:
                 self._reply(d, self.step, ranks)
 
-    def _run_async(self, report: RunReport) -> None:
-        """ps-async: every device trains on the server's latest model; ``total`` gradients per device."""
+    def _run_async(self, report: RunReport, first: int) -> None:
+        """ps-async: every device trains on the server's latest model; ``total`` gradients per device (from
+        step ``first``)."""
         central = self.central
-        self.async_done = {d: 0 for d in self.members}
-        self.step = 0
+        self.async_done = {d: first for d in self.members}
+        self.step = first
         central.send(
             central.topics.fixed(Family.COMMIT),
             AllreduceStep(
                 run_id=central.run_id,
-                step=0,
+                step=first,
                 attempt=0,
                 members=list(self.members),
                 weights=self.replica.flat(),
             ),
         )
         epochs = -(-self.total // self.per_epoch)
-        for epoch in range(epochs):
+        for epoch in range(first // self.per_epoch, epochs):
             goal = min(self.total, (epoch + 1) * self.per_epoch)
 
             def reached(goal: int = goal) -> bool:

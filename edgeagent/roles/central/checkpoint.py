@@ -32,6 +32,25 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     return state
 
 
+def save_checkpoint(path: str, state: dict[str, Any]) -> None:
+    """Write ``state`` (tensors and plain data) as a format-1 checkpoint, atomically: a crash while writing
+    leaves the previous checkpoint whole (a temporary file, then ``os.replace``)."""
+    tmp = f"{path}.tmp"
+    torch.save({"format": 1, **state}, tmp)
+    os.replace(tmp, path)
+
+
+def resume_of(state: dict[str, Any], mode: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A loaded checkpoint (``--resume``) checked to be of a ``mode`` run holding ``keys``."""
+    if state.get("mode") != mode:
+        kind = state.get("mode", "pipeline")
+        raise TrainingError(f"--resume: the checkpoint is of a {kind} run, not of a {mode} one")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise TrainingError(f"--resume: the {mode} checkpoint lacks {missing}")
+    return state
+
+
 class Checkpoints(RunState):
     """Replication rounds seen complete, checkpoints written from them, the trained model collected."""
 
@@ -58,7 +77,6 @@ class Checkpoints(RunState):
             weights.update(snap.weights)
             momentum.update(snap.momentum)
         state = {
-            "format": 1,
             "run_id": self.run_id,
             "version": version,
             "points": list(self.points),
@@ -69,9 +87,7 @@ class Checkpoints(RunState):
             "plan_id": self.plan_id,
             "history": {key: list(getattr(self.report, key)) for key in _HISTORY},
         }
-        tmp = f"{path}.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint whole
+        save_checkpoint(path, state)
         log.info("checkpoint of version %d written to %s", version, path)
 
     def collect_weights(self) -> dict[str, torch.Tensor]:

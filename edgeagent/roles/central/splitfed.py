@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ from edgeagent.protocol.splitfed_messages import (
     SplitUpdate,
 )
 from edgeagent.protocol.topics import Family
+from edgeagent.roles.central.checkpoint import resume_of, save_checkpoint
 from edgeagent.roles.central.report import RunReport
 from edgeagent.roles.central.splitfed_plan import (
     REAL_LINK_BPS,
@@ -194,8 +194,7 @@ class SplitFedRun:
         state = self.central.resume
         if state is None:
             return 0
-        if state.get("mode") != "split-federated":
-            raise TrainingError("--resume: the checkpoint is not of a split-federated run")
+        resume_of(state, "split-federated", ("weights", "epoch", "epochs", "history"))
         self.global_model.load_state_dict(state["weights"])
         self.epochs = list(state["epochs"])
         for key in _HISTORY:
@@ -210,7 +209,6 @@ class SplitFedRun:
         if not path:
             return
         state = {
-            "format": 1,
             "mode": "split-federated",
             "run_id": self.central.run_id,
             "epoch": epoch,
@@ -219,8 +217,7 @@ class SplitFedRun:
             "history": {key: list(getattr(report, key)) for key in _HISTORY},
             "epochs": self.epochs,
         }
-        torch.save(state, f"{path}.tmp")
-        os.replace(f"{path}.tmp", path)
+        save_checkpoint(path, state)
 
     def _plan(self) -> None:
         """The profiling phase (if the plan needs it) and every device's (P, N)."""
