@@ -179,7 +179,7 @@ def train_options(f: F) -> F:
         click.option(
             "--checkpoint",
             type=click.Path(dir_okay=False),
-            help="Write a checkpoint here at every global replication.",
+            help="Write a checkpoint here at every global replication (split-federated, allreduce: epoch).",
         ),
         click.option(
             "--home-assistant/--no-home-assistant",
