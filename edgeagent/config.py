@@ -124,6 +124,15 @@ class CentralConfig(BrokerAccess):
     # to capacity (with a log line saying how to build one).
     estimator: Literal["predictor", "capacity"] = "predictor"
     epsilon: float = Field(0.1, gt=0, le=10, description="drift share that triggers a new h")
+    # Which split the pipeline DP takes among those with the optimal bottleneck T* (planner/dp.py): latest,
+    # FTPipeHD's rule (the latest cuts: early stages fill up to T* whatever their speed), or slack (the
+    # least sum of stage times among the splits within T* x (1 + tie_tolerance): a slow device keeps as
+    # few layers as that allows, which costs less when predicted times are off). None: slack when the
+    # latency predictor plans, latest otherwise (the capacity estimate, oracle and uniform baselines).
+    tie_break: Literal["latest", "slack"] | None = None
+    tie_tolerance: float = Field(
+        0.02, ge=0, le=1, allow_inf_nan=False, description="slack: share of T* a split may exceed it by"
+    )
     repartition_first: int = Field(10, ge=1, description="batches of epoch 0 before the first re-split")
     repartition_every: int = Field(100, ge=1, description="batches between later re-splits")
     # Replication (papers/000 Sec. III-E) and recovery (Sec. III-F). respipe: the next worker takes over

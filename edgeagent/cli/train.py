@@ -133,6 +133,18 @@ def train_options(f: F) -> F:
             "measure its h again (0.1).",
         ),
         click.option(
+            "--tie-break",
+            type=click.Choice(["latest", "slack"]),
+            help="Pipeline split among those with the best predicted step T*: latest (FTPipeHD's DP, the "
+            "latest cuts) or slack (the least sum of stage times within --tie-tolerance of T*: a slow device "
+            "keeps fewer layers). Default: slack when the latency predictor plans, latest otherwise.",
+        ),
+        click.option(
+            "--tie-tolerance",
+            type=float,
+            help="--tie-break slack: the split's step may exceed T* by this share for a smaller sum (0.02).",
+        ),
+        click.option(
             "--repartition-first", type=int, help="Batches of epoch 0 before the first re-split (10)."
         ),
         click.option("--repartition-every", type=int, help="Batches between later re-splits (100)."),
@@ -233,6 +245,8 @@ _CENTRAL_KEYS = (
     "partition",
     "estimator",
     "epsilon",
+    "tie_break",
+    "tie_tolerance",
     "repartition_first",
     "repartition_every",
     *ACCESS_KEYS,

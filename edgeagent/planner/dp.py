@@ -19,6 +19,13 @@ stages ``0..k-1``. Every link has its own bandwidth (``links[k - 2]`` for the li
 AccEPT (papers/004 eq. 9-10) keeps the recursion and replaces eq. 3's ``T^0 * C_k`` with the latency
 predictor's time of the whole range on the device: ``range_times[k][s][e - s - 1]`` (a table per
 stage; ``None`` for a stage keeps eq. 3, e.g. the central node's own profile in eq. 9).
+
+Several splits often share the optimal bottleneck; ``Problem.tie_break`` picks one (see :func:`solve`).
+``"latest"`` is this DP's fixed rule, the baseline: the latest cuts, so the last stage gets as few layers as
+the optimum allows and the earliest stages fill up to the bottleneck, whatever their speed. ``"slack"`` is a
+second objective for noisy times (the predictor's): among the splits whose every stage and link is within
+``T* * (1 + tie_tolerance)``, the least sum of stage compute times, so that a slow device, wherever it is,
+gets as few layers as that bound allows instead of as many as fit under it.
 """
 
 from __future__ import annotations
@@ -27,11 +34,15 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from edgeagent.planner.capacity import range_sum
 from edgeagent.planner.partition import check_points, stage_of_layer
 
 _INF = math.inf
+
+TieBreak = Literal["latest", "slack"]
+TIE_BREAKS: tuple[TieBreak, ...] = ("latest", "slack")
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,10 @@ class Problem:
     activation_factor: float = 1.0  # multiplies D_j on the wire (compressed size / raw size)
     # Per stage: predicted seconds of every range [s, e) as table[s][e - s - 1] (AccEPT eq. 10), or None.
     range_times: tuple[tuple[tuple[float, ...], ...] | None, ...] | None = None
+    # Which of the splits with the optimal bottleneck T* (see solve): "latest", the latest cuts (the
+    # baseline), or "slack", the least sum of stage times among splits within T* * (1 + tie_tolerance).
+    tie_break: TieBreak = "latest"
+    tie_tolerance: float = 0.0  # "slack" only: a share of T* (so the bottleneck may exceed T* by it)
 
     def __post_init__(self) -> None:
         for name in ("layer_times", "output_bytes", "capacities", "links", "param_bytes", "memory_limits"):
@@ -140,6 +155,11 @@ class Problem:
             raise ValueError(f"in_flight {self.in_flight} must be >= 0 (0 = number of stages)")
         if not (math.isfinite(self.activation_factor) and self.activation_factor >= 0):
             raise ValueError(f"activation_factor {self.activation_factor} must be finite and >= 0")
+        if self.tie_break not in TIE_BREAKS:
+            allowed = ", ".join(repr(t) for t in TIE_BREAKS)
+            raise ValueError(f"tie_break {self.tie_break!r} must be one of {allowed}")
+        if not (math.isfinite(self.tie_tolerance) and self.tie_tolerance >= 0):
+            raise ValueError(f"tie_tolerance {self.tie_tolerance} must be finite and >= 0")
 
     @property
     def num_stages(self) -> int:
@@ -231,6 +251,15 @@ def _plain_sum(values: Sequence[int]) -> int:
     return total
 
 
+def _left_sum(values: Sequence[float]) -> float:
+    """Left-to-right float sum (not ``sum``, which compensates rounding from Python 3.12 on): the order
+    in which :func:`solve`'s ``"slack"`` DP adds stage times, so that both agree bit for bit."""
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
 def _memory(p: Problem, k: int, params: int, activations: int) -> float:
     return memory_bytes(in_flight_at(p, k), params, activations)
 
@@ -291,6 +320,13 @@ def predict(p: Problem, points: Sequence[int]) -> float:
     return worst
 
 
+def compute_sum(p: Problem, points: Sequence[int]) -> float:
+    """The sum of every stage's :func:`compute_time` (added from stage 0 on): the compute one batch goes
+    through on its way down the pipeline and back, the quantity ``tie_break="slack"`` minimises."""
+    _check_split(p, points)
+    return _left_sum([compute_time(p, k, points[k], points[k + 1]) for k in range(p.num_stages)])
+
+
 def _infeasible(p: Problem) -> ValueError:
     total_params = 0 if p.param_bytes is None else sum(p.param_bytes)
     limits = list(p.memory_limits) if p.memory_limits is not None else None
@@ -313,6 +349,35 @@ def prefix_table(values: Sequence[float]) -> list[list[float]]:
     return table
 
 
+class _Stages:
+    """What :func:`solve`'s DPs look up ``O(n L^2)`` times, tabulated once: a stage's compute time over a
+    range (:func:`compute_time`, bit for bit), whether it fits its memory limit, a link's time."""
+
+    def __init__(self, p: Problem) -> None:
+        num_layers = p.num_layers
+        sizes = p.param_bytes if p.param_bytes is not None else (0,) * num_layers
+        self.p = p
+        self.times = prefix_table(p.layer_times)
+        self.params = [list(itertools.accumulate(sizes[s:])) for s in range(num_layers)]
+        self.acts = [list(itertools.accumulate(p.output_bytes[s:])) for s in range(num_layers)]
+        self.tables = [_table(p, k) for k in range(p.num_stages)]
+
+    def cost(self, k: int, s: int, e: int) -> float:
+        table = self.tables[k]
+        if table is not None:
+            return table[s][e - s - 1]
+        return self.times[s][e - s - 1] * self.p.capacities[k]
+
+    def ok(self, k: int, s: int, e: int) -> bool:
+        limit = self.p.limit(k)
+        if limit is None:
+            return True
+        return _memory(self.p, k, self.params[s][e - s - 1], self.acts[s][e - s - 1]) <= limit
+
+    def comm(self, link: int, layer: int) -> float:
+        return comm_time(self.p, link, layer)
+
+
 def solve(p: Problem) -> list[int]:
     """The optimal split by the DP of eq. 4-5, in ``O(n L^2)`` time.
 
@@ -322,34 +387,37 @@ def solve(p: Problem) -> list[int]:
     ``k - 2`` carries the output of layer ``s - 1``. Every stage gets at least one layer; a stage whose
     :func:`stage_memory` exceeds its limit is infeasible (skipped). Raises ``ValueError`` if no split fits.
 
-    Tie-breaking (deterministic, identical to :func:`brute_force`): among all optimal splits, the one
-    whose points read from the last to the first are lexicographically largest, i.e. the latest last
-    cut, then the latest cut before it, and so on. Later stages thus take the extra layers, and earlier
-    stages, which stash more weight versions, take fewer (as :func:`balanced_partition` does).
-    Backtracking finds it: from the end, take the latest cut ``s`` whose last stage and link are within
-    the optimum and whose prefix ``A[k-1][s]`` is within it too.
+    Tie-breaking (deterministic, identical to :func:`brute_force`), by ``p.tie_break``:
+
+    * ``"latest"`` (the default, the baseline): among all optimal splits, the one whose points read from
+      the last to the first are lexicographically largest, i.e. the latest last cut, then the latest cut
+      before it, and so on. The last stage thus gets as few layers as the optimum allows and the extra
+      layers go to the earlier stages (``[0, 2, 3]`` for three equal layers on two equal devices, as
+      :func:`balanced_partition` gives), which fill up to the bottleneck whatever their speed: with noisy
+      times, a slow device before the last stage (e.g. a slow central node) gets as many layers as fit
+      under the bottleneck, and a slow last stage keeps a layer that a bottleneck a hair above ``T*``
+      would have moved to a fast device; the real pipeline then waits on the slow device.
+    * ``"slack"``: with ``T*`` the optimal bottleneck and ``cap = T* * (1 + p.tie_tolerance)``, among the
+      splits that fit and whose every stage's compute time and every link's time is ``<= cap``, the one
+      with the least :func:`compute_sum` (ties: the ``"latest"`` rule). A slow device gets as few layers
+      as the cap allows and the others keep slack, so an error in a predicted time costs less. With
+      ``tie_tolerance > 0`` the chosen split's :func:`predict` may be up to ``cap``, above ``T*``: the
+      tolerance trades bottleneck for sum. A second ``O(n L^2)`` DP, see :func:`_least_sum`.
     """
+    stages = _Stages(p)
+    best = _bottlenecks(p, stages)
+    optimum = best[p.num_stages][p.num_layers]
+    if optimum == _INF:
+        raise _infeasible(p)
+    if p.tie_break == "slack":
+        return _least_sum(p, stages, optimum * (1.0 + p.tie_tolerance))
+    return _latest_cuts(p, stages, best, optimum)
+
+
+def _bottlenecks(p: Problem, stages: _Stages) -> list[list[float]]:
+    """Eq. 4-5: ``A[k][e]``, the best bottleneck of layers ``[0, e)`` on stages ``0..k-1`` (inf: none)."""
     n, num_layers = p.num_stages, p.num_layers
-    times = prefix_table(p.layer_times)
-    sizes = p.param_bytes if p.param_bytes is not None else (0,) * num_layers
-    params = [list(itertools.accumulate(sizes[s:])) for s in range(num_layers)]
-    acts = [list(itertools.accumulate(p.output_bytes[s:])) for s in range(num_layers)]
-
-    tables = [_table(p, k) for k in range(n)]
-
-    def cost(k: int, s: int, e: int) -> float:
-        table = tables[k]
-        if table is not None:
-            return table[s][e - s - 1]
-        return times[s][e - s - 1] * p.capacities[k]
-
-    def ok(k: int, s: int, e: int) -> bool:
-        limit = p.limit(k)
-        return limit is None or _memory(p, k, params[s][e - s - 1], acts[s][e - s - 1]) <= limit
-
-    def comm(link: int, layer: int) -> float:
-        return comm_time(p, link, layer)
-
+    cost, ok, comm = stages.cost, stages.ok, stages.comm
     best = [[_INF] * (num_layers + 1) for _ in range(n + 1)]
     for e in range(1, num_layers + 1):
         if ok(0, 0, e):
@@ -363,13 +431,16 @@ def solve(p: Problem) -> list[int]:
                     continue
                 value = min(value, max(prefix, comm(k - 2, s - 1), cost(k - 1, s, e)))
             best[k][e] = value
-    optimum = best[n][num_layers]
-    if optimum == _INF:
-        raise _infeasible(p)
+    return best
 
-    points = [num_layers]
-    e = num_layers
-    for k in range(n, 1, -1):
+
+def _latest_cuts(p: Problem, stages: _Stages, best: list[list[float]], optimum: float) -> list[int]:
+    """The ``"latest"`` rule by backtracking: from the end, take the latest cut ``s`` whose last stage and
+    link are within the optimum and whose prefix ``A[k-1][s]`` is within it too."""
+    cost, ok, comm = stages.cost, stages.ok, stages.comm
+    points = [p.num_layers]
+    e = p.num_layers
+    for k in range(p.num_stages, 1, -1):
         for s in range(e - 1, k - 2, -1):
             if (
                 best[k - 1][s] <= optimum
@@ -386,19 +457,85 @@ def solve(p: Problem) -> list[int]:
     return points
 
 
+def _least_sum(p: Problem, stages: _Stages, cap: float) -> list[int]:
+    """The ``"slack"`` rule: the least :func:`compute_sum` over the splits whose stages fit and whose stage
+    and link times are all ``<= cap``; ties by the ``"latest"`` rule.
+
+    ``S[1][e] = cost(0, 0, e)`` and ``S[k][e] = min_s S[k-1][s] + cost(k-1, s, e)`` over the cuts ``s``
+    whose stage ``k - 1`` and link ``k - 2`` are within ``cap`` (min-sum under a per-stage cap). Float
+    addition is monotone, so ``S`` is the least left-to-right sum exactly as :func:`compute_sum` adds it.
+    Backtracking from the end takes the latest cut ``s`` such that the least prefix ``S[k-1][s]`` plus
+    this stage plus the stages already chosen still adds up to ``<= S[n][L]``: a prefix with a larger sum
+    can round to the same total, and this test (not ``S[k-1][s] == ...``) admits it as brute force does.
+    """
+    n, num_layers = p.num_stages, p.num_layers
+    cost, ok, comm = stages.cost, stages.ok, stages.comm
+
+    def within(k: int, s: int, e: int) -> bool:
+        """Stage ``k`` may own ``[s, e)``: it fits, and it and the link in front of it are within the cap."""
+        return ok(k, s, e) and cost(k, s, e) <= cap and (k == 0 or comm(k - 1, s - 1) <= cap)
+
+    least = [[_INF] * (num_layers + 1) for _ in range(n + 1)]
+    for e in range(1, num_layers + 1):
+        if within(0, 0, e):
+            least[1][e] = cost(0, 0, e)
+    for k in range(2, n + 1):
+        for e in range(k, num_layers + 1):
+            value = _INF
+            for s in range(k - 1, e):
+                prefix = least[k - 1][s]
+                if prefix == _INF or not within(k - 1, s, e):
+                    continue
+                value = min(value, prefix + cost(k - 1, s, e))
+            least[k][e] = value
+    total = least[n][num_layers]
+    if total == _INF:  # pragma: no cover - the split with the optimal bottleneck is within the cap
+        raise AssertionError(f"no split within the cap {cap}")
+
+    points = [num_layers]
+    suffix: list[float] = []  # the chosen stages' times, stage k onwards
+    e = num_layers
+    for k in range(n, 1, -1):
+        for s in range(e - 1, k - 2, -1):
+            prefix = least[k - 1][s]
+            if (
+                prefix != _INF
+                and within(k - 1, s, e)
+                and _left_sum([prefix, cost(k - 1, s, e), *suffix]) <= total
+            ):
+                break
+        else:  # pragma: no cover - the least sum guarantees a cut
+            raise AssertionError(f"backtracking found no cut for stage {k - 1} below layer {e}")
+        suffix.insert(0, cost(k - 1, s, e))
+        points.append(s)
+        e = s
+    points.append(0)
+    points.reverse()
+    return points
+
+
 def brute_force(p: Problem) -> list[int]:
-    """Every split, minimising :func:`predict` among those that :func:`fits`, with :func:`solve`'s tie rule
-    (the latest cuts, compared from the last one). Exponential: for tests."""
-    best: tuple[float, list[int]] | None = None
-    for cuts in itertools.combinations(range(1, p.num_layers), p.num_stages - 1):
-        points = [0, *cuts, p.num_layers]
-        if not fits(p, points):
-            continue
-        value = predict(p, points)
-        if best is None or value < best[0] or (value == best[0] and points[::-1] > best[1][::-1]):
-            best = (value, points)
-    if best is None:
+    """Every split, with :func:`solve`'s objective and tie rule. Exponential: for tests.
+
+    ``"latest"``: the least :func:`predict` among the splits that :func:`fits`; ``"slack"``: the least
+    :func:`compute_sum` among those whose :func:`predict` is within ``(1 + tie_tolerance)`` times that
+    least. Ties in both: the latest cuts, compared from the last one.
+    """
+    feasible = [
+        points
+        for cuts in itertools.combinations(range(1, p.num_layers), p.num_stages - 1)
+        if fits(p, points := [0, *cuts, p.num_layers])
+    ]
+    if not feasible:
         raise _infeasible(p)
+    scored = [(predict(p, points), points) for points in feasible]
+    if p.tie_break == "slack":
+        cap = min(value for value, _ in scored) * (1.0 + p.tie_tolerance)
+        scored = [(compute_sum(p, points), points) for value, points in scored if value <= cap]
+    best = scored[0]
+    for value, points in scored[1:]:
+        if value < best[0] or (value == best[0] and points[::-1] > best[1][::-1]):
+            best = (value, points)
     return best[1]
 
 

@@ -27,7 +27,7 @@ from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.deadlines import Deadlines
-from edgeagent.planner.dp import Link
+from edgeagent.planner.dp import Link, TieBreak
 from edgeagent.planner.policy import RepartitionPolicy
 from edgeagent.planner.profiler import LayerProfile, profile_layers
 from edgeagent.predictor.tracker import DeviceTimes
@@ -207,6 +207,16 @@ class RunState:
         next worker takes a dead one's layers and keeps them (papers/002)."""
         return self.config.partition == "dynamic" and self.config.recovery != "respipe"
 
+    @property
+    def tie_break(self) -> TieBreak:
+        """The pipeline DP's rule among splits with the optimal bottleneck (planner.dp.solve):
+        ``--tie-break``, else ``slack`` when the latency predictor plans (its times are noisy: keep slow
+        devices' shares small) and ``latest``, the paper's rule, for the baselines (capacity estimate,
+        oracle, uniform)."""
+        if self.config.tie_break is not None:
+            return self.config.tie_break
+        return "slack" if self.device_times is not None else "latest"
+
     def bound(self) -> int:
         return self.train.in_flight or len(self.worker_list)
 
@@ -278,6 +288,7 @@ class RunState:
             partition_mode=self.config.partition,
             mode=self.MODE,
             estimator="predictor" if self.device_times is not None else "capacity",
+            tie_break=self.tie_break,
             characterisations=self.characterisations,
         )
         if self.resume is not None:

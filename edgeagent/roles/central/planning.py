@@ -44,6 +44,8 @@ class Planning(Estimation):
             in_flight=self.train.in_flight or len(devices),
             activation_factor=self._comm_factor(len(devices)),
             range_times=self._range_times(devices),
+            tie_break=self.tie_break,
+            tie_tolerance=self.config.tie_tolerance,
         )
 
     def _comm_factor(self, n: int) -> float:

@@ -34,6 +34,8 @@ class RunReport:
     estimator: str = "capacity"
     characterisations: list[dict[str, Any]] = field(default_factory=list)
     adaptations: list[dict[str, Any]] = field(default_factory=list)
+    # The pipeline DP's rule among splits with the optimal bottleneck: "latest" or "slack" (--tie-break).
+    tie_break: str = "latest"
     in_flight: int = 0
     aggregation: bool = True
     links: list[dict[str, float]] = field(default_factory=list)
