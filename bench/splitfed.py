@@ -68,6 +68,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgeagent.cli.demo import LocalWorkers
@@ -76,6 +78,7 @@ from edgeagent.data import load_dataset
 from edgeagent.roles.central import Central
 from edgeagent.splitfed.partition import partition, write_shards
 
+VGG5_LAYERS = 5
 LINKS = {"4G": (10.0, 25.0), "4G+": (20.0, 40.0), "WiFi": (50.0, 50.0)}
 PAPER_TIME = {"SFL": "1.4-2.0", "FL": "1.4-3.4"}
 DATASET = "digits28"
@@ -85,8 +88,8 @@ def shards(folder: Path, k: int, how: str, per_device: int | None, seed: int = 0
     data = load_dataset(DATASET, seed=seed)
     x, y = data.x_train.numpy(), data.y_train.numpy()
     parts = partition(x, y, k, how, seed)  # type: ignore[arg-type]
-    if per_device is not None:
-        parts = [p[:per_device] for p in parts]
+    if per_device is not None:  # timing only: a shard shorter than asked repeats its own rows
+        parts = [np.resize(p, per_device) if len(p) < per_device else p[:per_device] for p in parts]
     out = folder / f"{k}-{how}-{per_device}"
     return [str(p) for p in write_shards(x, y, parts, out, prefix="worker-")]
 
@@ -99,6 +102,7 @@ def run(
     epochs: int,
     slowdowns: list[float],
     link: tuple[float, float] | None,
+    batch_size: int = 32,
     **extra: Any,
 ) -> dict[str, Any]:
     """One run; its report as a dict."""
@@ -113,7 +117,12 @@ def run(
         progress=False,
         restart_window=0.0,
         train=TrainConfig(
-            model="vgg5", dataset=DATASET, epochs=epochs, batch_size=32, learning_rate=0.05, momentum=0.5
+            model="vgg5",
+            dataset=DATASET,
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=0.05,
+            momentum=0.5,
         ),
         **extra,
     )
@@ -135,8 +144,28 @@ def plan_of(report: dict[str, Any]) -> str:
     return " ".join(f"{d[-1]}:({p},{n})" for d, (p, n) in sorted(report["splitfed"]["plan"].items()))
 
 
+def best_sfl(args: argparse.Namespace, data: list[str], link: tuple[float, float]) -> tuple[float, int]:
+    """SFL as the paper ran it (Sec. 5.2): every split point P < L benchmarked with N = 1, the best one."""
+    times = {}
+    for p in range(1, VGG5_LAYERS):
+        report = run(
+            args.broker,
+            data,
+            plan="fixed",
+            epochs=args.time_epochs,
+            slowdowns=[args.device_slowdown] * len(data),
+            link=link,
+            batch_size=args.batch_size,
+            split_point=p,
+            parallel_batches=1,
+        )
+        times[p] = epoch_seconds(report)
+    p = min(times, key=lambda q: times[q])
+    return times[p], p
+
+
 def part_time(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
-    print("\n== per-epoch time (s): PiPar (ours) vs SFL vs FL, VGG-5 on 28x28 ==")
+    print("\n== per-epoch time (s): PiPar (ours) vs SFL (best P benchmarked) vs FL, VGG-5 on 28x28 ==")
     print(
         f"{'K':>2} {'link':>5} {'PiPar':>7} {'SFL':>7} {'FL':>7} {'SFL/PiPar':>9} {'FL/PiPar':>8} "
         f"{'paper SFL':>9} {'paper FL':>8} {'select/epoch':>12}  PiPar's (P,N)"
@@ -146,23 +175,24 @@ def part_time(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -
         for name in args.links.split(","):
             link = LINKS[name]
             row: dict[str, Any] = {}
-            for label, plan in (("PiPar", "ours"), ("SFL", "sfl"), ("FL", "fl")):
-                report = run(
+            for label, plan in (("PiPar", "ours"), ("FL", "fl")):
+                row[label] = run(
                     args.broker,
                     data,
                     plan=plan,
                     epochs=args.time_epochs,
                     slowdowns=[args.device_slowdown] * k,
                     link=link,
+                    batch_size=args.batch_size,
                 )
-                row[label] = report
             t = {label: epoch_seconds(r) for label, r in row.items()}
+            t["SFL"], sfl_split = best_sfl(args, data, link)
             selection = row["PiPar"]["splitfed"]["planning"]["selection_seconds"]
             print(
                 f"{k:>2} {name:>5} {t['PiPar']:7.2f} {t['SFL']:7.2f} {t['FL']:7.2f} "
                 f"{t['SFL'] / t['PiPar']:9.2f} {t['FL'] / t['PiPar']:8.2f} {PAPER_TIME['SFL']:>9} "
                 f"{PAPER_TIME['FL']:>8} {selection / t['PiPar']:11.1%}  {plan_of(row['PiPar'])}  "
-                f"(SFL {plan_of(row['SFL'])})",
+                f"(SFL's best P = {sfl_split})",
                 flush=True,
             )
             results.setdefault("time", []).append(
@@ -171,7 +201,9 @@ def part_time(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -
                     "link": name,
                     "seconds": t,
                     "selection": selection,
+                    "sfl_split": sfl_split,
                     "plans": {lb: r["splitfed"]["plan"] for lb, r in row.items()},
+                    "estimate": row["PiPar"]["splitfed"]["planning"].get("estimate"),
                 }
             )
 
@@ -208,36 +240,54 @@ def part_accuracy(args: argparse.Namespace, folder: Path, results: dict[str, Any
 
 
 def part_score(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
-    print("\n== selection score T_opt / T_selected (eq. 28), K = 2 at 4G; every common (P, N) run ==")
-    data = shards(folder, 2, "iid", 64)
-    slow = [args.device_slowdown] * 2
-    grid = {}
-    for p in range(1, 6):
-        for n in (1, 2, 4, 8, 16):
-            report = run(
-                args.broker,
-                data,
-                plan="fixed",
-                epochs=2,
-                slowdowns=slow,
-                link=LINKS["4G"],
-                split_point=p,
-                parallel_batches=n,
-            )
-            grid[(p, n)] = epoch_seconds(report)
-            print(f"  P={p} N={n:>2}: {grid[(p, n)]:.2f} s", flush=True)
-    ours = run(args.broker, data, plan="ours", epochs=2, slowdowns=slow, link=LINKS["4G"])
-    best = min(grid, key=lambda c: grid[c])
-    t_sel = epoch_seconds(ours)
     print(
-        f"T_opt {grid[best]:.2f} s at {best}; ours {plan_of(ours)} {t_sel:.2f} s; score "
-        f"{grid[best] / t_sel:.2f} (paper >= 0.96)"
+        "\n== selection score T_opt / T_selected (eq. 28), K = 2: the exhaustive search run for real "
+        f"(--splitfed-plan exhaustive: every common (P, N), N <= {args.score_max_n}, one iteration each) =="
     )
-    results["score"] = {
-        "grid": {f"{p},{n}": v for (p, n), v in grid.items()},
-        "ours": t_sel,
-        "ours_plan": ours["splitfed"]["plan"],
-    }
+    print(
+        f"{'link':>5} {'ours (P,N)':>22} {'T_sel':>6} {'S_sel':>6} {'exhaustive (P,N)':>17} {'T_opt':>6} "
+        f"{'S_opt':>6} {'score':>6}  paper: score >= 0.96, S_sel 27% of an epoch"
+    )
+    data = shards(folder, 2, "iid", args.time_samples)
+    slow = [args.device_slowdown] * 2
+    timed = {r["link"]: r for r in results.get("time", []) if r["k"] == 2}
+    for name in args.links.split(","):
+        common = {
+            "epochs": args.time_epochs,
+            "slowdowns": slow,
+            "link": LINKS[name],
+            "batch_size": args.batch_size,
+        }
+        ours = run(args.broker, data, plan="ours", **common)
+        exhaustive = run(
+            args.broker,
+            data,
+            plan="exhaustive",
+            exhaustive_max_n=args.score_max_n,
+            **common,
+        )
+        t_sel, t_opt = epoch_seconds(ours), epoch_seconds(exhaustive)
+        if name in timed:  # the time part's run of the same case: two measurements of ours
+            t_sel = statistics.mean([t_sel, timed[name]["seconds"]["PiPar"]])
+        s_sel = ours["splitfed"]["planning"]["selection_seconds"]
+        s_opt = exhaustive["splitfed"]["planning"]["selection_seconds"]
+        print(
+            f"{name:>5} {plan_of(ours):>22} {t_sel:6.2f} {s_sel:6.2f} {plan_of(exhaustive)[-6:]:>17} "
+            f"{t_opt:6.2f} {s_opt:6.1f} {t_opt / t_sel:6.2f}   (S_sel {s_sel / t_sel:.1%} of an epoch)",
+            flush=True,
+        )
+        results.setdefault("score", []).append(
+            {
+                "link": name,
+                "ours": {"plan": ours["splitfed"]["plan"], "seconds": t_sel, "selection": s_sel},
+                "exhaustive": {
+                    "plan": exhaustive["splitfed"]["plan"],
+                    "seconds": t_opt,
+                    "selection": s_opt,
+                    "trials": exhaustive["splitfed"]["planning"]["estimate"]["trials"],
+                },
+            }
+        )
 
 
 def part_hetero(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
@@ -246,7 +296,15 @@ def part_hetero(args: argparse.Namespace, folder: Path, results: dict[str, Any])
     slow = [2 * args.device_slowdown, args.device_slowdown]
     out = {}
     for label, plan in (("ours", "ours"), ("common", "common")):
-        report = run(args.broker, data, plan=plan, epochs=args.time_epochs, slowdowns=slow, link=LINKS["4G"])
+        report = run(
+            args.broker,
+            data,
+            plan=plan,
+            epochs=args.time_epochs,
+            slowdowns=slow,
+            link=LINKS["4G"],
+            batch_size=args.batch_size,
+        )
         out[label] = (epoch_seconds(report), plan_of(report))
     print(
         f"ours {out['ours'][1]} {out['ours'][0]:.2f} s; common {out['common'][1]} {out['common'][0]:.2f} s; "
@@ -262,8 +320,14 @@ def main() -> None:
     parser.add_argument("--broker", default="mqtt://127.0.0.1:1883")
     parser.add_argument("--parts", default="time,accuracy,score,hetero")
     parser.add_argument("--device-slowdown", type=float, default=30.0)
-    parser.add_argument("--time-samples", type=int, default=192)
-    parser.add_argument("--time-epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=100, help="B (the paper's: 100)")
+    parser.add_argument(
+        "--time-samples", type=int, default=600, help="samples per device (the paper's MNIST: 60000 / 100)"
+    )
+    parser.add_argument("--time-epochs", type=int, default=2, help="epochs per run; the first is not timed")
+    parser.add_argument(
+        "--score-max-n", type=int, default=24, help="score: the exhaustive search's largest N"
+    )
     parser.add_argument("--acc-epochs", type=int, default=4)
     parser.add_argument("--acc-split", type=int, default=1, help="accuracy: PiPar's P (ours's choice at 4G)")
     parser.add_argument("--acc-parallel", type=int, default=7, help="accuracy: PiPar's N (ours's at 4G)")

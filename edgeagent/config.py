@@ -52,7 +52,7 @@ CollectiveName = Literal["ft-tree", "ft-tree-thesis", "tree", "ring", "ps-sync",
 # profiled estimate (PiPar Sec. 3.3): ours (per device), paper (the paper's rule), common (the best one for
 # all); fl: the whole model on the devices; sfl: the best split with one mini-batch; fixed: --split-point
 # and --parallel-batches as given.
-SplitFedPlan = Literal["ours", "paper", "common", "fl", "sfl", "fixed"]
+SplitFedPlan = Literal["ours", "paper", "common", "fl", "sfl", "fixed", "exhaustive"]
 
 
 class BrokerAccess(_Frozen):
@@ -104,6 +104,10 @@ class CentralConfig(BrokerAccess):
     splitfed_plan: SplitFedPlan = "ours"
     split_point: int | None = Field(None, ge=1, description="split-federated: device layers [0, P)")
     parallel_batches: int | None = Field(None, ge=1, description="split-federated: mini-batches N")
+    # --splitfed-plan exhaustive (the paper's baseline of eq. 28): every common (P, N), N up to this
+    # (None: the batch size), trained for exhaustive_iterations iterations before the run proper.
+    exhaustive_max_n: int | None = Field(None, ge=1, description="exhaustive search: the largest N tried")
+    exhaustive_iterations: int = Field(1, ge=1, description="exhaustive search: iterations per (P, N)")
     # Data-parallel training (--mode allreduce): the collective (ft-tree: papers/001's fault-tolerant tree;
     # tree, ring; ps-sync, ps-async: the parameter server on the central node; direct: all-to-all), the
     # timeout of its backup path (None: adaptive, from each link's measured round trips, at least

@@ -370,7 +370,7 @@ def _progress_hook(progress: Progress, task: Any) -> Any:
                 task,
                 completed=values["batch"],
                 total=values["total"],
-                description=f"loss {values['loss']:.3f}{acc}",
+                description=values.get("description") or f"loss {values['loss']:.3f}{acc}",
             )
 
     return hook

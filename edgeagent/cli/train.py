@@ -102,10 +102,21 @@ def train_options(f: F) -> F:
         ),
         click.option(
             "--splitfed-plan",
-            type=click.Choice(["ours", "paper", "common", "fl", "sfl", "fixed"]),
+            type=click.Choice(["ours", "paper", "common", "fl", "sfl", "fixed", "exhaustive"]),
             help="Split-federated: how each device's (P, N) is chosen (ours: per device; paper: PiPar's "
             "rule; common: the best one for all; fl: the whole model on the devices; sfl: N = 1; fixed: "
-            "--split-point and --parallel-batches).",
+            "--split-point and --parallel-batches; exhaustive: every common (P, N) trained for real first, "
+            "the paper's baseline).",
+        ),
+        click.option(
+            "--exhaustive-max-n",
+            type=click.IntRange(min=1),
+            help="--splitfed-plan exhaustive: the largest N tried (default: the batch size).",
+        ),
+        click.option(
+            "--exhaustive-iterations",
+            type=click.IntRange(min=1),
+            help="--splitfed-plan exhaustive: iterations each (P, N) is trained for (1, as the paper).",
         ),
         click.option("--split-point", type=int, help="Split-federated: layers [0, P) on every device."),
         click.option("--parallel-batches", type=int, help="Split-federated: mini-batches N per iteration."),
@@ -236,6 +247,8 @@ _CENTRAL_KEYS = (
     "save_model",
     "mode",
     "splitfed_plan",
+    "exhaustive_max_n",
+    "exhaustive_iterations",
     "collective",
     "allreduce_timeout",
     "split",

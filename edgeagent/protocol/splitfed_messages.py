@@ -28,12 +28,15 @@ class SplitRound(Message):
     tensors: dict[str, torch.Tensor]
     checksum: str = ""  # SHA-256 over ``tensors`` (the device echoes it in its update)
     forward_bits: int = 32  # the activations' k-bit quantizer (AccEPT's codecs; 32: none)
+    # > 0: a trial of the exhaustive search (papers/003 Sec. 5.4): only the first ``iterations`` iterations,
+    # timed and then discarded; 0: the whole shard. A trial's ``epoch`` is negative (-1 - trial number).
+    iterations: int = 0
 
     def __post_init__(self) -> None:
-        if self.split < 1 or self.parallel < 1 or self.batch_size < self.parallel:
+        if self.split < 1 or self.parallel < 1 or self.batch_size < self.parallel or self.iterations < 0:
             raise ProtocolError(
                 f"split round of epoch {self.epoch}: split {self.split} and parallel {self.parallel} must "
-                f"be >= 1 and batch size {self.batch_size} >= parallel"
+                f"be >= 1, batch size {self.batch_size} >= parallel and iterations {self.iterations} >= 0"
             )
 
 
@@ -83,6 +86,7 @@ class SplitUpdate(Message):
     correct: int = 0
     compute_seconds: float = 0.0
     idle_seconds: float = 0.0  # waiting for gradients
+    train_seconds: float = 0.0  # wall seconds from the round's weights in to its last update (no exchange)
 
 
 @dataclasses.dataclass(frozen=True)

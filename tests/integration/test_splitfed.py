@@ -33,6 +33,7 @@ from edgeagent.protocol.topics import Family
 from edgeagent.protocol.wire import decode
 from edgeagent.roles.central import Central, RunReport
 from edgeagent.roles.central.splitfed import SplitFedRun
+from edgeagent.roles.central.splitfed_plan import exhaustive_grid
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow
@@ -140,6 +141,32 @@ def test_two_devices_reach_fl_accuracy_and_never_send_raw_inputs(mosquitto_url: 
     assert tensors > len(activations)
     for msg in activations:
         assert tuple(msg.x.shape[1:]) == (128,)  # the output of layer 1 (P = 2), never the 1x8x8 inputs
+
+
+def test_the_exhaustive_search_trains_every_pair_for_real_and_takes_the_fastest(
+    mosquitto_url: str, tmp_path: Path
+) -> None:
+    """--splitfed-plan exhaustive (the paper's baseline of eq. 28): one trial per common (P, N) with N <= 2
+    and FL's (L, 1), each a real round of one iteration on both devices; the plan is the fastest trial's
+    for every device; trials leave the global model and the run's counters as they were."""
+    paths = shards(tmp_path)
+    report, node = run(mosquitto_url, paths, epochs=1, splitfed_plan="exhaustive", exhaustive_max_n=2)
+    assert isinstance(node.active, SplitFedRun)
+    layers = node.active.layers
+    trials = report.splitfed["planning"]["estimate"]["trials"]
+    assert [(t["split"], t["parallel"]) for t in trials] == exhaustive_grid(layers, 32, 2)[1:]
+    assert all(0 < t["epoch_seconds"] < float("inf") for t in trials)
+    best = min(trials, key=lambda t: t["epoch_seconds"])
+    assert set(map(tuple, report.splitfed["plan"].values())) == {(best["split"], best["parallel"])}
+    assert report.splitfed["planning"]["selection_seconds"] > 0
+    (epoch,) = report.splitfed["epochs"]
+    assert epoch["epoch"] == 0 and set(epoch["devices"]) == {"worker-1", "worker-2"}
+    # One epoch of training after the trials: the counters hold that epoch's iterations only.
+    split, _ = best["split"], best["parallel"]
+    per_device = [e["iterations"] for e in epoch["devices"].values()]
+    if split < layers:
+        assert report.batches == sum(per_device)
+    assert report.final_accuracy > 0.5
 
 
 def test_a_killed_device_is_left_out_and_rejoins_with_the_global_model(

@@ -22,7 +22,7 @@ from edgeagent.protocol.splitfed_messages import (
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
-from edgeagent.roles.central.splitfed_plan import choose, needs_profiles
+from edgeagent.roles.central.splitfed_plan import choose, exhaustive_grid, needs_profiles, trial_epoch_seconds
 
 T = Topics("site")
 DEVICE = Grant("device", "site")
@@ -70,6 +70,8 @@ def test_split_messages_round_trip_and_bad_ones_are_refused() -> None:
         SplitRound(run_id="r", epoch=0, split=0, parallel=1, batch_size=8, tensors={})
     with pytest.raises(ProtocolError, match="batch size 2"):
         SplitRound(run_id="r", epoch=0, split=1, parallel=4, batch_size=2, tensors={})
+    with pytest.raises(ProtocolError, match="iterations -1"):
+        SplitRound(run_id="r", epoch=-1, split=1, parallel=1, batch_size=2, tensors={}, iterations=-1)
     with pytest.raises(ProtocolError, match="1 forward and 2 backward"):
         SplitProfile(run_id="r", device_id="w1", fwd=[0.1], bwd=[0.1, 0.2], samples=1)
 
@@ -122,3 +124,31 @@ def test_the_fig6_plot_is_written_for_split_federated_reports_only(tmp_path: Pat
     assert plot_splitfed({"mode": "allreduce"}, json_path) is None
     written = plot_splitfed({"mode": "split-federated", "splitfed": {"epochs": []}}, json_path)
     assert written is not None and written.exists() and written.stat().st_size > 0
+
+
+def test_the_exhaustive_search_grid_and_its_epoch_estimate() -> None:
+    """Every common (P, N) with P < L and N up to the bound, FL's (L, 1), the first pair twice (warm-up);
+    a trial's epoch: the exchange once plus training per iteration x the shard's iterations, slowest
+    device."""
+    assert exhaustive_grid(3, 4, 2) == [(1, 1), (1, 1), (1, 2), (2, 1), (2, 2), (3, 1)]
+    assert len(exhaustive_grid(5, 100, None)) == 1 + 4 * 100 + 1
+    assert exhaustive_grid(5, 3, 8)[-2:] == [(4, 3), (5, 1)]
+
+    def update(samples: int, iterations: int, train: float) -> SplitUpdate:
+        return SplitUpdate(
+            run_id="r",
+            epoch=-1,
+            device_id="w",
+            samples=samples,
+            iterations=iterations,
+            tensors={},
+            train_seconds=train,
+        )
+
+    # w1: 1.5 s round trip, 1 s of it training 1 iteration; 320 samples at B = 32: 10 iterations.
+    # w2: 0.5 s exchange + 2 x 0.25 s per iteration of 2, 64 samples: 2 iterations.
+    est = trial_epoch_seconds({"w1": (1.5, update(320, 1, 1.0)), "w2": (1.0, update(64, 2, 0.5))}, 32)
+    assert est == pytest.approx(0.5 + 10 * 1.0)
+    assert trial_epoch_seconds({"w2": (1.0, update(64, 2, 0.5))}, 32) == pytest.approx(1.0)
+    assert trial_epoch_seconds({}, 32) == float("inf")
+    assert needs_profiles(CentralConfig(mode="split-federated", splitfed_plan="exhaustive"))

@@ -45,8 +45,10 @@ from edgeagent.roles.central.splitfed_plan import (
     REAL_LINK_BPS,
     choose,
     device_costs,
+    exhaustive_grid,
     needs_profiles,
     profile_server,
+    trial_epoch_seconds,
 )
 
 if TYPE_CHECKING:
@@ -248,10 +250,13 @@ class SplitFedRun:
                 )
                 for d in self.devices
             ]
-        self.plan, info = choose(config, self.spec, self.layers, self.devices, costs, server)
-        info.profiled = sorted(d for d in self.devices if d in self.profiles)
-        info.assumed = sorted(d for d in self.devices if costs is not None and d not in self.profiles)
-        self.plan_info = info.to_dict()
+        if config.splitfed_plan == "exhaustive":
+            self.plan, self.plan_info = self._exhaustive()
+        else:
+            self.plan, info = choose(config, self.spec, self.layers, self.devices, costs, server)
+            info.profiled = sorted(d for d in self.devices if d in self.profiles)
+            info.assumed = sorted(d for d in self.devices if costs is not None and d not in self.profiles)
+            self.plan_info = info.to_dict()
         log.info("split-federated plan %s: %s", config.splitfed_plan, self.plan)
         self._event("splitfed-plan", {"plan": {d: list(pn) for d, pn in self.plan.items()}, **self.plan_info})
 
@@ -288,6 +293,17 @@ class SplitFedRun:
         return time.monotonic() - state.last_heartbeat <= 3 * self.config.heartbeat_interval + 1.0
 
     def _epoch(self, epoch: int) -> None:
+        participants = self._participants(epoch)
+        state = self.collect_weights()
+        started = time.perf_counter()
+        idle_before = self.central.times.idle
+        self._round(epoch, participants, state, self.plan)
+        self._average(
+            epoch, participants, time.perf_counter() - started, self.central.times.idle - idle_before
+        )
+
+    def _participants(self, epoch: int) -> list[str]:
+        """The live assigned devices (waiting for one if none is); a live unassigned one is asked again."""
         central = self.central
         self.epoch = epoch
         self.updates, self.left_out, self.servers = {}, {}, {}
@@ -302,11 +318,21 @@ class SplitFedRun:
                 f"no device left for epoch {epoch}",
             )
             participants = [d for d in self.devices if d in self.assigned and self._live(d)]
-        state = self.collect_weights()
-        started = time.perf_counter()
-        idle_before = central.times.idle
+        return participants
+
+    def _round(
+        self,
+        epoch: int,
+        participants: list[str],
+        state: dict[str, Any],
+        plan: dict[str, tuple[int, int]],
+        iterations: int = 0,
+    ) -> None:
+        """Every participant's round (``iterations`` > 0: a trial of that many), until each has uploaded
+        its layers or was left out."""
+        central = self.central
         for d in participants:
-            split, parallel = self.plan[d]
+            split, parallel = plan[d]
             server = (
                 nn.Sequential(*build_layers(self.spec, split, self.layers, seed=self.train.seed))
                 if split < self.layers
@@ -341,6 +367,7 @@ class SplitFedRun:
                     batch_size=self.train.batch_size,
                     tensors=sent,
                     checksum=self.sent_checksums[d],
+                    iterations=iterations,
                 ),
             )
         central.wait_until(
@@ -349,7 +376,51 @@ class SplitFedRun:
             f"epoch {epoch} did not end",
             fault=lambda: self._check(participants),
         )
-        self._average(epoch, participants, time.perf_counter() - started, central.times.idle - idle_before)
+
+    def _exhaustive(self) -> tuple[dict[str, tuple[int, int]], dict[str, Any]]:
+        """The paper's exhaustive search (Sec. 5.4, the baseline of eq. 28), run for real: every common
+        (P, N) of :func:`splitfed_plan.exhaustive_grid` trained for ``--exhaustive-iterations`` iterations
+        on every device from the global model (then discarded); a pair's epoch is estimated as its
+        exchange (round trip less training) plus its training seconds per iteration x the epoch's
+        iterations; the fastest pair is every device's."""
+        config, batch = self.config, self.train.batch_size
+        grid = exhaustive_grid(self.layers, batch, config.exhaustive_max_n)
+        state = self.collect_weights()
+        started = time.perf_counter()
+        trials: list[dict[str, Any]] = []
+        for t, (split, parallel) in enumerate(grid):
+            participants = self._participants(-1 - t)
+            self._round(
+                self.epoch,
+                participants,
+                state,
+                dict.fromkeys(participants, (split, parallel)),
+                config.exhaustive_iterations,
+            )
+            seconds = trial_epoch_seconds(
+                {d: (self.device_seconds[d], self.updates[d]) for d in participants if d in self.updates},
+                batch,
+            )
+            if t == 0:  # the warm-up
+                continue
+            trials.append({"split": split, "parallel": parallel, "epoch_seconds": seconds})
+            log.info("exhaustive search: (P, N) = (%d, %d) -> %.2f s per epoch", split, parallel, seconds)
+            self._progress(
+                {
+                    "batch": t,
+                    "total": len(grid) - 1,
+                    "description": f"exhaustive search (P, N) = ({split}, {parallel})",
+                }
+            )
+        self.servers, self.updates = {}, {}
+        self.iterations, self.loss_sum, self.loss_count = 0, 0.0, 0
+        best = min(trials, key=lambda r: r["epoch_seconds"])
+        info = {
+            "plan": "exhaustive",
+            "selection_seconds": time.perf_counter() - started,
+            "estimate": {"trials": trials, "iterations": config.exhaustive_iterations},
+        }
+        return dict.fromkeys(self.devices, (best["split"], best["parallel"])), info
 
     def _check(self, participants: list[str]) -> None:
         """Leave out (this epoch) a device that went offline or silent; never a fault of the run."""

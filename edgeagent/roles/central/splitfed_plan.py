@@ -13,6 +13,7 @@ Everything here is pure: the run does the waiting.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,8 +21,8 @@ from typing import Any
 from edgeagent.config import CentralConfig
 from edgeagent.errors import PlanningError
 from edgeagent.models import ModelSpec
-from edgeagent.protocol.splitfed_messages import SplitProfile
-from edgeagent.splitfed.cost import Choice, DeviceCosts, LayerTimes, epoch_time
+from edgeagent.protocol.splitfed_messages import SplitProfile, SplitUpdate
+from edgeagent.splitfed.cost import Choice, DeviceCosts, LayerTimes, epoch_time, epoch_times
 from edgeagent.splitfed.plan import select
 from edgeagent.splitfed.profile import param_bytes, profile_layers
 
@@ -58,7 +59,32 @@ def needs_profiles(config: CentralConfig) -> bool:
     """Whether the plan uses measured times (the explicit flags may leave nothing to choose)."""
     if config.splitfed_plan in ("fl", "fixed"):
         return False
+    if config.splitfed_plan == "exhaustive":  # no estimate, but its trials start once devices profiled
+        return True
     return config.split_point is None or (config.parallel_batches is None and config.splitfed_plan != "sfl")
+
+
+def exhaustive_grid(layers: int, batch_size: int, max_n: int | None) -> list[tuple[int, int]]:
+    """The common (P, N) pairs the exhaustive search tries: P in [1, L) with N in [1, min(B, max_n)], and
+    FL's (L, 1). The first pair is tried twice (a warm-up: a device's first round is its slowest)."""
+    top = min(batch_size, max_n) if max_n else batch_size
+    pairs = [(p, n) for p in range(1, layers) for n in range(1, top + 1)] + [(layers, 1)]
+    return [pairs[0], *pairs]
+
+
+def trial_epoch_seconds(results: dict[str, tuple[float, SplitUpdate]], batch_size: int) -> float:
+    """One trial's epoch, estimated per device from its round trip ``seconds`` (weights out to update in)
+    and its update: the exchange (the round trip less its training) plus its training seconds per
+    iteration x the iterations of its whole shard (``samples // B``, as the device runs them); the epoch
+    is the slowest device's. A trial nobody finished is infinitely slow."""
+    epochs = []
+    for seconds, update in results.values():
+        if update.iterations < 1:
+            continue
+        train = min(update.train_seconds, seconds)
+        full = max(1, update.samples // batch_size)
+        epochs.append(seconds - train + train / update.iterations * full)
+    return max(epochs) if epochs else math.inf
 
 
 def profile_server(spec: ModelSpec, batch_size: int, seed: int) -> ServerProfile:
@@ -144,6 +170,12 @@ def choose(
                 param_bytes=server.param_bytes,
             )
         info.selection_seconds = time.perf_counter() - started
+        info.estimate = {
+            "epoch_seconds": epoch_times(*args, picked, param_bytes=server.param_bytes),
+            "devices": {
+                d.name: {"up_bps": d.up_bps, "down_bps": d.down_bps, "latency_s": d.latency_s} for d in costs
+            },
+        }
         chosen = {d: (picked[d].split, picked[d].n) for d in devices}
     if config.split_point is not None and plan != "fl":
         chosen = {d: (config.split_point, n) for d, (_, n) in chosen.items()}
@@ -160,6 +192,8 @@ __all__ = [
     "ServerProfile",
     "choose",
     "device_costs",
+    "exhaustive_grid",
     "needs_profiles",
     "profile_server",
+    "trial_epoch_seconds",
 ]

@@ -144,7 +144,12 @@ class _Round:
             momentum=options.momentum,
             weight_decay=options.weight_decay,
         )
-        self.batches = batch_indices(rows, msg.batch_size, epoch=msg.epoch, seed=seed)
+        # A trial (negative epoch -1 - t) takes epoch t's order and only its first iterations.
+        order = msg.epoch if msg.epoch >= 0 else -1 - msg.epoch
+        self.batches = batch_indices(rows, msg.batch_size, epoch=order, seed=seed)
+        if msg.iterations:
+            self.batches = self.batches[: msg.iterations]
+        self.started = time.monotonic()
         self.micro_rows = msg.batch_size // msg.parallel
         self.codecs = StageCodecs(forward_bits=msg.forward_bits)  # a fresh quantizer state every epoch
         self.iteration = 0
@@ -452,9 +457,11 @@ class SplitFedSession:
                 correct=r.correct,
                 compute_seconds=r.compute,
                 idle_seconds=self.worker.times.idle - r.idle_at_start,
+                train_seconds=time.monotonic() - r.started,
             ),
         )
-        self.epochs_done += 1
+        if not r.msg.iterations:  # a trial of the exhaustive search is no epoch
+            self.epochs_done += 1
         self.round = None
 
 
