@@ -6,6 +6,7 @@ with it; the module note there says what the graph is and what ours adds to the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ __all__ = [
     "DeviceCosts",
     "LayerTimes",
     "brute_force_critical_path",
+    "calibrate",
     "critical_path",
     "epoch_time",
     "epoch_times",
@@ -379,3 +381,41 @@ def epoch_time(
         param_bytes=param_bytes,
     )
     return max(times.values())
+
+
+def calibrate(
+    device: DeviceCosts, choice: Choice, batch_size: int, compute_seconds: float, iterations: int
+) -> DeviceCosts:
+    """``device`` corrected by an epoch measured at ``choice``: its compute over ``iterations``.
+
+    The profile times whole batches; what it misses is mostly a per-call cost (Python, autograd, the
+    emulated slowdown of both) that every mini-batch pays, so with N > 1 a measured excess is added to
+    layer 0's fixed parts (every P holds layer 0), half forward and half backward. An epoch faster than
+    estimated, or one of N = 1 (which cannot tell the two apart), scales every layer's times instead.
+    """
+    if iterations < 1 or compute_seconds <= 0:
+        return device
+    frac = _fraction(choice.n, batch_size)
+    times = device.times
+    per_batch = times.scaled(0, choice.split, frac, backward=False) + times.scaled(
+        0, choice.split, frac, backward=True
+    )
+    estimated = iterations * choice.n * per_batch
+    if estimated <= 0:
+        return device
+    fixed_f = list(times.fwd_fixed or (0.0,) * times.layers)
+    fixed_b = list(times.bwd_fixed or (0.0,) * times.layers)
+    fwd, bwd = list(times.fwd), list(times.bwd)
+    if compute_seconds > estimated and choice.n > 1:
+        extra = (compute_seconds - estimated) / (iterations * choice.n) / 2
+        fwd[0] += extra
+        bwd[0] += extra
+        fixed_f[0] += extra
+        fixed_b[0] += extra
+    else:
+        ratio = compute_seconds / estimated
+        fwd, bwd = [t * ratio for t in fwd], [t * ratio for t in bwd]
+        fixed_f, fixed_b = [t * ratio for t in fixed_f], [t * ratio for t in fixed_b]
+    return dataclasses.replace(
+        device, times=LayerTimes(tuple(fwd), tuple(bwd), tuple(fixed_f), tuple(fixed_b))
+    )

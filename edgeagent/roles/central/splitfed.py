@@ -43,6 +43,7 @@ from edgeagent.roles.central.checkpoint import resume_of, save_checkpoint
 from edgeagent.roles.central.report import RunReport
 from edgeagent.roles.central.splitfed_plan import (
     REAL_LINK_BPS,
+    ServerProfile,
     choose,
     device_costs,
     exhaustive_grid,
@@ -50,6 +51,8 @@ from edgeagent.roles.central.splitfed_plan import (
     profile_server,
     trial_epoch_seconds,
 )
+from edgeagent.splitfed.cost import Choice, DeviceCosts, calibrate, epoch_time
+from edgeagent.splitfed.plan import select
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -103,6 +106,8 @@ class SplitFedRun:
         self.forward_bits = NONE if self.config.compression == "none" else int(self.config.compression)
         self.codecs = StageCodecs(backward_bits=NONE if self.forward_bits >= NONE else 8)
         self.plan_info: dict[str, Any] = {}
+        self.costs: list[DeviceCosts] | None = None  # what the plan knows of every device (ours: calibrated)
+        self.server_profile: ServerProfile | None = None
         self.profiles: dict[str, SplitProfile] = {}
         self.assigned: set[str] = set()
         self.epoch = -1
@@ -165,6 +170,8 @@ class SplitFedRun:
         started = time.perf_counter()
         for epoch in range(first, self.train.epochs):
             self._epoch(epoch)
+            if epoch + 1 < self.train.epochs:
+                self._replan(epoch)
             accuracy, loss = self._evaluate()
             report.test_accuracy_per_epoch.append(accuracy)
             report.test_loss_per_epoch.append(loss)
@@ -250,6 +257,7 @@ class SplitFedRun:
                 )
                 for d in self.devices
             ]
+        self.costs, self.server_profile = costs, server
         if config.splitfed_plan == "exhaustive":
             self.plan, self.plan_info = self._exhaustive()
         else:
@@ -301,6 +309,62 @@ class SplitFedRun:
         self._average(
             epoch, participants, time.perf_counter() - started, self.central.times.idle - idle_before
         )
+
+    def _replan(self, epoch: int) -> None:
+        """Ours, beyond the paper (which selects once, before training): every device's costs corrected by
+        the epoch just measured (:func:`~edgeagent.splitfed.cost.calibrate`: the per-mini-batch cost a
+        profile of whole batches misses) and (P_k, N_k) chosen again; the new plan is taken only if the
+        corrected estimate makes it at least 5 % faster than the current one. A plan is per epoch
+        anyway (``split_round``), so switching costs nothing."""
+        config, server = self.config, self.server_profile
+        if (
+            config.splitfed_plan != "ours"
+            or self.costs is None
+            or server is None
+            or config.split_point is not None
+            or config.parallel_batches is not None
+        ):
+            return
+        measured = self.epochs[-1]["devices"]
+        batch = self.train.batch_size
+        self.costs = [
+            calibrate(
+                d,
+                Choice(measured[d.name]["split"], measured[d.name]["parallel"]),
+                batch,
+                measured[d.name]["compute_seconds"],
+                measured[d.name]["iterations"],
+            )
+            if d.name in measured
+            else d
+            for d in self.costs
+        ]
+        args = (self.costs, server.times, server.act_bytes, server.grad_bytes, batch)
+        current = {d.name: Choice(*self.plan[d.name]) for d in self.costs}
+        before = epoch_time(*args, current, param_bytes=server.param_bytes)
+        picked = select(*args, param_bytes=server.param_bytes)
+        after = epoch_time(*args, picked, param_bytes=server.param_bytes)
+        if after >= 0.95 * before:
+            return
+        plan = {d: (picked[d].split, picked[d].n) for d in self.devices}
+        log.info(
+            "split-federated plan after epoch %d, calibrated by its times: %s (estimate %.2f s per epoch, "
+            "%.2f s with the plan it replaces)",
+            epoch,
+            plan,
+            after,
+            before,
+        )
+        self.plan_info.setdefault("replans", []).append(
+            {
+                "after_epoch": epoch,
+                "plan": {d: list(pn) for d, pn in plan.items()},
+                "estimate": after,
+                "was": before,
+            }
+        )
+        self._event("splitfed-plan", {"after_epoch": epoch, "plan": {d: list(pn) for d, pn in plan.items()}})
+        self.plan = plan
 
     def _participants(self, epoch: int) -> list[str]:
         """The live assigned devices (waiting for one if none is); a live unassigned one is asked again."""
