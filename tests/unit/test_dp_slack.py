@@ -26,6 +26,7 @@ from edgeagent.planner.dp import (
 )
 from edgeagent.planner.partition import check_points
 from edgeagent.roles.central.context import RunState
+from tests.unit.test_planner import random_problem as planner_problem
 
 FREE = Link(math.inf)
 
@@ -47,43 +48,16 @@ def random_table(
 
 
 def random_problem(rng: random.Random, *, ties: bool) -> Problem:
-    """Small random instances (as in test_planner), some stages timed by a table (AccEPT eq. 10);
-    ``ties`` draws from small integer sets so that optima and sums are often shared."""
-    num_layers = rng.randint(1, 8)
-    n = rng.randint(1, min(4, num_layers))
-    if ties:
-        times = tuple(float(rng.randint(1, 3)) for _ in range(num_layers))
-        sizes = tuple(rng.choice([0, 1000, 2000, 4000]) for _ in range(num_layers))
-        caps = tuple(rng.choice([0.5, 1.0, 2.0, 10.0]) for _ in range(n))
-        bandwidths = [rng.choice([500.0, 1000.0, 2000.0, math.inf]) for _ in range(n - 1)]
-        latencies = [rng.choice([0.0, 0.5]) for _ in range(n - 1)]
-    else:
-        times = tuple(rng.uniform(0.01, 5.0) for _ in range(num_layers))
-        sizes = tuple(rng.randint(0, 10**6) for _ in range(num_layers))
-        caps = tuple(rng.uniform(0.2, 10.0) for _ in range(n))
-        bandwidths = [10 ** rng.uniform(4, 7) for _ in range(n - 1)]
-        latencies = [rng.choice([0.0, rng.uniform(0.0, 0.5)]) for _ in range(n - 1)]
-    links = tuple(Link(b, lat) for b, lat in zip(bandwidths, latencies, strict=True))
-    params: tuple[int, ...] | None = None
-    limits: tuple[float | None, ...] | None = None
-    if rng.random() < 0.4:
-        params = tuple(rng.randint(1, 10_000) for _ in range(num_layers))
-        total = (sum(params) * (n + 3) + n * sum(sizes)) / n
-        limits = tuple(rng.choice([None, total * rng.uniform(0.3, 3.0)]) for _ in range(n))
-    tables = None
+    """test_planner's small random instances, half of them with some stages timed by a table (AccEPT
+    eq. 10); ``ties`` draws from small integer sets so that optima and sums are often shared."""
+    p = planner_problem(rng, ties=ties)
     if rng.random() < 0.5:
-        tables = tuple(None if rng.random() < 0.4 else random_table(rng, times, ties=ties) for _ in range(n))
-    return Problem(
-        layer_times=times,
-        output_bytes=sizes,
-        capacities=caps,
-        links=links,
-        param_bytes=params,
-        memory_limits=limits,
-        in_flight=rng.randint(0, n + 1),
-        activation_factor=rng.choice([1.0, 0.25]),
-        range_times=tables,
-    )
+        tables = tuple(
+            None if rng.random() < 0.4 else random_table(rng, p.layer_times, ties=ties)
+            for _ in range(p.num_stages)
+        )
+        p = replace(p, range_times=tables)
+    return p
 
 
 def test_solve_equals_brute_force_for_both_rules() -> None:
