@@ -271,8 +271,9 @@ def part_score(args: argparse.Namespace, folder: Path, results: dict[str, Any]) 
             t_sel = statistics.mean([t_sel, timed[name]["seconds"]["PiPar"]])
         s_sel = ours["splitfed"]["planning"]["selection_seconds"]
         s_opt = exhaustive["splitfed"]["planning"]["selection_seconds"]
+        opt_pair = tuple(next(iter(exhaustive["splitfed"]["plan"].values())))
         print(
-            f"{name:>5} {plan_of(ours):>22} {t_sel:6.2f} {s_sel:6.2f} {plan_of(exhaustive)[-6:]:>17} "
+            f"{name:>5} {plan_of(ours):>22} {t_sel:6.2f} {s_sel:6.2f} {opt_pair!s:>17} "
             f"{t_opt:6.2f} {s_opt:6.1f} {t_opt / t_sel:6.2f}   (S_sel {s_sel / t_sel:.1%} of an epoch)",
             flush=True,
         )

@@ -388,10 +388,10 @@ def calibrate(
 ) -> DeviceCosts:
     """``device`` corrected by an epoch measured at ``choice``: its compute over ``iterations``.
 
-    The profile times whole batches; what it misses is mostly a per-call cost (Python, autograd, the
-    emulated slowdown of both) that every mini-batch pays, so with N > 1 a measured excess is added to
-    layer 0's fixed parts (every P holds layer 0), half forward and half backward. An epoch faster than
-    estimated, or one of N = 1 (which cannot tell the two apart), scales every layer's times instead.
+    Every layer's times (fixed parts too) scale by measured / estimated compute: the profile's shape (which
+    layers cost what, and the per-call part it fitted) is kept and its level follows the device as it runs
+    (contention, throttling, a profile taken cold). Attributing the excess to a per-mini-batch cost instead
+    was tried: one epoch at N = 3 then charged a P = 1, N = 21 plan 8 s of overhead that it does not have.
     """
     if iterations < 1 or compute_seconds <= 0:
         return device
@@ -403,19 +403,13 @@ def calibrate(
     estimated = iterations * choice.n * per_batch
     if estimated <= 0:
         return device
-    fixed_f = list(times.fwd_fixed or (0.0,) * times.layers)
-    fixed_b = list(times.bwd_fixed or (0.0,) * times.layers)
-    fwd, bwd = list(times.fwd), list(times.bwd)
-    if compute_seconds > estimated and choice.n > 1:
-        extra = (compute_seconds - estimated) / (iterations * choice.n) / 2
-        fwd[0] += extra
-        bwd[0] += extra
-        fixed_f[0] += extra
-        fixed_b[0] += extra
-    else:
-        ratio = compute_seconds / estimated
-        fwd, bwd = [t * ratio for t in fwd], [t * ratio for t in bwd]
-        fixed_f, fixed_b = [t * ratio for t in fixed_f], [t * ratio for t in fixed_b]
+    ratio = compute_seconds / estimated
     return dataclasses.replace(
-        device, times=LayerTimes(tuple(fwd), tuple(bwd), tuple(fixed_f), tuple(fixed_b))
+        device,
+        times=LayerTimes(
+            tuple(t * ratio for t in times.fwd),
+            tuple(t * ratio for t in times.bwd),
+            tuple(t * ratio for t in times.fwd_fixed),
+            tuple(t * ratio for t in times.bwd_fixed),
+        ),
     )

@@ -226,11 +226,10 @@ def test_bad_input_is_refused_with_the_numbers() -> None:
         stage_times(device, _times(FWD), ACT, ACT, Choice(1, 5), batch_size=4)
 
 
-def test_calibrate_adds_the_missed_per_mini_batch_cost_or_scales() -> None:
-    """An epoch slower than estimated at N > 1: the excess per mini-batch goes to layer 0's fixed parts,
-    so the corrected estimate of that epoch is what was measured and a smaller N looks better than it
-    did; faster than estimated (or N = 1): every layer scales."""
-    times = LayerTimes((0.4, 0.2, 0.1), (0.4, 0.2, 0.1))
+def test_calibrate_scales_the_device_to_what_it_measured() -> None:
+    """After calibration the estimate of the measured epoch's compute is what was measured; every layer
+    (fixed parts too) scales alike, so the ranking of (P, N) by compute alone is kept."""
+    times = LayerTimes((0.4, 0.2, 0.1), (0.4, 0.2, 0.1), (0.01, 0.0, 0.0), (0.02, 0.0, 0.0))
     device = DeviceCosts("w", times, 1e6, 1e6, 400)
     choice, batch, iterations = Choice(2, 4), 100, 4
 
@@ -239,14 +238,13 @@ def test_calibrate_adds_the_missed_per_mini_batch_cost_or_scales() -> None:
         return iterations * c.n * (st["f_c"] + st["b_c"])
 
     estimated = compute(device, choice)
-    slower = calibrate(device, choice, batch, estimated + 1.6, iterations)
-    assert compute(slower, choice) == pytest.approx(estimated + 1.6)
-    assert slower.times.fwd_fixed[0] == pytest.approx(0.05) and slower.times.bwd_fixed[0] == pytest.approx(
-        0.05
-    )
-    assert compute(slower, Choice(2, 1)) == pytest.approx(compute(device, Choice(2, 1)) + iterations * 0.1)
-    faster = calibrate(device, choice, batch, estimated / 2, iterations)
-    assert faster.times.fwd == pytest.approx(tuple(t / 2 for t in times.fwd))
-    one = calibrate(device, Choice(2, 1), batch, 2 * compute(device, Choice(2, 1)), iterations)
-    assert one.times.bwd == pytest.approx(tuple(2 * t for t in times.bwd))
+    for measured in (1.3 * estimated, 0.5 * estimated):
+        fixed = calibrate(device, choice, batch, measured, iterations)
+        assert compute(fixed, choice) == pytest.approx(measured)
+        ratio = measured / estimated
+        assert fixed.times.fwd == pytest.approx(tuple(ratio * t for t in times.fwd))
+        assert fixed.times.bwd_fixed == pytest.approx(tuple(ratio * t for t in times.bwd_fixed))
+        for other in (Choice(1, 1), Choice(3, 8)):
+            assert compute(fixed, other) == pytest.approx(ratio * compute(device, other))
     assert calibrate(device, choice, batch, 0.0, iterations) is device
+    assert calibrate(device, choice, batch, 1.0, 0) is device

@@ -312,8 +312,8 @@ class SplitFedRun:
 
     def _replan(self, epoch: int) -> None:
         """Ours, beyond the paper (which selects once, before training): every device's costs corrected by
-        the epoch just measured (:func:`~edgeagent.splitfed.cost.calibrate`: the per-mini-batch cost a
-        profile of whole batches misses) and (P_k, N_k) chosen again; the new plan is taken only if the
+        the epoch just measured (:func:`~edgeagent.splitfed.cost.calibrate`: its layer times scaled to the
+        compute it measured) and (P_k, N_k) chosen again; the new plan is taken only if the
         corrected estimate makes it at least 5 % faster than the current one. A plan is per epoch
         anyway (``split_round``), so switching costs nothing."""
         config, server = self.config, self.server_profile
