@@ -29,8 +29,10 @@ __all__ = [
     "stage_times",
 ]
 
-STAGES: tuple[str, ...] = ("f_c", "u", "f_s", "b_s", "d", "b_c")
-"""Keys of :func:`stage_times`: the six stages of one mini-batch."""
+STAGES: tuple[str, ...] = ("f_c", "u", "lu", "f_s", "b_s", "d", "ld", "b_c")
+"""Keys of :func:`stage_times`: the stages of one mini-batch. ``u``/``d`` hold a link for the bytes' time;
+``lu``/``ld`` are the link's per-message latency, a delay that does not hold it (messages overlap in
+flight), so it is paid once per chain, not once per mini-batch (missing keys count 0)."""
 
 _SHARE_ROUNDS = 12
 
@@ -165,13 +167,16 @@ def stage_times(
         "f_c": device.times.scaled(0, p, frac, backward=False),
         "b_c": device.times.scaled(0, p, frac, backward=True),
         "u": 0.0,
+        "lu": 0.0,
         "f_s": 0.0,
         "b_s": 0.0,
         "d": 0.0,
+        "ld": 0.0,
     }
     if p < q:
-        out["u"] = device.latency_s + act_bytes[p - 1] * frac / device.up_bps
-        out["d"] = device.latency_s + grad_bytes[p - 1] * frac / device.down_bps
+        out["u"] = act_bytes[p - 1] * frac / device.up_bps
+        out["d"] = grad_bytes[p - 1] * frac / device.down_bps
+        out["lu"] = out["ld"] = device.latency_s
         out["f_s"] = server.scaled(p, q, frac, backward=False) / server_share
         out["b_s"] = server.scaled(p, q, frac, backward=True) / server_share
     return out
@@ -180,7 +185,8 @@ def stage_times(
 def critical_path(stages: Sequence[Stages]) -> float:
     """T(b_N^c) over the stage graph (eq. 11-13), one pass over the mini-batches: O(N).
 
-    ``stages[n]`` holds the six stage times of mini-batch n+1 (they may differ between mini-batches).
+    ``stages[n]`` holds the stage times (:data:`STAGES`) of mini-batch n+1 (they may differ between
+    mini-batches).
     """
     if not stages:
         raise ValueError("critical_path needs at least one mini-batch")
@@ -193,9 +199,9 @@ def critical_path(stages: Sequence[Stages]) -> float:
     up = server = down = back = 0.0
     for n, st in enumerate(stages):
         up = max(forwards[n], up) + st["u"]
-        server = max(up, server) + st["f_s"] + st["b_s"]
+        server = max(up + st.get("lu", 0.0), server) + st["f_s"] + st["b_s"]
         down = max(server, down) + st["d"]
-        back = max(down, back, all_forwarded) + st["b_c"]
+        back = max(down + st.get("ld", 0.0), back, all_forwarded) + st["b_c"]
     return back
 
 
@@ -206,10 +212,12 @@ def _stage_graph(count: int) -> dict[tuple[str, int], list[tuple[str, int]]]:
         earlier = n > 0
         prev[("f_c", n)] = [("f_c", n - 1)] if earlier else []
         prev[("u", n)] = [("f_c", n)] + ([("u", n - 1)] if earlier else [])
-        prev[("f_s", n)] = [("u", n)] + ([("b_s", n - 1)] if earlier else [])
+        prev[("lu", n)] = [("u", n)]  # in flight: the next upload does not wait for it
+        prev[("f_s", n)] = [("lu", n)] + ([("b_s", n - 1)] if earlier else [])
         prev[("b_s", n)] = [("f_s", n)]
         prev[("d", n)] = [("b_s", n)] + ([("d", n - 1)] if earlier else [])
-        prev[("b_c", n)] = [("d", n), ("f_c", count - 1)] + ([("b_c", n - 1)] if earlier else [])
+        prev[("ld", n)] = [("d", n)]
+        prev[("b_c", n)] = [("ld", n), ("f_c", count - 1)] + ([("b_c", n - 1)] if earlier else [])
     return prev
 
 
@@ -229,7 +237,7 @@ def brute_force_critical_path(stages: Sequence[Stages]) -> float:
         if node == sink:
             best = max(best, length)
         for nxt in nexts[node]:
-            todo.append((nxt, length + stages[nxt[1]][nxt[0]]))
+            todo.append((nxt, length + stages[nxt[1]].get(nxt[0], 0.0)))
     return best
 
 
@@ -267,7 +275,7 @@ def estimate_n(
     (The paper's middle line sums the server's forward over layers 1..P, a typo: the server holds P+1..Q.)
     """
     st = stage_times(device, server, act_bytes, grad_bytes, Choice(split, 1), server_share=server_share)
-    idle = st["u"] + st["f_s"] + st["b_s"] + st["d"]
+    idle = st["u"] + st["lu"] + st["f_s"] + st["b_s"] + st["d"] + st["ld"]
     busy = min(st["f_c"], st["b_c"])
     n = 1 if idle == 0 else (1 + math.ceil(idle / busy) if busy > 0 else 1 << 30)
     return max(1, min(n, batch_size)) if batch_size is not None else n

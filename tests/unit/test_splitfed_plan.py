@@ -108,7 +108,16 @@ def test_fixed_parts_and_latency_do_not_shrink_with_n() -> None:
     device = DeviceCosts("d", times, 10.0, 10.0, 100, latency_s=0.25)
     st = stage_times(device, times, (10.0, 10.0), (10.0, 10.0), Choice(1, 2))
     assert st["f_c"] == pytest.approx(0.5 + 0.5 / 2)
-    assert st["u"] == pytest.approx(0.25 + 10.0 / 10.0 / 2)
+    assert st["u"] == pytest.approx(10.0 / 10.0 / 2) and st["lu"] == st["ld"] == 0.25
+
+
+def test_latency_is_in_flight_once_not_per_mini_batch() -> None:
+    """A link's per-message latency delays each mini-batch but does not hold the link: with the uplink
+    the bottleneck, N uploads take N x their bytes' time plus one latency, not N latencies."""
+    st = {"f_c": 0.01, "u": 1.0, "lu": 0.5, "f_s": 0.1, "b_s": 0.2, "d": 0.3, "ld": 0.5, "b_c": 0.01}
+    n = 50
+    assert critical_path([st] * n) == pytest.approx(0.01 + n * 1.0 + 0.5 + 0.1 + 0.2 + 0.3 + 0.5 + 0.01)
+    assert critical_path([st] * 4) == pytest.approx(brute_force_critical_path([st] * 4))
 
 
 def test_eq_14_on_a_hand_example() -> None:
