@@ -51,7 +51,9 @@ compared, and even they move by 0.2-0.5 between runs:
   exhaustive search's best, (1, 21), took 11.07-11.22 s against SFL's 16.2-18.7 s, so 1.45-1.6x is the most
   any selection gets there. Where ours falls short, it gave identical devices different N (each device's
   own profile is noisy, and an epoch waits for the slowest); run 2's K = 4 WiFi epoch of 26.8 s (two
-  devices at (1, 3)) is an outlier not yet explained (run 1: 7.5 s on the same case).
+  devices at (1, 3)) is an outlier not yet explained (run 1: 7.5 s on the same case; a single re-run of
+  ours right after run 2: 11.8 s, every device at (1, 15) after epoch 0's calibration, the profiles having
+  estimated 18-52 s because four devices profile at once on two cores).
   Score against the real exhaustive search (T_opt / T_sel): run 1 4G 0.83 (ours (2, 3) vs (1, 21)), 4G+
   1.07, WiFi 0.96; after the latency fix, at 4G ours chose (1, 22), 11.64 s against 11.07-11.22 s: 0.95-0.96
   (paper: >= 0.96).
