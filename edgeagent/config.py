@@ -108,6 +108,9 @@ class CentralConfig(BrokerAccess):
     # (None: the batch size), trained for exhaustive_iterations iterations before the run proper.
     exhaustive_max_n: int | None = Field(None, ge=1, description="exhaustive search: the largest N tried")
     exhaustive_iterations: int = Field(1, ge=1, description="exhaustive search: iterations per (P, N)")
+    # --splitfed-plan ours: devices whose profiled compute and links are within this (relative) of one
+    # another are planned on their mean and take one (P, N) (splitfed.similar); 0: each on its own.
+    splitfed_similar: float = Field(0.3, ge=0.0, description="split-federated: alike within this share")
     # Data-parallel training (--mode allreduce): the collective (ft-tree: papers/001's fault-tolerant tree;
     # tree, ring; ps-sync, ps-async: the parameter server on the central node; direct: all-to-all), the
     # timeout of its backup path (None: adaptive, from each link's measured round trips, at least

@@ -118,6 +118,12 @@ def train_options(f: F) -> F:
             type=click.IntRange(min=1),
             help="--splitfed-plan exhaustive: iterations each (P, N) is trained for (1, as the paper).",
         ),
+        click.option(
+            "--splitfed-similar",
+            type=click.FloatRange(min=0.0),
+            help="--splitfed-plan ours: devices whose measured compute and links are within this share "
+            "of one another (default 0.3) are planned as one and take one (P, N); 0: each device alone.",
+        ),
         click.option("--split-point", type=int, help="Split-federated: layers [0, P) on every device."),
         click.option("--parallel-batches", type=int, help="Split-federated: mini-batches N per iteration."),
         click.option(
@@ -249,6 +255,7 @@ _CENTRAL_KEYS = (
     "splitfed_plan",
     "exhaustive_max_n",
     "exhaustive_iterations",
+    "splitfed_similar",
     "collective",
     "allreduce_timeout",
     "split",

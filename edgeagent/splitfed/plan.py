@@ -148,16 +148,22 @@ class _Evaluator:
         return best[1]
 
     def descend(
-        self, start: dict[str, Choice], candidates: Callable[[DeviceCosts, float], Iterable[Choice]]
+        self,
+        start: dict[str, Choice],
+        candidates: Callable[[DeviceCosts, float], Iterable[Choice]],
+        units: Sequence[tuple[str, ...]],
     ) -> dict[str, Choice]:
-        """Coordinate descent: each device in turn takes its best candidate given the others'."""
+        """Coordinate descent: each unit (a device, or a group of alike devices) in turn takes its best
+        candidate given the others'."""
+        by_name = {d.name: d for d in self.devices}
         current, score = dict(start), self(start)
         for _ in range(_SEARCH_PASSES):
             improved = False
-            for d in self.devices:
+            for unit in units:
+                d = by_name[unit[0]]
                 shares = server_shares(self.devices, self.server, self.act, self.grad, self.batch, current)
                 for c in candidates(d, shares[d.name]):
-                    trial = {**current, d.name: c}
+                    trial = {**current, **dict.fromkeys(unit, c)}
                     trial_score = self(trial)
                     if trial_score < score:
                         current, score, improved = trial, trial_score, True
@@ -176,8 +182,10 @@ def select(
     per_device: bool = True,
     method: Literal["ours", "paper"] = "ours",
     param_bytes: Sequence[float] | None = None,
+    groups: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, Choice]:
-    """(P_k, N_k) for every device; ``per_device=False`` gives all devices one (P, N).
+    """(P_k, N_k) for every device; ``per_device=False`` gives all devices one (P, N); ``groups`` (ours):
+    the devices of a group take one (P, N) (:mod:`.similar`; default: every device on its own).
 
     ``"paper"``: Sec. 3.3.3 (each P in [1, Q'] with eq. 14's N, the best by the paper's estimate).
     ``"ours"``: the search of the module note over the contended estimate (:func:`epoch_time`).
@@ -201,14 +209,19 @@ def select(
     best_common = ev.best_common([*common, *set(paper.values())])
     if not per_device:
         return best_common
-    start = min((paper, best_common), key=ev)
+    units = [tuple(g) for g in groups] if groups is not None else [(d.name,) for d in devices]
+    named = sorted(name for g in units for name in g)
+    if named != sorted(d.name for d in devices):
+        raise ValueError(f"groups {units} must hold every device exactly once")
+    grouped_paper = {name: paper[unit[0]] for unit in units for name in unit}
+    start = min((grouped_paper, best_common), key=ev)
 
     def candidates(d: DeviceCosts, share: float) -> Iterable[Choice]:
         for p in range(1, d.max_split + 1):
             for n in ev.window(d, p, share):
                 yield Choice(p, n)
 
-    return ev.descend(start, candidates)
+    return ev.descend(start, candidates, units)
 
 
 def exhaustive(

@@ -7,8 +7,8 @@ so the whole model is trained here for a few iterations, layer by layer, on a ra
 
 from __future__ import annotations
 
-import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -19,32 +19,37 @@ from edgeagent.splitfed.cost import LayerTimes
 __all__ = ["param_bytes", "profile_layers"]
 
 
-def _one_pass(layers: list[nn.Module], x: torch.Tensor, labels: torch.Tensor) -> tuple[list[float], ...]:
+Clock = Callable[[], float]
+
+
+def _one_pass(
+    layers: list[nn.Module], x: torch.Tensor, labels: torch.Tensor, clock: Clock
+) -> tuple[list[float], ...]:
     """One training step layer by layer: (forward s, backward s, output bytes, input-gradient bytes)."""
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
     fwd: list[float] = []
     for j, layer in enumerate(layers):
         inp = x.detach().requires_grad_(j > 0)  # the device's first layer gets raw data: no gradient
-        started = time.perf_counter()
+        started = clock()
         out = layer(inp)
-        fwd.append(time.perf_counter() - started)
+        fwd.append(clock() - started)
         inputs.append(inp)
         outputs.append(out)
         x = out
     bwd = [0.0] * len(layers)
     grad_sizes = [0.0] * len(layers)
-    started = time.perf_counter()
+    started = clock()
     loss = nn.functional.cross_entropy(outputs[-1], labels)
     loss.backward()
-    bwd[-1] = time.perf_counter() - started
+    bwd[-1] = clock() - started
     for j in range(len(layers) - 2, -1, -1):
         received = inputs[j + 1].grad  # what the server sends back when the split is after layer j
         assert received is not None
         grad_sizes[j] = float(received.numel() * received.element_size())
-        started = time.perf_counter()
+        started = clock()
         outputs[j].backward(received)
-        bwd[j] = time.perf_counter() - started
+        bwd[j] = clock() - started
     grad_sizes[-1] = float(outputs[-1].numel() * outputs[-1].element_size())
     act_sizes = [float(o.numel() * o.element_size()) for o in outputs]
     for layer in layers:
@@ -53,13 +58,20 @@ def _one_pass(layers: list[nn.Module], x: torch.Tensor, labels: torch.Tensor) ->
 
 
 def _measure(
-    layers: list[nn.Module], spec: ModelSpec, batch_size: int, iterations: int, gen: torch.Generator
+    layers: list[nn.Module],
+    spec: ModelSpec,
+    batch_size: int,
+    iterations: int,
+    gen: torch.Generator,
+    clock: Clock,
 ) -> tuple[list[float], list[float], list[float], list[float]]:
     x = torch.randn((batch_size, *spec.in_shape), generator=gen)  # (B, *in_shape)
     labels = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)  # (B,)
-    runs = [_one_pass(layers, x, labels) for _ in range(iterations + 1)][1:]  # the first warms up
-    fwd = [statistics.median(r[0][j] for r in runs) for j in range(len(layers))]
-    bwd = [statistics.median(r[1][j] for r in runs) for j in range(len(layers))]
+    runs = [_one_pass(layers, x, labels, clock) for _ in range(iterations + 1)][1:]  # the first warms up
+    # The fastest of the runs: noise (another process on the core, a page fault) only ever adds time, and
+    # the median of three still carried 20-30 % of it when four devices profiled at once on two cores.
+    fwd = [min(r[0][j] for r in runs) for j in range(len(layers))]
+    bwd = [min(r[1][j] for r in runs) for j in range(len(layers))]
     return fwd, bwd, runs[0][2], runs[0][3]
 
 
@@ -70,14 +82,19 @@ def profile_layers(
     iterations: int = 3,
     seed: int = 0,
     fit_fixed: bool = False,
+    clock: Clock = time.perf_counter,
 ) -> tuple[LayerTimes, tuple[float, ...], tuple[float, ...]]:
-    """(per-layer times at batch B, act_bytes, grad_bytes) of the whole model, medians of ``iterations``.
+    """(per-layer times at batch B, act_bytes, grad_bytes) of the whole model, the fastest of ``iterations``.
 
     ``act_bytes[q]``/``grad_bytes[q]``: bytes of layer q's output and of its gradient at batch B (what
     crosses the link when the split is after layer q). With ``fit_fixed`` the layers are timed again at
     B/8 (at least 2) and each time split into a fixed part and a part linear in the batch
     (:class:`LayerTimes`'s ``fwd_fixed``/``bwd_fixed``), which is what makes small mini-batches cost more
     than B/N of the full one.
+
+    ``clock``: wall time by default; a device whose slowdown is emulated passes ``time.thread_time``, the
+    clock its training steps are scaled by (:func:`~edgeagent.runtime.compute.emulate_slowdown`), so
+    that devices profiling at once on one machine's cores do not count each other's time as their own.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 2:
         raise ValueError(
@@ -89,12 +106,12 @@ def profile_layers(
     for layer in layers:
         layer.train()
     gen = torch.Generator().manual_seed(seed)
-    fwd, bwd, act, grad = _measure(layers, spec, batch_size, iterations, gen)
+    fwd, bwd, act, grad = _measure(layers, spec, batch_size, iterations, gen, clock)
     fwd_fixed: tuple[float, ...] = ()
     bwd_fixed: tuple[float, ...] = ()
     small = max(2, batch_size // 8)
     if fit_fixed and small < batch_size:
-        fwd_small, bwd_small, _, _ = _measure(layers, spec, small, iterations, gen)
+        fwd_small, bwd_small, _, _ = _measure(layers, spec, small, iterations, gen, clock)
 
         def intercept(full: list[float], part: list[float]) -> tuple[float, ...]:
             # t(b) = fixed + slope b through (small, part) and (B, full), kept within [0, full].

@@ -146,6 +146,7 @@ class SplitFedRun(SplitFedPlanning):
     def execute(self) -> RunReport:
         central = self.central
         central.listen(central.topics.devices(Family.SPLIT_ACTIVATIONS))
+        self._profile_server()
         for d in self.devices:
             self._assign(d)
         self._plan()

@@ -25,6 +25,7 @@ from edgeagent.protocol.splitfed_messages import SplitProfile, SplitUpdate
 from edgeagent.splitfed.cost import Choice, DeviceCosts, LayerTimes, epoch_time, epoch_times
 from edgeagent.splitfed.plan import select
 from edgeagent.splitfed.profile import param_bytes, profile_layers
+from edgeagent.splitfed.similar import pooled, similar_groups
 
 # A link that is not emulated is this machine's loopback or a LAN: taken as 1 Gbit/s.
 REAL_LINK_BPS = 1e9 / 8
@@ -50,6 +51,7 @@ class PlanInfo:
     assumed: list[str] = field(default_factory=list)  # devices planned from the server's times x slowdown
     selection_seconds: float = 0.0
     estimate: dict[str, Any] = field(default_factory=dict)
+    groups: list[list[str]] = field(default_factory=list)  # ours: devices planned as one (splitfed.similar)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -128,6 +130,23 @@ def device_costs(
     return DeviceCosts(device, times, REAL_LINK_BPS, down_bps, samples)
 
 
+def select_alike(
+    costs: list[DeviceCosts], server: ServerProfile, batch: int, tolerance: float
+) -> tuple[dict[str, Choice], list[tuple[str, ...]]]:
+    """Ours: per-device (P, N), devices alike within ``tolerance`` planned on their mean as one."""
+    groups = similar_groups(costs, tolerance)
+    picked = select(
+        pooled(costs, groups),
+        server.times,
+        server.act_bytes,
+        server.grad_bytes,
+        batch,
+        param_bytes=server.param_bytes,
+        groups=groups,
+    )
+    return picked, groups
+
+
 def choose(
     config: CentralConfig,
     spec: ModelSpec,
@@ -162,10 +181,13 @@ def choose(
                 ),
             )
             picked = {d.name: Choice(best, 1) for d in costs}
-        else:
+        elif plan == "ours":
+            picked, groups = select_alike(costs, server, batch, config.splitfed_similar)
+            info.groups = [list(g) for g in groups if len(g) > 1]
+        else:  # paper: the paper's rule per device; common: ours's best (P, N) shared by every device
             picked = select(
                 *args,
-                per_device=plan == "ours",
+                per_device=plan == "paper",
                 method="paper" if plan == "paper" else "ours",
                 param_bytes=server.param_bytes,
             )
@@ -173,7 +195,13 @@ def choose(
         info.estimate = {
             "epoch_seconds": epoch_times(*args, picked, param_bytes=server.param_bytes),
             "devices": {
-                d.name: {"up_bps": d.up_bps, "down_bps": d.down_bps, "latency_s": d.latency_s} for d in costs
+                d.name: {
+                    "compute_s": sum(d.times.fwd) + sum(d.times.bwd),  # one iteration at B, all layers
+                    "up_bps": d.up_bps,
+                    "down_bps": d.down_bps,
+                    "latency_s": d.latency_s,
+                }
+                for d in costs
             },
         }
         chosen = {d: (picked[d].split, picked[d].n) for d in devices}
@@ -195,5 +223,6 @@ __all__ = [
     "exhaustive_grid",
     "needs_profiles",
     "profile_server",
+    "select_alike",
     "trial_epoch_seconds",
 ]

@@ -21,10 +21,10 @@ from edgeagent.roles.central.splitfed_plan import (
     exhaustive_grid,
     needs_profiles,
     profile_server,
+    select_alike,
     trial_epoch_seconds,
 )
 from edgeagent.splitfed.cost import Choice, DeviceCosts, calibrate, epoch_time
-from edgeagent.splitfed.plan import select
 
 if TYPE_CHECKING:
     from edgeagent.config import CentralConfig, TrainConfig
@@ -82,12 +82,18 @@ class SplitFedPlanning:
     def _progress(self, values: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _profile_server(self) -> None:
+        """This node's own profile, taken before any device is assigned (devices profile once assigned):
+        profiled alone, neither side counts the other's use of a shared machine's cores."""
+        if needs_profiles(self.config):
+            self.server_profile = profile_server(self.spec, self.train.batch_size, self.train.seed)
+
     def _plan(self) -> None:
         """The profiling phase (if the plan needs it) and every device's (P, N)."""
         config, central = self.config, self.central
-        costs = server = None
-        if needs_profiles(config):
-            server = profile_server(self.spec, self.train.batch_size, self.train.seed)
+        costs = None
+        server = self.server_profile
+        if server is not None:
             slowest = max([1.0, *(central.workers[d].slowdown for d in self.devices if d in central.workers)])
             wait = max(config.batch_timeout, config.unmeasured_slowdown * slowest * server.seconds)
             try:
@@ -154,7 +160,7 @@ class SplitFedPlanning:
         args = (self.costs, server.times, server.act_bytes, server.grad_bytes, batch)
         current = {d.name: Choice(*self.plan[d.name]) for d in self.costs}
         before = epoch_time(*args, current, param_bytes=server.param_bytes)
-        picked = select(*args, param_bytes=server.param_bytes)
+        picked, groups = select_alike(self.costs, server, batch, config.splitfed_similar)
         after = epoch_time(*args, picked, param_bytes=server.param_bytes)
         if after >= 0.95 * before:
             return
@@ -173,6 +179,7 @@ class SplitFedPlanning:
                 "plan": {d: list(pn) for d, pn in plan.items()},
                 "estimate": after,
                 "was": before,
+                "groups": [list(g) for g in groups if len(g) > 1],
             }
         )
         self._event("splitfed-plan", {"after_epoch": epoch, "plan": {d: list(pn) for d, pn in plan.items()}})

@@ -416,8 +416,15 @@ class SplitFedSession:
         size, each layer's times scaled by this device's emulated slowdown; reported to the server."""
         self.profiled = True
         started = time.perf_counter()
-        times, _, _ = profile_layers(self.spec, self.batch_size, iterations=3, seed=self.seed, fit_fixed=True)
         factor = self.worker.slowdown
+        times, _, _ = profile_layers(
+            self.spec,
+            self.batch_size,
+            iterations=3,
+            seed=self.seed,
+            fit_fixed=True,
+            clock=time.thread_time if factor > 1.0 else time.perf_counter,  # as emulate_slowdown scales
+        )
         config = self.worker.config
         try:  # the link to the server along the real path (the emulated uplink included)
             up, latency = self.worker.probes.measure(self.server, timeout=10.0)
