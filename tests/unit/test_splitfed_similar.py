@@ -40,7 +40,7 @@ def test_links_and_latency_and_memory_split_groups() -> None:
     assert similar_groups([base, _device("far", latency=0.08)], 0.3) == [("a",), ("far",)]
     small = DeviceCosts("small", base.times, base.up_bps, base.down_bps, 600, max_layers=2)
     assert similar_groups([base, small], 0.3) == [("a",), ("small",)]
-    with pytest.raises(ValueError, match="tolerance must be >= 0, got -0.1"):
+    with pytest.raises(ValueError, match=r"tolerance must be >= 0, got -0\.1"):
         similar_groups([base], -0.1)
 
 
