@@ -18,9 +18,10 @@
    and 0.2 s (the paper: the mean of 100 runs).
 2. **Whole-run heterogeneity** (MobileNetV2, digits, batch 32, slowdowns 1,1,10, ``--epochs`` epochs):
    samples/s of the uniform split, FTPipeHD's dynamic split (``--estimator capacity``), AccEPT's
-   (``--estimator predictor``, the DP's ties broken by ``--tie-break slack``, and with FTPipeHD's
-   ``latest`` rule) and the oracle (the DP fed the true slowdowns from batch 0), in one run
-   of this script. Goal: predictor >= 0.95x oracle and >= 4x uniform.
+   (``--estimator predictor``, the DP's ties broken by ``--tie-break slack``; also with FTPipeHD's
+   ``latest`` rule, and with the paper's drift rule ``--drift-rule paper``) and the oracle (the DP fed
+   the true slowdowns from batch 0), in one run of this script. Goal: predictor >= 0.95x oracle and >= 4x
+   uniform.
 3. **Drift**: three equal devices, worker-1 becomes 5x slower at batch 60; the predictor's dynamic
    prediction sees the drift, asks for a new h and re-splits.
 """
@@ -101,6 +102,7 @@ def runs(results: dict[str, Any], epochs: int) -> None:
         "uniform": ("uniform", "capacity", {}),
         "FTPipeHD (capacity)": ("dynamic", "capacity", {}),
         "AccEPT, DP ties latest": ("dynamic", "predictor", {"tie_break": "latest"}),
+        "AccEPT, paper's drift": ("dynamic", "predictor", {"drift_rule": "paper"}),
         "AccEPT (predictor)": ("dynamic", "predictor", {}),
         "oracle": ("oracle", "capacity", {}),
     }
@@ -133,11 +135,16 @@ def runs(results: dict[str, Any], epochs: int) -> None:
         }
     acc = reports["AccEPT (predictor)"].samples_per_second
     latest = reports["AccEPT, DP ties latest"].samples_per_second
+    paper_drift = reports["AccEPT, paper's drift"].samples_per_second
     print(
         f"   predictor / oracle = {acc / ora:.2f} (goal >= 0.95); "
         f"predictor / uniform = {acc / uni:.2f} (goal >= 4); "
-        f"DP ties slack / latest (FTPipeHD's rule) = {acc / latest:.2f}"
+        f"DP ties slack / latest (FTPipeHD's rule) = {acc / latest:.2f}; "
+        f"drift rule changed / paper = {acc / paper_drift:.2f}"
     )
+    for name, r in reports.items():
+        if r.characterisations:
+            print(f"   {name}: h measured {len(r.characterisations)} times (at join included)")
     results["runs"] = out
 
 

@@ -131,6 +131,10 @@ class CentralConfig(BrokerAccess):
     # to capacity (with a log line saying how to build one).
     estimator: Literal["predictor", "capacity"] = "predictor"
     epsilon: float = Field(0.1, gt=0, le=10, description="drift share that triggers a new h")
+    # When a stage time off its prediction by epsilon asks the device for a new h (predictor.tracker):
+    # paper, whenever it is; changed (ours), only if it also moved by epsilon from the device's last time
+    # on that range (a standing gap is the predictor's error: the adaptive update closes it).
+    drift_rule: Literal["paper", "changed"] = "changed"
     # Which split the pipeline DP takes among those with the optimal bottleneck T* (planner/dp.py): latest,
     # FTPipeHD's rule (the latest cuts: early stages fill up to T* whatever their speed), or slack (the
     # least sum of stage times among the splits within T* x (1 + tie_tolerance): a slow device keeps as

@@ -150,6 +150,13 @@ def train_options(f: F) -> F:
             "measure its h again (0.1).",
         ),
         click.option(
+            "--drift-rule",
+            type=click.Choice(["paper", "changed"]),
+            help="Predictor: a stage time --epsilon off its prediction asks the device for a new h: paper, "
+            "always; changed (default), only if the time also moved by --epsilon since the device's last "
+            "one on that range (a standing gap is the predictor's error, which its adaptive update closes).",
+        ),
+        click.option(
             "--tie-break",
             type=click.Choice(["latest", "slack"]),
             help="Pipeline split among those with the best predicted step T*: latest (FTPipeHD's DP, the "
@@ -265,6 +272,7 @@ _CENTRAL_KEYS = (
     "partition",
     "estimator",
     "epsilon",
+    "drift_rule",
     "tie_break",
     "tie_tolerance",
     "repartition_first",

@@ -215,7 +215,7 @@ def test_predictor_rejects_a_bad_h(trained: LatencyPredictor) -> None:
 
 
 def test_device_times_flag_drift_beyond_epsilon_and_adapt(trained: LatencyPredictor) -> None:
-    times = DeviceTimes(trained, epsilon=0.1)
+    times = DeviceTimes(trained, epsilon=0.1, drift="paper")
     device = _device(2.0, 1.0, 1e-3)
     assert times.set_h("w1", [device(a, b) for a, b in representative(FLOPS)])
     assert not times.set_h("w2", [1.0] * 9)
@@ -241,3 +241,21 @@ def test_device_times_flag_drift_beyond_epsilon_and_adapt(trained: LatencyPredic
     assert times.observe("w1", 2, 5, predicted * 3.0 * 1.5) is not None  # a changed time is news
     assert times.adapt(steps=20) == 1
     assert times.predictor is not before and times.adaptations == 2
+
+
+def test_a_standing_gap_is_the_predictors_error_but_a_change_is_a_drift(trained: LatencyPredictor) -> None:
+    device = _device(2.0, 1.0, 1e-3)
+    h = [device(a, b) for a, b in representative(FLOPS)]
+    flagged: dict[str, list[bool]] = {}
+    for rule in ("paper", "changed"):
+        times = DeviceTimes(trained, epsilon=0.1, drift=rule)
+        assert times.set_h("w1", h)
+        predicted = times.predict("w1", 2, 5)
+        assert predicted is not None
+        # A first window with the warm-up in it, then a steady 25 % above the prediction, then 2x that.
+        flagged[rule] = [
+            times.observe("w1", 2, 5, predicted * factor) is not None for factor in (1.6, 1.25, 1.26, 2.5)
+        ]
+    assert flagged == {"paper": [False, True, True, True], "changed": [False, False, False, True]}
+    with pytest.raises(ValueError, match="drift rule 'often'"):
+        DeviceTimes(trained, drift="often")  # type: ignore[arg-type]

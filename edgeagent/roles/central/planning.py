@@ -150,8 +150,8 @@ class Planning(Estimation):
 
         def run() -> None:
             try:
-                self._adapt_predictor()
-                if replan:
+                if replan:  # the adaptive update where its predictor is used: a plan (see _adapt_predictor)
+                    self._adapt_predictor()
                     job.set_result(self._plan(caps, current, workers))
                 else:
                     reason = "kept: no device's h changed (AccEPT re-plans when a device's h does)"
