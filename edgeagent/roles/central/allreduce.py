@@ -450,6 +450,11 @@ class AllreduceRun:
         if d in self.devices and msg.busy_with == "" and item.sender == d:
             if self.collective in ("ps-sync", "ps-async"):
                 return
+            if d not in self.ready:
+                # Its assignment is outstanding: this is an answer to discovery sent before the assignment
+                # came (taking it for a restart had every device excluded at step 0). A device restarted
+                # after it was ready has lost the run: that is the case below.
+                return
             if d in self.members:  # it restarted (with its id) before its death was noticed
                 self.restarted.add(d)
             if d not in self.joiners:
