@@ -141,7 +141,7 @@ class DeviceTimes:
             key = (device, start, end)
             last = self.samples.get(key)
             windows = self._windows[key] = self._windows.get(key, 0) + 1
-            self.samples[(device, start, end)] = Sample(start, end, self.h[device], measured)
+            self.samples[key] = Sample(start, end, self.h[device], measured)
             while len(self.samples) > self.max_samples:
                 del self.samples[next(iter(self.samples))]
         threshold = self.epsilon * max(predicted, scale)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +35,12 @@ class Clock:
     def __init__(self) -> None:
         self.wall = time.perf_counter()
         self.cpu = time.thread_time()
+
+
+def step_clock(factor: float) -> Callable[[], float]:
+    """The clock a compute step of a device ``factor`` times slower is counted on: this thread's CPU time
+    when the slowdown is emulated (what :func:`emulate_slowdown` scales), wall time otherwise."""
+    return time.thread_time if factor > 1.0 else time.perf_counter
 
 
 def emulate_slowdown(started: Clock, factor: float, account: TimeAccount | None = None) -> float:

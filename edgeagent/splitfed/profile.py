@@ -19,11 +19,11 @@ from edgeagent.splitfed.cost import LayerTimes
 __all__ = ["param_bytes", "profile_layers"]
 
 
-Clock = Callable[[], float]
+Timer = Callable[[], float]  # a clock in seconds (runtime.compute.step_clock)
 
 
 def _one_pass(
-    layers: list[nn.Module], x: torch.Tensor, labels: torch.Tensor, clock: Clock
+    layers: list[nn.Module], x: torch.Tensor, labels: torch.Tensor, clock: Timer
 ) -> tuple[list[float], ...]:
     """One training step layer by layer: (forward s, backward s, output bytes, input-gradient bytes)."""
     inputs: list[torch.Tensor] = []
@@ -63,7 +63,7 @@ def _measure(
     batch_size: int,
     iterations: int,
     gen: torch.Generator,
-    clock: Clock,
+    clock: Timer,
 ) -> tuple[list[float], list[float], list[float], list[float]]:
     x = torch.randn((batch_size, *spec.in_shape), generator=gen)  # (B, *in_shape)
     labels = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)  # (B,)
@@ -82,7 +82,7 @@ def profile_layers(
     iterations: int = 3,
     seed: int = 0,
     fit_fixed: bool = False,
-    clock: Clock = time.perf_counter,
+    clock: Timer = time.perf_counter,
 ) -> tuple[LayerTimes, tuple[float, ...], tuple[float, ...]]:
     """(per-layer times at batch B, act_bytes, grad_bytes) of the whole model, the fastest of ``iterations``.
 

@@ -45,7 +45,7 @@ from edgeagent.protocol.splitfed_messages import (
     SplitUpdate,
 )
 from edgeagent.protocol.topics import Family
-from edgeagent.runtime.compute import Clock, emulate_slowdown
+from edgeagent.runtime.compute import Clock, emulate_slowdown, step_clock
 from edgeagent.splitfed.profile import profile_layers
 
 if TYPE_CHECKING:
@@ -423,7 +423,7 @@ class SplitFedSession:
             iterations=3,
             seed=self.seed,
             fit_fixed=True,
-            clock=time.thread_time if factor > 1.0 else time.perf_counter,  # as emulate_slowdown scales
+            clock=step_clock(factor),
         )
         config = self.worker.config
         try:  # the link to the server along the real path (the emulated uplink included)
