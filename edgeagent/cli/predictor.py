@@ -53,7 +53,7 @@ def predictor() -> None:
 @click.option(
     "--set", "which", type=click.Choice(["training", "heldout"]), default="training", show_default=True
 )
-@click.option("--reps", default=5, show_default=True, type=int, help="Timed runs per sub-model (median).")
+@click.option("--reps", default=2, show_default=True, type=int, help="Least timed runs per window.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The data set file.")
 @click.option("--resume", is_flag=True, help="Keep the configurations already in --out.")
 def collect_command(

@@ -19,8 +19,9 @@ devices. Each :class:`ResourceConfig` combines
 Every configuration runs as its own child process (``python -m edgeagent.predictor.collect --child``)
 in its own cgroup under :data:`GROUP_ROOT` and under ``taskset -c`` when it names cores; the child
 measures ``h`` (:func:`~edgeagent.predictor.measure.characterise`) and the time of every one of the
-``l(l+1)/2`` sub-models (:func:`~edgeagent.predictor.measure.measure_ranges`: the mean over a window
-of at least ``reps`` back-to-back runs and 0.2 s after a warm-up) and writes one record. The parent
+``l(l+1)/2`` sub-models (:func:`~edgeagent.predictor.measure.measure_rounds`: the median of
+:data:`ROUNDS` interleaved windows, a window the mean of at least ``reps`` back-to-back runs and
+:data:`WINDOW` s after a warm-up) and writes one record. The parent
 writes the data set after every configuration (atomically), so an interrupted collection resumes
 where it stopped.
 
@@ -33,11 +34,11 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import platform
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,15 +62,20 @@ from edgeagent.predictor.configs import (
     parse_cpus,
     training_configs,
 )
-from edgeagent.predictor.measure import ModelLayers, characterise, measure_ranges, model_key
+from edgeagent.predictor.dataset import FORMAT, check_record, dumps_document, load_document, load_records
+from edgeagent.predictor.measure import ModelLayers, characterise, measure_rounds, model_key
 from edgeagent.predictor.submodels import REPRESENTATIVES, all_ranges
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 GROUP_ROOT = CGROUP_V1_CPU / "edgeagent-predictor"
 H_BUDGET = 600.0  # seconds the child may spend on h (characterise's bound); collection is not bounded
+# Every sub-model is timed in ROUNDS windows of at least WINDOW s, interleaved over the collection
+# (measure_rounds), and its time is their median: under a CPU quota one 0.2 s window repeated within
+# 10 % for 50-60 % of sub-models here, the median of 5 interleaved windows for 85-90 %.
+ROUNDS = 4
+WINDOW = 0.25
 CHILD_TIMEOUT = 3600.0  # seconds one configuration may take before its child is killed
 TARGET = ModelSpec("mobilenetv2", (1, 8, 8), 10)  # the digits-shaped MobileNetV2 (21 layers, M = 231)
 
@@ -116,11 +122,13 @@ def measure_config(cfg: ResourceConfig, spec: ModelSpec, reps: int) -> dict[str,
     torch.set_num_threads(cfg.threads)
     started, cpu_started, load_before = time.perf_counter(), time.process_time(), _load()
     model = ModelLayers.build(spec, cfg.batch_size)
-    char = characterise(model, budget=H_BUDGET, reps=reps, slowdown=cfg.slowdown)
+    timing = {"reps": reps, "rounds": ROUNDS}
+    char = characterise(model, budget=H_BUDGET, slowdown=cfg.slowdown, min_seconds=WINDOW, **timing)
     if not char.complete:
         raise RuntimeError(f"{cfg.name}: measured {len(char.h)} of h's {REPRESENTATIVES} in {H_BUDGET:g} s")
     ranges = all_ranges(model.num_layers)
-    seconds = measure_ranges(model, ranges, reps=reps, slowdown=cfg.slowdown)
+    windows = measure_rounds(model, ranges, slowdown=cfg.slowdown, min_seconds=WINDOW, **timing)
+    seconds = [statistics.median(w) for w in windows]
     return {
         "config": cfg.to_dict(),
         "model": spec.to_dict(),
@@ -131,7 +139,9 @@ def measure_config(cfg: ResourceConfig, spec: ModelSpec, reps: int) -> dict[str,
         "h": [_sig(x) for x in char.h],
         "ranges": [list(r) for r in ranges],
         "seconds": [_sig(x) for x in seconds],
+        "round_seconds": [[_sig(x) for x in w] for w in windows],  # each round's window, for the spread
         "reps": reps,
+        "rounds": ROUNDS,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "host": platform.node(),
@@ -161,96 +171,6 @@ def write_json_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-# -- the data set on disk ----------------------------------------------------------------------------
-
-_RECORD_KEYS = (
-    "config", "model", "model_key", "batch_size", "num_layers", "flops", "h", "ranges", "seconds", "reps",
-    "torch", "host", "cpu", "measured_at",
-)  # fmt: skip
-
-
-def _numbers(value: Any, what: str, length: int, *, positive: bool) -> None:
-    if not isinstance(value, list) or len(value) != length:
-        got = len(value) if isinstance(value, list) else type(value).__name__
-        raise ValueError(f"{what} must be a list of {length} numbers, got {got}")
-    bound = "> 0" if positive else ">= 0"
-    for i, x in enumerate(value):
-        number = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-        if not number or x < 0 or (positive and x == 0):
-            raise ValueError(f"{what}[{i}] must be a finite number {bound}, got {x!r}")
-
-
-def check_record(record: Any) -> None:
-    """Raise ValueError saying what is wrong with one record (keys, types, lengths, consistency)."""
-    if not isinstance(record, dict):
-        raise ValueError(f"a record must be an object, got {type(record).__name__}")
-    missing = [k for k in _RECORD_KEYS if k not in record]
-    if missing:
-        raise ValueError(f"missing keys {missing}")
-    cfg = ResourceConfig.from_dict(record["config"])
-    spec = ModelSpec.from_dict(record["model"])
-    if record["model_key"] != model_key(spec):
-        raise ValueError(f"model_key {record['model_key']!r} is not the model's ({model_key(spec)!r})")
-    if record["batch_size"] != cfg.batch_size:
-        raise ValueError(f"batch_size {record['batch_size']!r} is not the config's ({cfg.batch_size})")
-    _positive_int(record["reps"], "reps", 10_000)
-    for key in ("torch", "host", "cpu", "measured_at"):
-        if not isinstance(record[key], str):
-            raise ValueError(f"{key} must be a string, got {record[key]!r}")
-    layers = record["num_layers"]
-    _positive_int(layers, "num_layers", 10_000)
-    _numbers(record["flops"], "flops", layers, positive=False)
-    _numbers(record["h"], "h", REPRESENTATIVES, positive=True)
-    expected = [list(r) for r in all_ranges(layers)]
-    if record["ranges"] != expected:
-        raise ValueError(f"ranges must be all {len(expected)} sub-models of {layers} layers, in order")
-    _numbers(record["seconds"], "seconds", len(expected), positive=True)
-
-
-def load_document(path: str | Path) -> dict[str, Any]:
-    """The whole data set (``format``, ``provenance``, ``records``), validated; ValueError names the file
-    and what is wrong with it."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON document ({e})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: the document must be an object, got {type(doc).__name__}")
-    if doc.get("format") != FORMAT:
-        raise ValueError(f"{path}: format must be {FORMAT}, got {doc.get('format')!r}")
-    if not isinstance(doc.get("provenance"), dict):
-        raise ValueError(f"{path}: provenance must be an object")
-    records = doc.get("records")
-    if not isinstance(records, list):
-        raise ValueError(f"{path}: records must be a list, got {type(records).__name__}")
-    seen: set[str] = set()
-    for i, record in enumerate(records):
-        try:
-            check_record(record)
-        except ValueError as e:
-            raise ValueError(f"{path}: record {i}: {e}") from None
-        name = record["config"]["name"]
-        if name in seen:
-            raise ValueError(f"{path}: record {i}: configuration {name!r} appears twice")
-        seen.add(name)
-    return doc
-
-
-def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a data set written by :func:`collect` (validated, see :func:`load_document`)."""
-    records: list[dict[str, Any]] = load_document(path)["records"]
-    return records
-
-
-def dumps_document(provenance: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str:
-    """The data set as JSON with one line per record (small diffs when a collection is re-run)."""
-    lines = ["{", f' "format": {FORMAT},', f' "provenance": {json.dumps(provenance, sort_keys=True)},']
-    body = [f"  {json.dumps(r, sort_keys=True)}" for r in records]
-    lines += [' "records": [', ",\n".join(body), " ]", "}"] if body else [' "records": []', "}"]
-    return "\n".join(lines) + "\n"
 
 
 # -- the parent: cgroups and child processes ---------------------------------------------------------
@@ -384,8 +304,11 @@ def _provenance(
     return {
         "paper": "papers/004 Sec. 4.2: ~5,000 samples over 24 taskset configurations on three CPUs",
         "method": "one child process per configuration (cgroup v1 CFS quota, taskset, torch threads, "
-        "batch size, emulated slowdown); seconds: mean of back-to-back forward+backward runs over at "
-        "least reps runs and 0.2 s, after a warm-up",
+        "batch size, emulated slowdown); seconds: the median of ROUNDS interleaved windows, a window "
+        "the mean of back-to-back forward+backward runs over at least reps runs and WINDOW s after a "
+        "warm-up",
+        "rounds": ROUNDS,
+        "window_seconds": WINDOW,
         "machine": _machine(),
         "created_at": created_at,
         "updated_at": _now(),
@@ -433,7 +356,8 @@ def _progress(enabled: bool) -> Progress:
 
 
 def _reusable(record: Mapping[str, Any], cfg: ResourceConfig, reps: int) -> bool:
-    return ResourceConfig.from_dict(record["config"]) == cfg and record["reps"] == reps
+    same = ResourceConfig.from_dict(record["config"]) == cfg and record["reps"] == reps
+    return same and record.get("rounds", 1) == ROUNDS
 
 
 @contextlib.contextmanager
@@ -462,7 +386,7 @@ def collect(
     configs: Sequence[ResourceConfig],
     out_path: str | Path,
     *,
-    reps: int = 5,
+    reps: int = 2,
     progress: bool = True,
     resume: bool = False,
     timeout: float = CHILD_TIMEOUT,
@@ -540,7 +464,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model", default=json.dumps(TARGET.to_dict()), help="model spec as JSON (default: %(default)s)"
     )
-    p.add_argument("--reps", type=int, default=5, help="least timed runs per sub-model (default: 5)")
+    p.add_argument("--reps", type=int, default=2, help="least timed runs per window (default: 2)")
     p.add_argument("--out", required=True, help="data set file (parent) or record file (--child)")
     p.add_argument("--set", choices=("training", "heldout"), default="training", help="which configurations")
     p.add_argument("--resume", action="store_true", help="keep the configurations already in --out")

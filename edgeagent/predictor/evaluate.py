@@ -11,6 +11,7 @@ sub-models predicted within ±5 % and ±10 % by
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,19 @@ class Scores:
 
 def _times(record: Mapping[str, Any]) -> dict[Range, float]:
     return {(int(s), int(e)): float(t) for (s, e), t in zip(record["ranges"], record["seconds"], strict=True)}
+
+
+def repeatability(record: Mapping[str, Any]) -> tuple[float, float] | None:
+    """How well the measurement repeats itself on ``record``'s configuration: the share of sub-models
+    whose median over the even rounds lies within ±5 % and ±10 % of the median over the odd rounds (None:
+    a record without per-round windows). Pessimistic: each half has half the windows the record's time is
+    the median of, and a drift of the machine between rounds counts against it."""
+    windows = record.get("round_seconds")
+    if not windows or len(windows[0]) < 2:
+        return None
+    even = [statistics.median(w[0::2]) for w in windows]
+    odd = [statistics.median(w[1::2]) for w in windows]
+    return within(even, odd, BOUNDS[0]), within(even, odd, BOUNDS[1])
 
 
 def reference_record(records: Sequence[Mapping[str, Any]], batch_size: int) -> Mapping[str, Any]:
@@ -99,4 +113,4 @@ def evaluate(
     return scores, per_config
 
 
-__all__ = ["ADAPT_SAMPLES", "BOUNDS", "Scores", "evaluate", "reference_record"]
+__all__ = ["ADAPT_SAMPLES", "BOUNDS", "Scores", "evaluate", "reference_record", "repeatability"]

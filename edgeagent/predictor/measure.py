@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def _step(model: ModelLayers, start: int, end: int) -> None:
     x.backward(torch.ones_like(x))
 
 
-MIN_WINDOW = 0.2  # seconds a measurement runs for at least: two CFS periods of 100 ms
+MIN_WINDOW = 0.2  # seconds a measurement runs for at least: 10-20 CFS periods (edgeagent.ops.cgroups)
 
 
 def time_range(
@@ -135,24 +136,71 @@ class Characterisation:
 
 
 def characterise(
-    model: ModelLayers, *, budget: float = 60.0, reps: int = 3, slowdown: float = 1.0
+    model: ModelLayers,
+    *,
+    budget: float = 60.0,
+    reps: int = 3,
+    slowdown: float = 1.0,
+    rounds: int = 1,
+    min_seconds: float = MIN_WINDOW,
 ) -> Characterisation:
-    """Measure ``h`` on this device, stopping after ``budget`` seconds (what was not reached is missing)."""
+    """Measure ``h`` on this device, stopping after ``budget`` seconds (what was not reached is missing).
+    With ``rounds`` > 1 each representative's time is the median of that many interleaved windows (see
+    :func:`measure_rounds`); the budget is checked before every window."""
     started = time.perf_counter()
-    h: list[float] = []
-    for start, end in representative(model.flops):
-        if time.perf_counter() - started > budget:
-            break
-        h.append(time_range(model, start, end, reps=reps, slowdown=slowdown))
+    reps_ranges = representative(model.flops)
+    windows: list[list[float]] = [[] for _ in reps_ranges]
+    for _ in range(rounds):
+        for i, (start, end) in enumerate(reps_ranges):
+            if time.perf_counter() - started > budget:
+                break
+            seconds = time_range(model, start, end, reps=reps, slowdown=slowdown, min_seconds=min_seconds)
+            windows[i].append(seconds)
+    h = [statistics.median(w) for w in windows if w]
     key = model_key(model.spec)
     return Characterisation(key, model.batch_size, tuple(h), time.perf_counter() - started)
 
 
+def measure_rounds(
+    model: ModelLayers,
+    ranges: Sequence[Range],
+    *,
+    rounds: int,
+    reps: int = 1,
+    slowdown: float = 1.0,
+    min_seconds: float = MIN_WINDOW,
+) -> list[list[float]]:
+    """``rounds`` windows of every range in ``ranges``, interleaved (round r times every range once
+    before round r + 1 starts): per range, its windows' seconds in round order.
+
+    Interleaving spreads each range's windows over the whole collection, so a slow minute of the
+    machine (or a CPU quota's period landing badly on a window) moves one window of many ranges, which
+    the median drops, instead of every window of a few ranges.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    windows: list[list[float]] = [[] for _ in ranges]
+    for _ in range(rounds):
+        for i, (s, e) in enumerate(ranges):
+            windows[i].append(time_range(model, s, e, reps=reps, slowdown=slowdown, min_seconds=min_seconds))
+    return windows
+
+
 def measure_ranges(
-    model: ModelLayers, ranges: Sequence[Range], *, reps: int = 3, slowdown: float = 1.0
+    model: ModelLayers,
+    ranges: Sequence[Range],
+    *,
+    reps: int = 3,
+    slowdown: float = 1.0,
+    rounds: int = 1,
+    min_seconds: float = MIN_WINDOW,
 ) -> list[float]:
-    """Seconds of every range in ``ranges`` on this device (for data collection and evaluation)."""
-    return [time_range(model, s, e, reps=reps, slowdown=slowdown) for s, e in ranges]
+    """Seconds of every range in ``ranges`` on this device (for data collection and evaluation): the
+    median of ``rounds`` interleaved windows (:func:`measure_rounds`)."""
+    windows = measure_rounds(
+        model, ranges, rounds=rounds, reps=reps, slowdown=slowdown, min_seconds=min_seconds
+    )
+    return [statistics.median(w) for w in windows]
 
 
 __all__ = [
@@ -160,6 +208,7 @@ __all__ = [
     "ModelLayers",
     "characterise",
     "measure_ranges",
+    "measure_rounds",
     "model_key",
     "time_range",
 ]

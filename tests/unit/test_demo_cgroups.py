@@ -181,3 +181,21 @@ def test_terminated_demo_removes_its_groups() -> None:
             demo.kill()
             demo.wait()
         cgroups.remove_cgroups(cgroup_root(cluster))
+
+
+def test_a_quota_under_one_bandwidth_slice_gets_a_longer_period(tmp_path: Path) -> None:
+    """10 ms periods, unless the quota would be under the kernel's 5 ms slice: then the least multiple."""
+    assert cgroups.cfs_period_us(1.25, slice_us=5_000) == 10_000
+    assert cgroups.cfs_period_us(0.5, slice_us=5_000) == 10_000
+    assert cgroups.cfs_period_us(0.35, slice_us=5_000) == 20_000
+    assert cgroups.cfs_period_us(0.25, slice_us=5_000) == 20_000
+    assert cgroups.cfs_period_us(0.1, slice_us=5_000) == 50_000
+    assert cgroups.cfs_period_us(0.1, slice_us=1_000) == 10_000  # the kernel's 1 ms floor still holds
+    with pytest.raises(ValueError, match="got 0"):
+        cgroups.cfs_period_us(0)
+    slice_file = tmp_path / "slice"
+    slice_file.write_text("3000\n")
+    assert cgroups.bandwidth_slice_us(slice_file) == 3000
+    slice_file.write_text("garbage")
+    assert cgroups.bandwidth_slice_us(slice_file) == cgroups.DEFAULT_SLICE_US
+    assert cgroups.bandwidth_slice_us(tmp_path / "absent") == cgroups.DEFAULT_SLICE_US

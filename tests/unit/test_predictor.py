@@ -259,3 +259,17 @@ def test_a_standing_gap_is_the_predictors_error_but_a_change_is_a_drift(trained:
     assert flagged == {"paper": [False, True, True, True], "changed": [False, False, False, True]}
     with pytest.raises(ValueError, match="drift rule 'often'"):
         DeviceTimes(trained, drift="often")  # type: ignore[arg-type]
+
+
+def test_interleaved_rounds_keep_every_window_and_h_is_their_median() -> None:
+    from edgeagent.predictor.measure import ModelLayers, characterise, measure_ranges, measure_rounds
+
+    model = ModelLayers.build(ModelSpec("mlp", (1, 8, 8), 10), 4)
+    ranges = all_ranges(model.num_layers)[:3]
+    windows = measure_rounds(model, ranges, rounds=3, reps=1, min_seconds=0.0)
+    assert [len(w) for w in windows] == [3, 3, 3] and all(t > 0 for w in windows for t in w)
+    assert len(measure_ranges(model, ranges, rounds=2, reps=1, min_seconds=0.0)) == 3
+    assert characterise(model, rounds=2, reps=1, min_seconds=0.0).complete
+    assert characterise(model, budget=0.0, rounds=2, reps=1, min_seconds=0.0).h == ()
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        measure_rounds(model, ranges, rounds=0)

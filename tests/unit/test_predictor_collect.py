@@ -42,6 +42,8 @@ def fake_record(cfg: ResourceConfig, spec: ModelSpec = TINY, reps: int = 1) -> d
         "ranges": [list(r) for r in ranges],
         "seconds": [1e-4 * (e - s) for s, e in ranges],
         "reps": reps,
+        "rounds": collect_mod.ROUNDS,
+        "round_seconds": [[1e-4 * (e - s)] * collect_mod.ROUNDS for s, e in ranges],
         "torch": "2.x",
         "host": "test",
         "cpu": "test cpu",
@@ -233,3 +235,18 @@ def test_child_failure_is_reported_not_raised(tmp_path: Path, monkeypatch: pytes
     summary = collect(TINY, [ResourceConfig.named(1)], tmp_path / "d.json", reps=1, progress=False)
     assert summary.failed == {"t1-b32-s1": "exited with 1"}
     assert load_records(tmp_path / "d.json") == []
+
+
+def test_round_windows_are_checked_and_give_the_split_half_agreement() -> None:
+    from edgeagent.predictor.evaluate import repeatability
+
+    record = fake_record(ResourceConfig.named(1))
+    collect_mod.check_record(record)
+    assert repeatability(record) == (1.0, 1.0)  # every window equal
+    noisy = dict(record, round_seconds=[[t, t * 1.2, t, t * 1.2] for t in record["seconds"]])
+    assert repeatability(noisy) == (0.0, 0.0)  # the even rounds' median 20 % under the odd rounds'
+    assert repeatability({k: v for k, v in record.items() if k != "round_seconds"}) is None
+    with pytest.raises(ValueError, match="round_seconds must hold 6 lists"):
+        collect_mod.check_record(dict(record, round_seconds=record["round_seconds"][:2]))
+    with pytest.raises(ValueError, match=r"round_seconds\[0\] must be a list of 4 numbers"):
+        collect_mod.check_record(dict(record, round_seconds=[[0.1]] * 6))
