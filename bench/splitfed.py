@@ -157,6 +157,17 @@ def plan_of(report: dict[str, Any]) -> str:
     return " ".join(f"{d[-1]}:({p},{n})" for d, (p, n) in sorted(report["splitfed"]["plan"].items()))
 
 
+def trial_of(report: dict[str, Any]) -> str:
+    """What ours's trial of N measured and kept: each device's schedule's Ns and the one picked."""
+    trial = report["splitfed"]["planning"].get("trial")
+    if not trial:
+        return "nothing (no trial ran)"
+    return ", ".join(
+        f"{d[-1]}:{sorted(set(plan), reverse=True)}->{trial['picked'].get(d, ['?', '?'])[1]}"
+        for d, plan in sorted(trial["schedules"].items())
+    )
+
+
 def best_sfl(args: argparse.Namespace, data: list[str], link: tuple[float, float]) -> tuple[float, int]:
     """SFL as the paper ran it (Sec. 5.2): every split point P < L benchmarked with N = 1, the best one."""
     times = {}
@@ -272,6 +283,7 @@ def part_score(args: argparse.Namespace, folder: Path, results: dict[str, Any]) 
             "batch_size": args.batch_size,
         }
         ours = run(args.broker, data, plan="ours", **common)
+        estimate_only = run(args.broker, data, plan="ours", splitfed_trial=False, **common)
         exhaustive = run(
             args.broker,
             data,
@@ -285,15 +297,20 @@ def part_score(args: argparse.Namespace, folder: Path, results: dict[str, Any]) 
         s_sel = ours["splitfed"]["planning"]["selection_seconds"]
         s_opt = exhaustive["splitfed"]["planning"]["selection_seconds"]
         opt_pair = tuple(next(iter(exhaustive["splitfed"]["plan"].values())))
+        t_est = epoch_seconds(estimate_only)
         print(
             f"{name:>5} {plan_of(ours):>22} {t_sel:6.2f} {s_sel:6.2f} {opt_pair!s:>17} "
-            f"{t_opt:6.2f} {s_opt:6.1f} {t_opt / t_sel:6.2f}   (S_sel {s_sel / t_sel:.1%} of an epoch)",
+            f"{t_opt:6.2f} {s_opt:6.1f} {t_opt / t_sel:6.2f}   (S_sel {s_sel / t_sel:.1%} of an epoch; "
+            f"trial picked {trial_of(ours)}; without the trial {plan_of(estimate_only)} {t_est:.2f} s, "
+            f"score {t_opt / t_est:.2f})",
             flush=True,
         )
         results.setdefault("score", []).append(
             {
                 "link": name,
                 "ours": {"plan": ours["splitfed"]["plan"], "seconds": t_sel, "selection": s_sel},
+                "trial": ours["splitfed"]["planning"].get("trial"),
+                "estimate_only": {"plan": estimate_only["splitfed"]["plan"], "seconds": t_est},
                 "exhaustive": {
                     "plan": exhaustive["splitfed"]["plan"],
                     "seconds": t_opt,

@@ -111,6 +111,10 @@ class CentralConfig(BrokerAccess):
     # --splitfed-plan ours: devices whose profiled compute and links are within this (relative) of one
     # another are planned on their mean and take one (P, N) (splitfed.similar); 0: each on its own.
     splitfed_similar: float = Field(0.3, ge=0.0, description="split-federated: alike within this share")
+    # --splitfed-plan ours: the first epoch runs each device's chosen N and smaller ones in turn (its
+    # iterations are real training) and the fastest measured is kept (splitfed.trial); False: the
+    # estimate's N throughout, as the paper.
+    splitfed_trial: bool = Field(True, description="split-federated: try N around the estimate's")
     # Data-parallel training (--mode allreduce): the collective (ft-tree: papers/001's fault-tolerant tree;
     # tree, ring; ps-sync, ps-async: the parameter server on the central node; direct: all-to-all), the
     # timeout of its backup path (None: adaptive, from each link's measured round trips, at least

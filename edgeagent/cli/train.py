@@ -124,6 +124,12 @@ def train_options(f: F) -> F:
             help="--splitfed-plan ours: devices whose measured compute and links are within this share "
             "of one another (default 0.3) are planned as one and take one (P, N); 0: each device alone.",
         ),
+        click.option(
+            "--splitfed-trial/--no-splitfed-trial",
+            default=None,
+            help="--splitfed-plan ours: the first epoch's iterations try the estimate's N and smaller ones "
+            "per device, and the fastest measured is kept (default on); off: the estimate's N, as the paper.",
+        ),
         click.option("--split-point", type=int, help="Split-federated: layers [0, P) on every device."),
         click.option("--parallel-batches", type=int, help="Split-federated: mini-batches N per iteration."),
         click.option(
@@ -263,6 +269,7 @@ _CENTRAL_KEYS = (
     "exhaustive_max_n",
     "exhaustive_iterations",
     "splitfed_similar",
+    "splitfed_trial",
     "collective",
     "allreduce_timeout",
     "split",

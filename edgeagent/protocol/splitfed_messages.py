@@ -31,13 +31,21 @@ class SplitRound(Message):
     # > 0: a trial of the exhaustive search (papers/003 Sec. 5.4): only the first ``iterations`` iterations,
     # timed and then discarded; 0: the whole shard. A trial's ``epoch`` is negative (-1 - trial number).
     iterations: int = 0
+    # N of each iteration from the first (ours's trial of N in the first epoch); later ones use ``parallel``
+    schedule: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.split < 1 or self.parallel < 1 or self.batch_size < self.parallel or self.iterations < 0:
+        sizes = [self.parallel, *self.schedule]
+        if self.split < 1 or min(sizes) < 1 or self.batch_size < max(sizes) or self.iterations < 0:
             raise ProtocolError(
-                f"split round of epoch {self.epoch}: split {self.split} and parallel {self.parallel} must "
-                f"be >= 1, batch size {self.batch_size} >= parallel and iterations {self.iterations} >= 0"
+                f"split round of epoch {self.epoch}: split {self.split} and parallel {self.parallel} "
+                f"(schedule {self.schedule}) must be >= 1, batch size {self.batch_size} >= each of them "
+                f"and iterations {self.iterations} >= 0"
             )
+
+    def parallel_at(self, iteration: int) -> int:
+        """N of iteration ``iteration``: the schedule's while it lasts, then ``parallel``."""
+        return self.schedule[iteration] if iteration < len(self.schedule) else self.parallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +95,7 @@ class SplitUpdate(Message):
     compute_seconds: float = 0.0
     idle_seconds: float = 0.0  # waiting for gradients
     train_seconds: float = 0.0  # wall seconds from the round's weights in to its last update (no exchange)
+    iteration_seconds: list[float] = dataclasses.field(default_factory=list)  # each, first forward to update
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,14 +34,15 @@ from edgeagent.protocol.wire import decode
 from edgeagent.roles.central import Central, RunReport
 from edgeagent.roles.central.splitfed import SplitFedRun
 from edgeagent.roles.central.splitfed_plan import exhaustive_grid
+from edgeagent.splitfed.trial import candidates, schedule
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow
 
 
-def shards(tmp_path: Path, k: int = 2) -> list[Path]:
+def shards(tmp_path: Path, k: int = 2, dataset: str = "digits") -> list[Path]:
     """The digits training set split IID into ``k`` shards (the test set stays with the central node)."""
-    data = load_dataset("digits", seed=0)
+    data = load_dataset(dataset, seed=0)
     order = torch.randperm(len(data.x_train), generator=torch.Generator().manual_seed(1))
     paths = []
     for i, part in enumerate(order.chunk(k)):
@@ -58,6 +59,10 @@ def run(
     epochs: int,
     kills: dict[str, int | str] | None = None,
     on_progress: Any = None,
+    slowdowns: list[float] | None = None,
+    links: list[float] | None = None,
+    model: str = "mlp",
+    dataset: str = "digits",
     **central: Any,
 ) -> tuple[RunReport, Central]:
     cluster = f"t{uuid.uuid4().hex[:8]}"
@@ -67,15 +72,18 @@ def run(
         workers=len(datasets),
         mode="split-federated",
         progress=False,
-        train=TrainConfig(epochs=epochs, batch_size=32, learning_rate=0.05, momentum=0.5),
+        train=TrainConfig(
+            model=model, dataset=dataset, epochs=epochs, batch_size=32, learning_rate=0.05, momentum=0.5
+        ),
         **central,
     )
     local = LocalWorkers(
         len(datasets),
         broker,
         cluster,
-        [1.0] * len(datasets),
+        slowdowns or [1.0] * len(datasets),
         kills=kills,
+        links=links,
         datasets=[str(p) for p in datasets],
     ).start_all()
     node: Central
@@ -166,6 +174,39 @@ def test_the_exhaustive_search_trains_every_pair_for_real_and_takes_the_fastest(
     per_device = [e["iterations"] for e in epoch["devices"].values()]
     if split < layers:
         assert report.batches == sum(per_device)
+    assert report.final_accuracy > 0.5
+
+
+def test_ours_tries_n_in_the_first_epoch_and_keeps_the_fastest(mosquitto_url: str, tmp_path: Path) -> None:
+    """--splitfed-plan ours (default trial): the first epoch's rounds carry each device's schedule of N,
+    the server cuts every iteration by it (no mini-batch is refused), each device reports every
+    iteration's seconds, and the next epoch runs the N the trial measured fastest, at the same P."""
+    paths = shards(tmp_path, dataset="digits28")  # PiPar's VGG-5 on 28x28, slow devices, 4G+ uplinks
+    report, _ = run(
+        mosquitto_url,
+        paths,
+        epochs=2,
+        splitfed_plan="ours",
+        slowdowns=[8.0, 8.0],
+        links=[20.0, 20.0],
+        model="vgg5",
+        dataset="digits28",
+    )
+    planning = report.splitfed["planning"]
+    first, second = report.splitfed["epochs"]
+    trial = planning.get("trial")
+    assert trial is not None, f"the estimate left nothing to try ({first['plan']}): change the set-up"
+    iterations = len(np.load(paths[0])["X"]) // 32
+    for device, plan in trial["schedules"].items():
+        p, n = first["plan"][device]
+        assert plan == schedule(n, iterations)
+        seconds = first["devices"][device]["iteration_seconds"]
+        assert len(seconds) == first["devices"][device]["iterations"] == iterations
+        assert all(t > 0 for t in seconds)
+        kept = second["plan"][device]
+        assert kept[0] == p and kept[1] in candidates(n) and trial["picked"][device] == kept
+    # Every mini-batch of every iteration was taken: the server's updates are the devices' iterations.
+    assert report.batches == sum(d["iterations"] for e in (first, second) for d in e["devices"].values())
     assert report.final_accuracy > 0.5
 
 

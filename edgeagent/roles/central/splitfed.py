@@ -72,6 +72,10 @@ class ServerSide:
     last_heard: float = field(default_factory=time.monotonic)
     iteration_seconds: float = 0.0  # the longest gap between two of its activations (its deadline's unit)
     started: float = field(default_factory=time.monotonic)  # when its round was sent
+    schedule: tuple[int, ...] = ()  # N of each iteration from the first (SplitRound.schedule)
+
+    def parallel_at(self, iteration: int) -> int:
+        return self.schedule[iteration] if 0 <= iteration < len(self.schedule) else self.parallel
 
 
 class SplitFedRun(SplitFedPlanning):
@@ -100,6 +104,8 @@ class SplitFedRun(SplitFedPlanning):
         self.codecs = StageCodecs(backward_bits=NONE if self.forward_bits >= NONE else 8)
         self.plan_info: dict[str, Any] = {}
         self.costs: list[DeviceCosts] | None = None  # what the plan knows of every device (ours: calibrated)
+        self.trial_schedules: dict[str, list[int]] = {}  # ours's trial of N, for the next epoch's rounds
+        self.tried: dict[str, tuple[int, int]] = {}  # (P, N) a trial measured fastest, per device
         self.server_profile: ServerProfile | None = None
         self.profiles: dict[str, SplitProfile] = {}
         self.assigned: set[str] = set()
@@ -259,7 +265,7 @@ class SplitFedRun(SplitFedPlanning):
         state = self.collect_weights()
         started = time.perf_counter()
         idle_before = self.central.times.idle
-        self._round(epoch, participants, state, self.plan)
+        self._round(epoch, participants, state, self.plan, schedules=self.trial_schedules)
         self._average(
             epoch, participants, time.perf_counter() - started, self.central.times.idle - idle_before
         )
@@ -289,9 +295,10 @@ class SplitFedRun(SplitFedPlanning):
         state: dict[str, Any],
         plan: dict[str, tuple[int, int]],
         iterations: int = 0,
+        schedules: dict[str, list[int]] | None = None,
     ) -> None:
-        """Every participant's round (``iterations`` > 0: a trial of that many), until each has uploaded
-        its layers or was left out."""
+        """Every participant's round (``iterations`` > 0: a trial of that many; ``schedules``: a device's
+        N per iteration, ours's trial of N), until each has uploaded its layers or was left out."""
         central = self.central
         for d in participants:
             split, parallel = plan[d]
@@ -315,6 +322,7 @@ class SplitFedRun(SplitFedPlanning):
                     weight_decay=self.options.weight_decay,
                 ),
                 self.shapes[split - 1],
+                schedule=tuple((schedules or {}).get(d, ())),
             )
             sent = layer_range(state, 0, split)
             self.sent_checksums[d] = state_checksum(sent)
@@ -330,6 +338,7 @@ class SplitFedRun(SplitFedPlanning):
                     tensors=sent,
                     checksum=self.sent_checksums[d],
                     iterations=iterations,
+                    schedule=list((schedules or {}).get(d, ())),
                 ),
             )
         central.wait_until(
@@ -385,6 +394,11 @@ class SplitFedRun(SplitFedPlanning):
                 "compute_seconds": update.compute_seconds,
                 "idle_seconds": update.idle_seconds,
                 "server_compute_seconds": server.compute,
+                **(
+                    {"schedule": list(server.schedule), "iteration_seconds": update.iteration_seconds}
+                    if server.schedule
+                    else {}
+                ),
                 "started_from_global": update.base_checksum == self.sent_checksums.get(d),
             }
         if states:
@@ -431,7 +445,8 @@ class SplitFedRun(SplitFedPlanning):
         except CompressionError as exc:
             self.central.discard(item, str(exc))
             return
-        micro = server.parallel and self.train.batch_size // server.parallel
+        parallel = server.parallel_at(msg.iteration)
+        micro = self.train.batch_size // parallel
         rows = len(msg.y)
         problem = None
         if tuple(x.shape[1:]) != server.sample_shape or len(x) != rows or rows != micro:
@@ -445,7 +460,7 @@ class SplitFedRun(SplitFedPlanning):
             or int(msg.y.max()) >= self.spec.num_classes
         ):
             problem = "non-finite activation or labels out of range"
-        elif not 0 <= msg.micro < server.parallel or server.done.get(msg.iteration, 0) >= server.parallel:
+        elif not 0 <= msg.micro < parallel or server.done.get(msg.iteration, 0) >= parallel:
             problem = f"mini-batch {msg.micro} of iteration {msg.iteration} is not expected"
         if problem is not None:
             self.central.discard(item, problem)
@@ -461,13 +476,13 @@ class SplitFedRun(SplitFedPlanning):
         leaf = x.detach().requires_grad_(True)
         out = server.model(leaf)
         loss = nn.functional.cross_entropy(out, msg.y)
-        (loss / server.parallel).backward()
+        (loss / parallel).backward()
         loss = loss.detach()
         assert leaf.grad is not None
         grad = leaf.grad
         done = server.done.get(msg.iteration, 0) + 1
         server.done[msg.iteration] = done
-        if done == server.parallel:
+        if done == parallel:
             server.optimizer.step()
             server.optimizer.zero_grad(set_to_none=True)
             self.iterations += 1

@@ -24,6 +24,7 @@ from edgeagent.roles.central.splitfed_plan import (
     select_alike,
     trial_epoch_seconds,
 )
+from edgeagent.splitfed import trial
 from edgeagent.splitfed.cost import Choice, DeviceCosts, calibrate, epoch_time
 
 if TYPE_CHECKING:
@@ -58,6 +59,8 @@ class SplitFedPlanning:
     plan_info: dict[str, Any]
     costs: list[DeviceCosts] | None  # what the plan knows of every device (ours: calibrated)
     server_profile: ServerProfile | None
+    trial_schedules: dict[str, list[int]]
+    tried: dict[str, tuple[int, int]]
 
     # The run's (SplitFedRun defines them), used here.
     def collect_weights(self) -> dict[str, Any]:
@@ -73,6 +76,7 @@ class SplitFedPlanning:
         state: dict[str, Any],
         plan: dict[str, tuple[int, int]],
         iterations: int = 0,
+        schedules: dict[str, list[int]] | None = None,
     ) -> None:
         raise NotImplementedError
 
@@ -125,6 +129,8 @@ class SplitFedPlanning:
             info.profiled = sorted(d for d in self.devices if d in self.profiles)
             info.assumed = sorted(d for d in self.devices if costs is not None and d not in self.profiles)
             self.plan_info = info.to_dict()
+        if self._replans() and config.splitfed_trial:
+            self.trial_schedules = self._trial_schedules()
         log.info("split-federated plan %s: %s", config.splitfed_plan, self.plan)
         self._event("splitfed-plan", {"plan": {d: list(pn) for d, pn in self.plan.items()}, **self.plan_info})
 
@@ -135,13 +141,7 @@ class SplitFedPlanning:
         corrected estimate makes it at least 5 % faster than the current one. A plan is per epoch
         anyway (``split_round``), so switching costs nothing."""
         config, server = self.config, self.server_profile
-        if (
-            config.splitfed_plan != "ours"
-            or self.costs is None
-            or server is None
-            or config.split_point is not None
-            or config.parallel_batches is not None
-        ):
+        if not self._replans() or self.costs is None or server is None or self._take_trial(epoch):
             return
         measured = self.epochs[-1]["devices"]
         batch = self.train.batch_size
@@ -161,6 +161,9 @@ class SplitFedPlanning:
         current = {d.name: Choice(*self.plan[d.name]) for d in self.costs}
         before = epoch_time(*args, current, param_bytes=server.param_bytes)
         picked, groups = select_alike(self.costs, server, batch, config.splitfed_similar)
+        for name, choice in picked.items():  # the N a trial measured fastest at that P beats the estimate's
+            if name in self.tried and self.tried[name][0] == choice.split:
+                picked[name] = Choice(choice.split, self.tried[name][1])
         after = epoch_time(*args, picked, param_bytes=server.param_bytes)
         if after >= 0.95 * before:
             return
@@ -184,6 +187,61 @@ class SplitFedPlanning:
         )
         self._event("splitfed-plan", {"after_epoch": epoch, "plan": {d: list(pn) for d, pn in plan.items()}})
         self.plan = plan
+
+    def _replans(self) -> bool:
+        """Whether ours's plan is revisited between epochs (not with --split-point/--parallel-batches)."""
+        config = self.config
+        explicit = config.split_point is not None or config.parallel_batches is not None
+        return config.splitfed_plan == "ours" and self.costs is not None and not explicit
+
+    def _trial_schedules(self) -> dict[str, list[int]]:
+        """Ours's trial of N (:mod:`edgeagent.splitfed.trial`): each device's N per iteration of the first
+        epoch, for those with enough iterations (``samples // B``) to try every candidate once."""
+        batch = self.train.batch_size
+        out = {}
+        for cost in self.costs or []:
+            split, n = self.plan[cost.name]
+            plan = trial.schedule(n, cost.samples // batch) if split < self.layers else []
+            if plan and max(plan) <= batch:
+                out[cost.name] = plan
+        return out
+
+    def _take_trial(self, epoch: int) -> bool:
+        """After the trial epoch: every device (every group planned as one, pooled) keeps the N whose
+        iterations were fastest (:func:`edgeagent.splitfed.trial.pick`); False when none ran."""
+        schedules, self.trial_schedules = self.trial_schedules, {}
+        if not schedules:
+            return False
+        grouped = [g for g in self.plan_info.get("groups", []) if len(g) > 1]
+        units = grouped + [[d] for d in schedules if not any(d in g for g in grouped)]
+        plan, seconds = dict(self.plan), {}
+        for unit in units:
+            runs = [
+                (schedules[d], self.updates[d].iteration_seconds)
+                for d in unit
+                if d in schedules and d in self.updates
+            ]
+            if not runs:
+                continue
+            split, n = self.plan[unit[0]]
+            best = trial.pick(runs, n)
+            for d in unit:
+                plan[d] = self.tried[d] = (split, best)
+            for d in unit:
+                if d in self.updates:
+                    seconds[d] = [round(t, 4) for t in self.updates[d].iteration_seconds]
+        self.plan_info["trial"] = {
+            "epoch": epoch,
+            "schedules": schedules,
+            "iteration_seconds": seconds,
+            "picked": {d: list(pn) for d, pn in self.tried.items()},
+        }
+        if plan != self.plan:
+            log.info("split-federated plan after epoch %d's trial of N: %s (was %s)", epoch, plan, self.plan)
+            listed = {d: list(pn) for d, pn in plan.items()}
+            self._event("splitfed-plan", {"after_epoch": epoch, "plan": listed, "trial": True})
+        self.plan = plan
+        return True
 
     def _exhaustive(self) -> tuple[dict[str, tuple[int, int]], dict[str, Any]]:
         """The paper's exhaustive search (Sec. 5.4, the baseline of eq. 28), run for real: every common

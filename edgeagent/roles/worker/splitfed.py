@@ -150,7 +150,6 @@ class _Round:
         if msg.iterations:
             self.batches = self.batches[: msg.iterations]
         self.started = time.monotonic()
-        self.micro_rows = msg.batch_size // msg.parallel
         self.codecs = StageCodecs(forward_bits=msg.forward_bits)  # a fresh quantizer state every epoch
         self.iteration = 0
         self.next_micro = 0
@@ -161,10 +160,21 @@ class _Round:
         self.correct = 0
         self.compute = 0.0
         self.idle_at_start = 0.0  # the worker's idle seconds (waiting on its inbox) when the round began
+        self.iteration_began = self.started
+        self.iteration_seconds: list[float] = []  # each iteration's, its first forward to its update
 
     @property
     def finished(self) -> bool:
         return self.iteration >= len(self.batches)
+
+    @property
+    def parallel(self) -> int:
+        """N of the current iteration (a trial's schedule may change it from one to the next)."""
+        return self.msg.parallel_at(self.iteration)
+
+    @property
+    def micro_rows(self) -> int:
+        return self.msg.batch_size // self.parallel
 
 
 class SplitFedSession:
@@ -233,7 +243,7 @@ class SplitFedSession:
             return r is not None
         if r.msg.split >= self.layers:
             return True
-        return r.next_micro < r.msg.parallel or bool(r.arrived)
+        return r.next_micro < r.parallel or bool(r.arrived)
 
     def step(self) -> None:
         if not self.profiled:
@@ -253,7 +263,7 @@ class SplitFedSession:
             return
         if r.msg.split >= self.layers:
             self._local_iteration(r)
-        elif r.next_micro < r.msg.parallel:
+        elif r.next_micro < r.parallel:
             self._forward(r)
         elif r.arrived and self.down.wait_until(min(at for at, _ in r.arrived.values())):
             self._backward(r)
@@ -270,7 +280,7 @@ class SplitFedSession:
             "mode": "split-federated",
             "epoch": r.msg.epoch if r else -1,
             "split": r.msg.split if r else 0,
-            "parallel": r.msg.parallel if r else 0,
+            "parallel": r.parallel if r else 0,
             "iteration": r.iteration if r else 0,
             "iterations": len(r.batches) if r else 0,
             "epochs_done": self.epochs_done,
@@ -305,7 +315,7 @@ class SplitFedSession:
             self.worker.device_id,
             msg.epoch,
             msg.split,
-            msg.parallel,
+            self.round.parallel,
             self.round.micro_rows,
             len(self.round.batches),
         )
@@ -359,6 +369,8 @@ class SplitFedSession:
         return index[micro * r.micro_rows : (micro + 1) * r.micro_rows]
 
     def _forward(self, r: _Round) -> None:
+        if r.next_micro == 0:
+            r.iteration_began = time.monotonic()
         rows = self._rows(r, r.next_micro)
         started = Clock()
         out = r.model(self.x[rows])
@@ -385,7 +397,7 @@ class SplitFedSession:
         started = Clock()
         r.outputs.pop(micro).backward(g)
         r.applied += 1
-        if r.applied == r.msg.parallel:
+        if r.applied == r.parallel:
             r.optimizer.step()
             r.optimizer.zero_grad(set_to_none=True)
             self._next_iteration(r)
@@ -394,7 +406,8 @@ class SplitFedSession:
     def _local_iteration(self, r: _Round) -> None:
         """FL: the whole model here, one update per batch."""
         self.worker.fault_at_backward(self.iterations)
-        rows = r.batches[r.iteration][: r.micro_rows * r.msg.parallel]
+        r.iteration_began = time.monotonic()
+        rows = r.batches[r.iteration][: r.micro_rows * r.parallel]
         started = Clock()
         out = r.model(self.x[rows])
         loss = nn.functional.cross_entropy(out, self.y[rows])
@@ -407,6 +420,7 @@ class SplitFedSession:
         self._next_iteration(r)
 
     def _next_iteration(self, r: _Round) -> None:
+        r.iteration_seconds.append(time.monotonic() - r.iteration_began)
         r.iteration += 1
         r.next_micro = r.applied = 0
         self.iterations += 1
@@ -465,6 +479,7 @@ class SplitFedSession:
                 compute_seconds=r.compute,
                 idle_seconds=self.worker.times.idle - r.idle_at_start,
                 train_seconds=time.monotonic() - r.started,
+                iteration_seconds=r.iteration_seconds,
             ),
         )
         if not r.msg.iterations:  # a trial of the exhaustive search is no epoch
