@@ -33,37 +33,40 @@ Parts:
 * ``hetero``: K = 2 at 4G, worker-1 2x slower again: ours (per-device (P_k, N_k)) against the best common
   (P, N) (``--splitfed-plan common``), per-epoch seconds.
 
-Figures (2-core development machine, 2026-11-25). Run 3 (``--parts time,score,hetero``, 2583 s) is the
-current code: alike devices planned as one, profiles timed on the clock training is scaled by. Runs 1-2
-came before it (run 1 also before the cost model's latency fix); ratios, not seconds, are compared (the
-machine's speed moves SFL's own epochs by 16-45 % between runs):
+Figures (2-core development machine). Run 4 (2026-11-26, ``--parts time,score,hetero``, 2151 s) is the
+current code: ours's first epoch tries N (``splitfed/trial.py``). Run 3 (2026-11-25, 2583 s) had alike
+devices planned as one but the estimate's N; runs 1-2 came before that (run 1 also before the cost
+model's latency fix). Ratios, not seconds, are compared (the machine's speed moves SFL's own epochs by
+16-45 % between runs):
 
-    SFL/PiPar (FL/PiPar)   run 3          run 2          run 1          paper (VGG-5)
-    K=2 4G                 1.72 (1.50)    1.38 (1.37)    1.11 (1.09)    1.4-2.0 (1.4-3.4)
-    K=2 4G+                2.02 (2.18)    1.80 (1.86)    1.93 (1.87)
-    K=2 WiFi               1.60 (2.16)    1.22 (1.72)    1.83 (2.09)
-    K=4 4G                 1.80 (1.78)    1.64 (1.93)    1.22 (1.18)
-    K=4 4G+                2.10 (2.53)    1.35 (1.51)    1.72 (1.70)
-    K=4 WiFi               1.77 (2.94)    0.63 (0.79)    1.55 (1.81)
+    SFL/PiPar (FL/PiPar)   run 4          run 3          run 2          run 1          paper (VGG-5)
+    K=2 4G                 1.74 (1.84)    1.72 (1.50)    1.38 (1.37)    1.11 (1.09)    1.4-2.0 (1.4-3.4)
+    K=2 4G+                1.98 (1.55)    2.02 (2.18)    1.80 (1.86)    1.93 (1.87)
+    K=2 WiFi               2.24 (2.66)    1.60 (2.16)    1.22 (1.72)    1.83 (2.09)
+    K=4 4G                 1.78 (1.70)    1.80 (1.78)    1.64 (1.93)    1.22 (1.18)
+    K=4 4G+                1.77 (2.37)    2.10 (2.53)    1.35 (1.51)    1.72 (1.70)
+    K=4 WiFi               2.77 (3.40)    1.77 (2.94)    0.63 (0.79)    1.55 (1.81)
 
-  Run 3: PiPar 11.18, 7.96, 6.87 s (K = 2) and 11.43, 7.52, 6.67 s (K = 4) per epoch against SFL's 19.23,
-  16.04, 11.02 and 20.62, 15.82, 11.78 s; every device of a run got one (P, N): (1, 29), (1, 18), (1, 15)
-  at K = 2, (1, 22), (1, 22), (1, 15) at K = 4. Selection (ours, on the estimate): 0.5-1.9 % of an epoch
-  (paper 27 %); the exhaustive search 268-337 s. The goal (>= 1.4x SFL in every case) is met in run 3.
-  Runs 1-2 fell short where ours gave identical devices different N from noisy profiles (wall time x 30
-  counted the other processes on two cores; run 2's K = 4 WiFi had two devices at (1, 3), 26.8 s).
+  Run 4: PiPar 8.14, 6.68, 4.58 s (K = 2) and 7.84, 6.90, 4.10 s (K = 4) per epoch against SFL's 14.14,
+  13.23, 10.26 and 13.95, 12.19, 11.38 s; plans after the trial (2, 6), (1, 18), (1, 5) at K = 2 and
+  (2, 6), (1, 22) with one device at (1, 15), (1, 8) at K = 4. Selection (ours, on the estimate; the
+  trial adds none): 0.4-2.0 % of an epoch (paper 27 %); the exhaustive search 200-278 s. The goal
+  (>= 1.4x SFL in every case) is met in runs 3 and 4.
   Score against the real exhaustive search (T_opt / T_sel, K = 2; T_sel the mean of ours's score run and
-  its time-part run): run 3 4G 0.97 (ours (1, 22), 11.30 s; search (1, 21), 10.94 s), 4G+ 0.87 ((1, 22)
-  and (1, 18), 7.67 s; search (1, 13), 6.65 s), WiFi 0.84 ((1, 6) and (1, 15), 6.06 s; search (1, 5),
-  5.06 s; ours's score run alone, at (1, 6): 0.96); run 1 4G 0.83, 4G+ 1.07, WiFi 0.96 (paper: >= 0.96).
-  Not met at 4G+ and WiFi: there the estimate is flat within 3-5 % from N = 8 to 22, and what it cannot
-  see decides. A fixed run at WiFi (P = 1) measured the device's compute at 5.1 s per epoch with N = 5
-  and 7.0 s with N = 15, although layer 0's own time is linear in the rows (1.12 ms at 4 rows, 25.8 ms at
-  100 on one core): about 1 ms of processor per extra mini-batch, x 30 emulated, that the profile of bare
-  layers does not hold (on two shared cores the device's thread also runs slower while the server handles
-  more messages).
-  One device 2x slower (run 3): ours (1, 15) and (2, 13), 13.32 s; the best common (1, 22), 16.21 s: per
-  device differ and beat it by 1.22x (run 1: 1.13x).
+  its time-part run), with the estimate alone (``--no-splitfed-trial``) in the same run:
+
+      link    run 4: ours (trial)  estimate alone    score-only run: ours  estimate alone    run 3
+      4G      1.02  (2, 8)         0.92  (2, 15)     1.03  (2, 8)          0.91  (2, 15)     0.97
+      4G+     0.97  (1, 22)        1.02  (1, 18)     0.96  (1, 18)         0.71  (1, 29)     0.87
+      WiFi    1.00  (1, 6)         0.84  (1, 13-15)  1.04  (1, 8)          0.71  (1, 22)     0.84
+
+  (the search's pairs: (2, 7), (1, 21), (1, 6) in run 4; (2, 7), (1, 21), (1, 7) in the score-only run).
+  The goal (>= 0.96 in every case) is met in both runs with the trial; the estimate alone is flat within
+  3-5 % from N = 8 to 22 at 4G+ and WiFi and its pick there is decided by what it cannot see (a busy
+  device's per-mini-batch cost beyond its profiled layers: a fixed run at WiFi, P = 1, measured 5.1 s of
+  device compute per epoch with N = 5 and 7.0 s with N = 15, while layer 0 alone is linear in the rows).
+  One device 2x slower (run 4): ours (1, 18) and (3, 4), 13.82 s; the best common (1, 43), 22.87 s: per
+  device differ and beat it by 1.66x (run 3: 1.22x, run 1: 1.13x).
   Accuracy (batch 32, 4 epochs, K = 2, PiPar at (1, 7) vs FL; 2026-11-24): IID 97.49 vs 97.77 (-0.28
   points), non-IID 95.26 vs 95.54 (-0.28); paper Table 5: -0.2 to +2.07.
 """
