@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -146,16 +147,17 @@ def characterise(
 ) -> Characterisation:
     """Measure ``h`` on this device, stopping after ``budget`` seconds (what was not reached is missing).
     With ``rounds`` > 1 each representative's time is the median of that many interleaved windows (see
-    :func:`measure_rounds`); the budget is checked before every window."""
+    :func:`measure_rounds`)."""
     started = time.perf_counter()
-    reps_ranges = representative(model.flops)
-    windows: list[list[float]] = [[] for _ in reps_ranges]
-    for _ in range(rounds):
-        for i, (start, end) in enumerate(reps_ranges):
-            if time.perf_counter() - started > budget:
-                break
-            seconds = time_range(model, start, end, reps=reps, slowdown=slowdown, min_seconds=min_seconds)
-            windows[i].append(seconds)
+    windows = measure_rounds(
+        model,
+        representative(model.flops),
+        rounds=rounds,
+        reps=reps,
+        slowdown=slowdown,
+        min_seconds=min_seconds,
+        budget=budget,
+    )
     h = [statistics.median(w) for w in windows if w]
     key = model_key(model.spec)
     return Characterisation(key, model.batch_size, tuple(h), time.perf_counter() - started)
@@ -169,9 +171,11 @@ def measure_rounds(
     reps: int = 1,
     slowdown: float = 1.0,
     min_seconds: float = MIN_WINDOW,
+    budget: float = math.inf,
 ) -> list[list[float]]:
     """``rounds`` windows of every range in ``ranges``, interleaved (round r times every range once
-    before round r + 1 starts): per range, its windows' seconds in round order.
+    before round r + 1 starts): per range, its windows' seconds in round order. No window starts after
+    ``budget`` seconds (the ranges not reached then have fewer windows, or none).
 
     Interleaving spreads each range's windows over the whole collection, so a slow minute of the
     machine (or a CPU quota's period landing badly on a window) moves one window of many ranges, which
@@ -179,35 +183,20 @@ def measure_rounds(
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    started = time.perf_counter()
     windows: list[list[float]] = [[] for _ in ranges]
     for _ in range(rounds):
         for i, (s, e) in enumerate(ranges):
+            if time.perf_counter() - started > budget:
+                return windows
             windows[i].append(time_range(model, s, e, reps=reps, slowdown=slowdown, min_seconds=min_seconds))
     return windows
-
-
-def measure_ranges(
-    model: ModelLayers,
-    ranges: Sequence[Range],
-    *,
-    reps: int = 3,
-    slowdown: float = 1.0,
-    rounds: int = 1,
-    min_seconds: float = MIN_WINDOW,
-) -> list[float]:
-    """Seconds of every range in ``ranges`` on this device (for data collection and evaluation): the
-    median of ``rounds`` interleaved windows (:func:`measure_rounds`)."""
-    windows = measure_rounds(
-        model, ranges, rounds=rounds, reps=reps, slowdown=slowdown, min_seconds=min_seconds
-    )
-    return [statistics.median(w) for w in windows]
 
 
 __all__ = [
     "Characterisation",
     "ModelLayers",
     "characterise",
-    "measure_ranges",
     "measure_rounds",
     "model_key",
     "time_range",

@@ -4,6 +4,7 @@ rounds and gradients, the devices' activations, updates and profiles (see docs/p
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
@@ -45,7 +46,13 @@ class SplitRound(Message):
 
     def parallel_at(self, iteration: int) -> int:
         """N of iteration ``iteration``: the schedule's while it lasts, then ``parallel``."""
-        return self.schedule[iteration] if iteration < len(self.schedule) else self.parallel
+        return scheduled_parallel(self.schedule, self.parallel, iteration)
+
+
+def scheduled_parallel(schedule: Sequence[int], parallel: int, iteration: int) -> int:
+    """N of iteration ``iteration`` of a round with this ``schedule`` and ``parallel`` (the server reads it
+    for an activation's iteration number, which may be anything a device sent)."""
+    return schedule[iteration] if 0 <= iteration < len(schedule) else parallel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,7 @@ from edgeagent.protocol.splitfed_messages import (
     SplitProfile,
     SplitRound,
     SplitUpdate,
+    scheduled_parallel,
 )
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.checkpoint import resume_of, save_checkpoint
@@ -75,7 +76,7 @@ class ServerSide:
     schedule: tuple[int, ...] = ()  # N of each iteration from the first (SplitRound.schedule)
 
     def parallel_at(self, iteration: int) -> int:
-        return self.schedule[iteration] if 0 <= iteration < len(self.schedule) else self.parallel
+        return scheduled_parallel(self.schedule, self.parallel, iteration)
 
 
 class SplitFedRun(SplitFedPlanning):

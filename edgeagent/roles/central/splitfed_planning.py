@@ -202,7 +202,7 @@ class SplitFedPlanning:
         for cost in self.costs or []:
             split, n = self.plan[cost.name]
             plan = trial.schedule(n, cost.samples // batch) if split < self.layers else []
-            if plan and max(plan) <= batch:
+            if plan:
                 out[cost.name] = plan
         return out
 
