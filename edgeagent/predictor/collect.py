@@ -19,7 +19,7 @@ devices. Each :class:`ResourceConfig` combines
 Every configuration runs as its own child process (``python -m edgeagent.predictor.collect --child``)
 in its own cgroup under :data:`GROUP_ROOT` and under ``taskset -c`` when it names cores; the child
 measures ``h`` (:func:`~edgeagent.predictor.measure.characterise`) and the time of every one of the
-``l(l+1)/2`` sub-models (:func:`~edgeagent.predictor.measure.measure_rounds`: the median of
+``l(l+1)/2`` sub-models (:func:`~edgeagent.predictor.measure.measure_rounds`: the fastest of
 :data:`ROUNDS` interleaved windows, a window the mean of at least ``reps`` back-to-back runs and
 :data:`WINDOW` s after a warm-up) and writes one record. The parent
 writes the data set after every configuration (atomically), so an interrupted collection resumes
@@ -38,7 +38,6 @@ import os
 import platform
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,7 +62,7 @@ from edgeagent.predictor.configs import (
     training_configs,
 )
 from edgeagent.predictor.dataset import FORMAT, check_record, dumps_document, load_document, load_records
-from edgeagent.predictor.measure import ModelLayers, characterise, measure_rounds, model_key
+from edgeagent.predictor.measure import ModelLayers, best_window, characterise, measure_rounds, model_key
 from edgeagent.predictor.submodels import REPRESENTATIVES, all_ranges
 
 log = logging.getLogger(__name__)
@@ -76,6 +75,7 @@ H_BUDGET = 600.0  # seconds the child may spend on h (characterise's bound); col
 # 10 % for 50-60 % of sub-models here, the median of 5 interleaved windows for 85-90 %.
 ROUNDS = 4
 WINDOW = 0.25
+OMP_WAIT_POLICY = "PASSIVE"
 CHILD_TIMEOUT = 3600.0  # seconds one configuration may take before its child is killed
 TARGET = ModelSpec("mobilenetv2", (1, 8, 8), 10)  # the digits-shaped MobileNetV2 (21 layers, M = 231)
 
@@ -128,7 +128,7 @@ def measure_config(cfg: ResourceConfig, spec: ModelSpec, reps: int) -> dict[str,
         raise RuntimeError(f"{cfg.name}: measured {len(char.h)} of h's {REPRESENTATIVES} in {H_BUDGET:g} s")
     ranges = all_ranges(model.num_layers)
     windows = measure_rounds(model, ranges, slowdown=cfg.slowdown, min_seconds=WINDOW, **timing)
-    seconds = [statistics.median(w) for w in windows]
+    seconds = [best_window(w) for w in windows]
     return {
         "config": cfg.to_dict(),
         "model": spec.to_dict(),
@@ -220,6 +220,10 @@ def child_command(
 def _child_env(cfg: ResourceConfig) -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
+    # Idle OpenMP threads sleep instead of spinning: a spinning second thread burns the quota the
+    # working one needs, and two-thread timings under a quota then repeat 25 % of the time, not 100 %
+    # (docs/design.md, "What a timing under a quota needs").
+    env["OMP_WAIT_POLICY"] = OMP_WAIT_POLICY
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     return env
@@ -304,11 +308,12 @@ def _provenance(
     return {
         "paper": "papers/004 Sec. 4.2: ~5,000 samples over 24 taskset configurations on three CPUs",
         "method": "one child process per configuration (cgroup v1 CFS quota, taskset, torch threads, "
-        "batch size, emulated slowdown); seconds: the median of ROUNDS interleaved windows, a window "
+        "batch size, emulated slowdown); seconds: the fastest of ROUNDS interleaved windows, a window "
         "the mean of back-to-back forward+backward runs over at least reps runs and WINDOW s after a "
         "warm-up",
         "rounds": ROUNDS,
         "window_seconds": WINDOW,
+        "omp_wait_policy": OMP_WAIT_POLICY,
         "machine": _machine(),
         "created_at": created_at,
         "updated_at": _now(),

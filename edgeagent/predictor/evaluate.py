@@ -11,13 +11,13 @@ sub-models predicted within ±5 % and ±10 % by
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
+from edgeagent.predictor.measure import best_window
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import record_h
 from edgeagent.predictor.submodels import Range, representative
@@ -49,14 +49,15 @@ def _times(record: Mapping[str, Any]) -> dict[Range, float]:
 
 def repeatability(record: Mapping[str, Any]) -> tuple[float, float] | None:
     """How well the measurement repeats itself on ``record``'s configuration: the share of sub-models
-    whose median over the even rounds lies within ±5 % and ±10 % of the median over the odd rounds (None:
-    a record without per-round windows). Pessimistic: each half has half the windows the record's time is
-    the median of, and a drift of the machine between rounds counts against it."""
+    whose time from the even rounds (:func:`~edgeagent.predictor.measure.best_window`) lies within ±5 %
+    and ±10 % of the time from the odd rounds (None: a record without per-round windows). Pessimistic:
+    each half has half the windows the record's time is taken from, and a drift of the machine between
+    rounds counts against it."""
     windows = record.get("round_seconds")
     if not windows or len(windows[0]) < 2:
         return None
-    even = [statistics.median(w[0::2]) for w in windows]
-    odd = [statistics.median(w[1::2]) for w in windows]
+    even = [best_window(w[0::2]) for w in windows]
+    odd = [best_window(w[1::2]) for w in windows]
     return within(even, odd, BOUNDS[0]), within(even, odd, BOUNDS[1])
 
 

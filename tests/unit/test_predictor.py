@@ -261,8 +261,8 @@ def test_a_standing_gap_is_the_predictors_error_but_a_change_is_a_drift(trained:
         DeviceTimes(trained, drift="often")  # type: ignore[arg-type]
 
 
-def test_interleaved_rounds_keep_every_window_and_h_is_their_median() -> None:
-    from edgeagent.predictor.measure import ModelLayers, characterise, measure_rounds
+def test_interleaved_rounds_keep_every_window_and_h_is_their_fastest() -> None:
+    from edgeagent.predictor.measure import ModelLayers, best_window, characterise, measure_rounds
 
     model = ModelLayers.build(ModelSpec("mlp", (1, 8, 8), 10), 4)
     ranges = all_ranges(model.num_layers)[:3]
@@ -273,3 +273,6 @@ def test_interleaved_rounds_keep_every_window_and_h_is_their_median() -> None:
     assert characterise(model, budget=0.0, rounds=2, reps=1, min_seconds=0.0).h == ()
     with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
         measure_rounds(model, ranges, rounds=0)
+    assert best_window([0.3, 0.1, 0.5, 0.2]) == 0.1  # interference only adds time
+    with pytest.raises(ValueError, match="no windows"):
+        best_window([])

@@ -244,7 +244,7 @@ def test_round_windows_are_checked_and_give_the_split_half_agreement() -> None:
     collect_mod.check_record(record)
     assert repeatability(record) == (1.0, 1.0)  # every window equal
     noisy = dict(record, round_seconds=[[t, t * 1.2, t, t * 1.2] for t in record["seconds"]])
-    assert repeatability(noisy) == (0.0, 0.0)  # the even rounds' median 20 % under the odd rounds'
+    assert repeatability(noisy) == (0.0, 0.0)  # the even rounds' time 20 % under the odd rounds'
     assert repeatability({k: v for k, v in record.items() if k != "round_seconds"}) is None
     with pytest.raises(ValueError, match="round_seconds must hold 6 lists"):
         collect_mod.check_record(dict(record, round_seconds=record["round_seconds"][:2]))
