@@ -71,8 +71,8 @@ CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 GROUP_ROOT = CGROUP_V1_CPU / "edgeagent-predictor"
 H_BUDGET = 600.0  # seconds the child may spend on h (characterise's bound); collection is not bounded
 # Every sub-model is timed in ROUNDS windows of at least WINDOW s, interleaved over the collection
-# (measure_rounds), and its time is their median: under a CPU quota one 0.2 s window repeated within
-# 10 % for 50-60 % of sub-models here, the median of 5 interleaved windows for 85-90 %.
+# (measure_rounds), and its time is the fastest of them (best_window): under a CPU quota one 0.2 s window
+# repeated within 10 % for 50-60 % of sub-models here, the fastest of two interleaved windows for 78-93 %.
 ROUNDS = 4
 WINDOW = 0.25
 OMP_WAIT_POLICY = "PASSIVE"
@@ -222,7 +222,7 @@ def _child_env(cfg: ResourceConfig) -> dict[str, str]:
     env.update(OMP_NUM_THREADS=str(cfg.threads), MKL_NUM_THREADS=str(cfg.threads))
     # Idle OpenMP threads sleep instead of spinning: a spinning second thread burns the quota the
     # working one needs, and two-thread timings under a quota then repeat 25 % of the time, not 100 %
-    # (docs/design.md, "What a timing under a quota needs").
+    # (docs/design.md, "How a time is measured").
     env["OMP_WAIT_POLICY"] = OMP_WAIT_POLICY
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
