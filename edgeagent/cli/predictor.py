@@ -21,7 +21,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.predictor import collect as collection
 from edgeagent.predictor.evaluate import evaluate
 from edgeagent.predictor.measure import model_key
-from edgeagent.predictor.net import VARIANTS, LatencyPredictor
+from edgeagent.predictor.net import STEPS, VARIANTS, LatencyPredictor
 from edgeagent.predictor.store import load, samples_of, save, shipped_path
 
 
@@ -73,9 +73,9 @@ def collect_command(
 @predictor.command("train")
 @click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--variant", type=click.Choice(list(VARIANTS)), default="features", show_default=True)
-@click.option("--steps", default=3000, show_default=True, type=int)
+@click.option("--steps", type=click.IntRange(min=1), help="Default: features 8000, paper 3000.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Default: where runs look for it.")
-def train_command(data: str, variant: str, steps: int, out: str | None) -> None:
+def train_command(data: str, variant: str, steps: int | None, out: str | None) -> None:
     """Pre-train a predictor on a collected data set."""
     torch.set_num_threads(1)  # tiny networks: a second thread only adds contention
     document = collection.load_document(data)
@@ -90,7 +90,7 @@ def train_command(data: str, variant: str, steps: int, out: str | None) -> None:
         "samples": len(samples),
         "configs": len(records),
         "variant": variant,
-        "steps": steps,
+        "steps": STEPS[variant] if steps is None else steps,  # type: ignore[index]
         "collection": document.get("provenance", {}),
     }
     save(trained, path, model=spec, provenance=provenance)

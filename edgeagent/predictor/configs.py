@@ -126,8 +126,10 @@ _TRAINING: tuple[tuple[int, float | None, str | None, int, float], ...] = (
     (2, 0.5, None, 32, 1), (2, 1.0, None, 32, 1), (2, 1.5, None, 32, 1),
     # CPU quotas at the other batch sizes
     (1, 0.5, None, 16, 1), (1, 0.75, None, 64, 1),
-    # two threads on one core (taskset)
-    (2, None, "0", 32, 1),
+    # two threads on one core (taskset), alone and under a quota
+    (2, None, "0", 32, 1), (2, 0.5, "0", 32, 1), (2, 0.8, "0", 32, 1),
+    # more two-thread quotas and batch sizes (a spread as wide as the one-thread rows)
+    (2, 0.75, None, 32, 1), (2, 1.75, None, 32, 1), (2, 1.0, None, 64, 1), (2, 0.5, None, 16, 1),
     # emulated slowdowns (the runtime's --slowdown)
     (1, None, None, 16, 4), (1, None, None, 32, 2), (1, None, None, 32, 4), (2, None, None, 64, 2),
 )  # fmt: skip
@@ -145,7 +147,7 @@ def _configs(rows: Sequence[tuple[int, float | None, str | None, int, float]]) -
 
 
 def training_configs() -> list[ResourceConfig]:
-    """The pre-training configurations (18; the paper had 24 over three CPUs)."""
+    """The pre-training configurations (24, as many as the paper's over three CPUs)."""
     return _configs(_TRAINING)
 
 

@@ -98,8 +98,9 @@ def load(path: Path) -> tuple[LatencyPredictor, dict[str, Any]]:
         raise ValueError(f"{path}: layer FLOPs must be finite and >= 0")
     nets = []
     for state in _field(payload, "nets", path):
-        net = DualStream(len(flops) + (1 if variant == "features" else 0))
         try:
+            width = int(state["s_stream.0.weight"].shape[0])  # the layers' width, as it was trained
+            net = DualStream(len(flops) + (1 if variant == "features" else 0), width)
             net.load_state_dict(state)
         except (RuntimeError, KeyError) as exc:
             raise ValueError(f"{path}: weights do not fit a {len(flops)}-layer predictor ({exc})") from None
