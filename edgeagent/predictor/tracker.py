@@ -67,6 +67,7 @@ class DeviceTimes:
         self._tables: dict[str, list[list[float]]] = {}
         self._adapted_on: dict[tuple[str, int, int], float] = {}  # the D^ the predictor was adapted on
         self._windows: dict[tuple[str, int, int], int] = {}  # times observed per device and range, this h
+        self._raw: dict[tuple[str, int, int], float] = {}  # the last time as measured (before ``load``)
         self._lock = threading.Lock()
 
     def set_h(self, device: str, h: Sequence[float]) -> bool:
@@ -84,6 +85,7 @@ class DeviceTimes:
                 del self.samples[key]  # measured under the old resources
             for key in [k for k in self._windows if k[0] == device]:
                 del self._windows[key]
+                self._raw.pop(key, None)
         return True
 
     def representative_samples(self, device: str) -> list[Sample]:
@@ -114,11 +116,12 @@ class DeviceTimes:
         return None if table is None else table[start][end - start - 1]
 
     def observe(
-        self, device: str, start: int, end: int, measured: float, *, scale: float = 0.0
+        self, device: str, start: int, end: int, measured: float, *, scale: float = 0.0, load: float = 1.0
     ) -> Drift | None:
-        """A stage time measured on ``device`` for ``[start, end)``: kept as a sample of ``D^``; a
-        :class:`Drift` if it is more than ``epsilon`` away from the prediction (the paper's trigger to
-        measure ``h`` again).
+        """A stage time measured on ``device`` for ``[start, end)``: ``measured / load`` is kept as a
+        sample of ``D^`` (``load``: how much slower than alone the machine ran it, the caller's estimate);
+        a :class:`Drift` if that is more than ``epsilon`` away from the prediction (the paper's trigger
+        to measure ``h`` again). ``scale`` is in the same unit as the prediction.
 
         Two refinements of the paper's rule, so that a device is not stalled to re-measure an ``h`` that
         has not changed: the first time a device is seen in the pipeline under its ``h`` is adaptation data
@@ -127,8 +130,10 @@ class DeviceTimes:
         typical stage time) is noise on a tiny stage, not a changed device.
 
         Rule ``changed`` (ours, the default) adds: the time must also differ by more than ``epsilon`` from
-        the device's own last time on the same range under the same ``h``, and that last time must not be
-        the range's first (a first window holds the warm-up: seen 10-30 % slower than the next). A new
+        the device's own last time on the same range under the same ``h``, both as measured (before
+        ``load``: the caller's estimate of the load moves with its own stage, seen 1.42 -> 1.59 between
+        two checks while the device's time stayed at 37-38 ms), and that last time must not be the
+        range's first (a first window holds the warm-up: seen 10-30 % slower than the next). A new
         ``h`` helps only when the device changed; a standing gap between prediction and measurement is the
         predictor's error, which the adaptive update closes. Under the paper's rule that gap asked for
         ``h`` again and again, each time stopping the device's stage while it measured (seen: 0.6-0.88x
@@ -136,22 +141,26 @@ class DeviceTimes:
         predicted = self.predict(device, start, end)
         if predicted is None or not (math.isfinite(measured) and measured > 0):
             return None
+        if not (math.isfinite(load) and load > 0):
+            raise ValueError(f"load {load} must be a finite number > 0 (1: the device ran alone)")
+        alone = measured / load
         with self._lock:
             seen = any(key[0] == device for key in self.samples)
             key = (device, start, end)
-            last = self.samples.get(key)
+            last = self._raw.get(key)
+            self._raw[key] = measured
             windows = self._windows[key] = self._windows.get(key, 0) + 1
-            self.samples[key] = Sample(start, end, self.h[device], measured)
+            self.samples[key] = Sample(start, end, self.h[device], alone)
             while len(self.samples) > self.max_samples:
                 del self.samples[next(iter(self.samples))]
         threshold = self.epsilon * max(predicted, scale)
-        if not seen or abs(measured - predicted) <= threshold:
+        if not seen or abs(alone - predicted) <= threshold:
             return None
         if self.drift == "changed" and (
-            last is None or windows < 3 or abs(measured - last.seconds) <= threshold
+            last is None or windows < 3 or abs(measured - last) <= threshold * load
         ):
             return None
-        return Drift(device, start, end, measured, predicted)
+        return Drift(device, start, end, alone, predicted)
 
     def news(self) -> bool:
         """Whether ``D^`` holds a sample the predictor has not been adapted on: a new device or range, or a

@@ -261,6 +261,26 @@ def test_a_standing_gap_is_the_predictors_error_but_a_change_is_a_drift(trained:
         DeviceTimes(trained, drift="often")  # type: ignore[arg-type]
 
 
+def test_a_changed_load_estimate_is_not_a_changed_device(trained: LatencyPredictor) -> None:
+    """Rule ``changed`` compares a device with its own last time as measured: the caller's load estimate
+    moving (its own stage) does not make the device's unchanged time a drift; the device's time does."""
+    device = _device(2.0, 1.0, 1e-3)
+    times = DeviceTimes(trained, epsilon=0.1)
+    assert times.set_h("w1", [device(a, b) for a, b in representative(FLOPS)])
+    predicted = times.predict("w1", 2, 5)
+    assert predicted is not None
+    raw = 2.0 * predicted  # measured twice as slow as predicted, on a machine 1.4x loaded
+    flagged = [
+        times.observe("w1", 2, 5, raw * change, load=load) is not None
+        for change, load in ((1.0, 1.4), (1.0, 1.4), (1.0, 1.6), (1.0, 1.3), (1.5, 1.4))
+    ]
+    assert flagged == [False, False, False, False, True]
+    sample = times.samples[("w1", 2, 5)]
+    assert sample.seconds == pytest.approx(raw * 1.5 / 1.4)  # D^ holds the time the device takes alone
+    with pytest.raises(ValueError, match="load 0"):
+        times.observe("w1", 2, 5, raw, load=0)
+
+
 def test_interleaved_rounds_keep_every_window_and_h_is_their_fastest() -> None:
     from edgeagent.predictor.measure import ModelLayers, best_window, characterise, measure_rounds
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from edgeagent.data import Dataset, batches_per_epoch
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.pipeline.build import TrainOptions, build_stage
 from edgeagent.pipeline.groups import Groups
-from edgeagent.pipeline.runner import StageRunner
+from edgeagent.pipeline.runner import STAGE_TIME_WINDOW, StageRunner
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.deadlines import Deadlines
 from edgeagent.planner.dp import Link, TieBreak
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
     from edgeagent.roles.central.node import Central
 
 log = logging.getLogger("edgeagent.roles.central")
+# Gradients whose stage times the drift check takes the median of: each time is already a mean over
+# STAGE_TIME_WINDOW batches, so one slow batch (a collection, an evaluation beside it) lifts that many
+# consecutive times; over three windows' worth the median is the stage's steady time.
+DRIFT_HISTORY = 3 * STAGE_TIME_WINDOW
 
 
 @dataclass
@@ -153,6 +158,8 @@ class RunState:
         self.measuring: dict[str, float] = {}
         self.batch_orders: dict[int, list[torch.Tensor]] = {}  # the current epoch's batch order
         self.stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
+        # The stage times of the last gradients (DRIFT_HISTORY), for the drift check's median.
+        self.stage_history: deque[tuple[float, ...]] = deque(maxlen=DRIFT_HISTORY)
         self.plan_job: Future[Plan] | None = None
         self.codecs = StageCodecs()
         self.bits: tuple[list[int], list[int]] | None = None

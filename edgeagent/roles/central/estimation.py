@@ -13,6 +13,7 @@ one.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 
 from edgeagent.predictor.measure import model_key
@@ -143,17 +144,30 @@ class Estimation(Setup):
             return 1.0
         return max(1.0, sum(own) / len(own) / profiled)
 
+    def steady_stage_times(self) -> list[float]:
+        """Every worker's stage time as the median over the last gradients (``DRIFT_HISTORY``) of this
+        split, not the latest alone: a time beyond epsilon for a few batches is not a changed device
+        (seen: +85 % in one plan check late in a run, from a transient, and a measurement of ``h`` that
+        stalled the stage for nothing: 0.8x the run's samples/s). A change that lasts shows once it
+        holds for more than half of them. Empty when no gradient of this split carried them all."""
+        stages = len(self.worker_list) - 1
+        rows = [row for row in self.stage_history if len(row) == stages]
+        if not rows or stages < 1:
+            return []
+        return [statistics.median(row[k] for row in rows) for k in range(stages)]
+
     def _observe_stage_times(self) -> None:
-        """Dynamic prediction: compare every worker's measured stage time with its prediction; beyond
-        epsilon (see :meth:`DeviceTimes.observe`), ask the device for a new ``h``."""
+        """Dynamic prediction: compare every worker's steady stage time (:meth:`steady_stage_times`) with
+        its prediction; beyond epsilon (see :meth:`DeviceTimes.observe`), ask the device for a new ``h``."""
         times = self.device_times
-        if times is None or not self.stage_times or len(self.stage_times) != len(self.worker_list) - 1:
+        steady = self.steady_stage_times()
+        if times is None or not steady:
             return
         load = self.contention()
-        typical = sum(self.stage_times) / len(self.stage_times) / load
+        typical = sum(steady) / len(steady) / load
         for k, device in enumerate(self.worker_list[1:], start=1):
-            start, end, measured = self.points[k], self.points[k + 1], self.stage_times[k - 1] / load
-            drift = times.observe(device, start, end, measured, scale=typical)
+            start, end = self.points[k], self.points[k + 1]
+            drift = times.observe(device, start, end, steady[k - 1], scale=typical, load=load)
             if drift is None:
                 continue
             log.info(

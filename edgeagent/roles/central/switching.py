@@ -123,6 +123,7 @@ class Switching(Liveness):
         if fault is not None:
             return fault
         self.stage_times = []
+        self.stage_history.clear()
         self.bits = None  # a new split: tell every stage its codecs again
         self._apply_compression(epoch=version // max(1, self.per_epoch))
         self._refresh_deadline()

@@ -246,6 +246,7 @@ class PipelineRun(Recovery):
             self.stage.backward(bid, grad_output=grad.tensor)
             loss, correct = grad.loss, grad.correct
             self.stage_times = list(grad.stage_times)
+            self.stage_history.append(tuple(grad.stage_times))
             self._refresh_deadline()
         self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
         self.runner.batch_done()
