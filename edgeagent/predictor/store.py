@@ -102,7 +102,7 @@ def load(path: Path) -> tuple[LatencyPredictor, dict[str, Any]]:
             width = int(state["s_stream.0.weight"].shape[0])  # the layers' width, as it was trained
             net = DualStream(len(flops) + (1 if variant == "features" else 0), width)
             net.load_state_dict(state)
-        except (RuntimeError, KeyError) as exc:
+        except (RuntimeError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise ValueError(f"{path}: weights do not fit a {len(flops)}-layer predictor ({exc})") from None
         net.eval()
         nets.append(net)

@@ -66,8 +66,9 @@ class DeviceTimes:
         self.adaptations = 0
         self._tables: dict[str, list[list[float]]] = {}
         self._adapted_on: dict[tuple[str, int, int], float] = {}  # the D^ the predictor was adapted on
-        self._windows: dict[tuple[str, int, int], int] = {}  # times observed per device and range, this h
-        self._raw: dict[tuple[str, int, int], float] = {}  # the last time as measured (before ``load``)
+        # Per device and range under this h: how many times were observed, and the last as measured
+        # (before ``load``).
+        self._observed: dict[tuple[str, int, int], tuple[int, float]] = {}
         self._lock = threading.Lock()
 
     def set_h(self, device: str, h: Sequence[float]) -> bool:
@@ -83,9 +84,8 @@ class DeviceTimes:
             self._tables.pop(device, None)
             for key in [k for k in self.samples if k[0] == device]:
                 del self.samples[key]  # measured under the old resources
-            for key in [k for k in self._windows if k[0] == device]:
-                del self._windows[key]
-                self._raw.pop(key, None)
+            for key in [k for k in self._observed if k[0] == device]:
+                del self._observed[key]
         return True
 
     def representative_samples(self, device: str) -> list[Sample]:
@@ -147,9 +147,9 @@ class DeviceTimes:
         with self._lock:
             seen = any(key[0] == device for key in self.samples)
             key = (device, start, end)
-            last = self._raw.get(key)
-            self._raw[key] = measured
-            windows = self._windows[key] = self._windows.get(key, 0) + 1
+            windows, last = self._observed.get(key, (0, None))
+            windows += 1
+            self._observed[key] = (windows, measured)
             self.samples[key] = Sample(start, end, self.h[device], alone)
             while len(self.samples) > self.max_samples:
                 del self.samples[next(iter(self.samples))]

@@ -152,7 +152,7 @@ class Estimation(Setup):
         holds for more than half of them. Empty when no gradient of this split carried them all."""
         stages = len(self.worker_list) - 1
         rows = [row for row in self.stage_history if len(row) == stages]
-        if not rows or stages < 1:
+        if stages < 1 or not rows:
             return []
         return [statistics.median(row[k] for row in rows) for k in range(stages)]
 
