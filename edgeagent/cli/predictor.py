@@ -54,15 +54,22 @@ def predictor() -> None:
     "--set", "which", type=click.Choice(["training", "heldout"]), default="training", show_default=True
 )
 @click.option("--reps", default=2, show_default=True, type=int, help="Least timed runs per window.")
+@click.option(
+    "--rounds",
+    default=collection.ROUNDS,
+    show_default=True,
+    type=click.IntRange(min=1, max=1000),
+    help="Windows per sub-model, interleaved; the fastest is its time.",
+)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The data set file.")
 @click.option("--resume", is_flag=True, help="Keep the configurations already in --out.")
 def collect_command(
-    model: str, in_shape: str, classes: int, which: str, reps: int, out: str, resume: bool
+    model: str, in_shape: str, classes: int, which: str, reps: int, rounds: int, out: str, resume: bool
 ) -> None:
     """Measure every sub-model under many resource configurations (one process each; root for quotas)."""
     spec = _spec(model, in_shape, classes)
     configs = collection.training_configs() if which == "training" else collection.held_out_configs()
-    summary = collection.collect(spec, configs, out, reps=reps, resume=resume)
+    summary = collection.collect(spec, configs, out, reps=reps, rounds=rounds, resume=resume)
     click.echo(
         f"{out}: {len(summary.collected)} configurations measured, {len(summary.reused)} kept, "
         f"{len(summary.skipped)} skipped, {len(summary.failed)} failed; {summary.samples} samples in "

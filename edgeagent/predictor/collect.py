@@ -116,13 +116,16 @@ def _sig(x: float) -> float:
     return float(f"{x:.7g}")  # seconds to 7 significant digits: far below the noise
 
 
-def measure_config(cfg: ResourceConfig, spec: ModelSpec, reps: int) -> dict[str, Any]:
+def measure_config(
+    cfg: ResourceConfig, spec: ModelSpec, reps: int, *, rounds: int = ROUNDS
+) -> dict[str, Any]:
     """Measure ``h`` and every sub-model's seconds in this process, under ``cfg``'s threads, batch size
-    and slowdown (its quota and cores are the parent's doing); the data set's record."""
+    and slowdown (its quota and cores are the parent's doing), each the fastest of ``rounds`` windows;
+    the data set's record."""
     torch.set_num_threads(cfg.threads)
     started, cpu_started, load_before = time.perf_counter(), time.process_time(), _load()
     model = ModelLayers.build(spec, cfg.batch_size)
-    timing = {"reps": reps, "rounds": ROUNDS}
+    timing = {"reps": reps, "rounds": rounds}
     char = characterise(model, budget=H_BUDGET, slowdown=cfg.slowdown, min_seconds=WINDOW, **timing)
     if not char.complete:
         raise RuntimeError(f"{cfg.name}: measured {len(char.h)} of h's {REPRESENTATIVES} in {H_BUDGET:g} s")
@@ -141,7 +144,7 @@ def measure_config(cfg: ResourceConfig, spec: ModelSpec, reps: int) -> dict[str,
         "seconds": [_sig(x) for x in seconds],
         "round_seconds": [[_sig(x) for x in w] for w in windows],  # each round's window, for the spread
         "reps": reps,
-        "rounds": ROUNDS,
+        "rounds": rounds,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "host": platform.node(),
@@ -202,13 +205,13 @@ def remove_groups(groups: Sequence[Path], root: Path = GROUP_ROOT) -> None:
 
 
 def child_command(
-    cfg: ResourceConfig, spec: ModelSpec, reps: int, out: Path, group: Path | None
+    cfg: ResourceConfig, spec: ModelSpec, reps: int, out: Path, group: Path | None, *, rounds: int = ROUNDS
 ) -> list[str]:
     """``[sh -c join group] [taskset -c cpus] python -m edgeagent.predictor.collect --child ...``."""
     cmd = [
         sys.executable, "-m", "edgeagent.predictor.collect",
         "--child", json.dumps(cfg.to_dict()), "--model", json.dumps(spec.to_dict()),
-        "--reps", str(reps), "--out", str(out),
+        "--reps", str(reps), "--rounds", str(rounds), "--out", str(out),
     ]  # fmt: skip
     if cfg.cpus is not None:
         cmd = ["taskset", "-c", cfg.cpus, *cmd]
@@ -303,7 +306,11 @@ def _machine() -> dict[str, Any]:
 
 
 def _provenance(
-    spec: ModelSpec, configs: Sequence[ResourceConfig], reps: int, summary: Summary, created_at: str
+    spec: ModelSpec,
+    configs: Sequence[ResourceConfig],
+    timing: tuple[int, int],
+    summary: Summary,
+    created_at: str,
 ) -> dict[str, Any]:
     return {
         "paper": "papers/004 Sec. 4.2: ~5,000 samples over 24 taskset configurations on three CPUs",
@@ -311,7 +318,7 @@ def _provenance(
         "batch size, emulated slowdown); seconds: the fastest of ROUNDS interleaved windows, a window "
         "the mean of back-to-back forward+backward runs over at least reps runs and WINDOW s after a "
         "warm-up",
-        "rounds": ROUNDS,
+        "rounds": timing[1],
         "window_seconds": WINDOW,
         "omp_wait_policy": OMP_WAIT_POLICY,
         "machine": _machine(),
@@ -320,7 +327,7 @@ def _provenance(
         "command": shlex.join(sys.argv),
         "model": spec.to_dict(),
         "model_key": model_key(spec),
-        "reps": reps,
+        "reps": timing[0],
         "configs": len(configs),
         "config_names": [c.name for c in configs],
         "cgroups": cgroup_problem() or f"cgroup v1 cpu, groups under {GROUP_ROOT}",
@@ -360,9 +367,9 @@ def _progress(enabled: bool) -> Progress:
     return Progress(*columns, console=console, disable=not enabled)
 
 
-def _reusable(record: Mapping[str, Any], cfg: ResourceConfig, reps: int) -> bool:
-    same = ResourceConfig.from_dict(record["config"]) == cfg and record["reps"] == reps
-    return same and record.get("rounds", 1) == ROUNDS
+def _reusable(record: Mapping[str, Any], cfg: ResourceConfig, timing: tuple[int, int]) -> bool:
+    same = ResourceConfig.from_dict(record["config"]) == cfg and record["reps"] == timing[0]
+    return same and record.get("rounds", 1) == timing[1]
 
 
 @contextlib.contextmanager
@@ -375,7 +382,12 @@ def _groups() -> Iterator[list[Path]]:
 
 
 def _measure_one(
-    cfg: ResourceConfig, spec: ModelSpec, reps: int, cgroups: str | None, made: list[Path], timeout: float
+    cfg: ResourceConfig,
+    spec: ModelSpec,
+    timing: tuple[int, int],
+    cgroups: str | None,
+    made: list[Path],
+    timeout: float,
 ) -> dict[str, Any]:
     group = None
     if cgroups is None:
@@ -383,7 +395,8 @@ def _measure_one(
         made.append(group)
     with tempfile.TemporaryDirectory(prefix="edgeagent-collect-") as tmp:
         out = Path(tmp) / "record.json"
-        return run_child(child_command(cfg, spec, reps, out, group), _child_env(cfg), out, timeout)
+        cmd = child_command(cfg, spec, timing[0], out, group, rounds=timing[1])
+        return run_child(cmd, _child_env(cfg), out, timeout)
 
 
 def collect(
@@ -392,6 +405,7 @@ def collect(
     out_path: str | Path,
     *,
     reps: int = 2,
+    rounds: int = ROUNDS,
     progress: bool = True,
     resume: bool = False,
     timeout: float = CHILD_TIMEOUT,
@@ -399,12 +413,15 @@ def collect(
     """Measure ``spec`` under every configuration, one child process each, into ``out_path``.
 
     The file is rewritten (atomically) after every configuration; with ``resume`` the records already
-    in it for an equal configuration and ``reps`` are kept and not measured again. A configuration that
-    cannot run here (a quota without root or cgroup v1, cores this machine lacks) is skipped with a
-    warning; a child that fails is reported and skipped. The cgroups made are removed at the end.
+    in it for an equal configuration, ``reps`` and ``rounds`` are kept and not measured again. A
+    configuration that cannot run here (a quota without root or cgroup v1, cores this machine lacks) is
+    skipped with a warning; a child that fails is reported and skipped. The cgroups made are removed at
+    the end.
     """
     _check_unique(configs)
     _positive_int(reps, "reps", 10_000)
+    _positive_int(rounds, "rounds", 1000)
+    timing = (reps, rounds)
     path = Path(out_path)
     summary = Summary(path)
     records, created_at = _previous(path, spec, resume)
@@ -414,9 +431,9 @@ def collect(
         task = bar.add_task("collecting", total=len(configs))
         for cfg in configs:
             bar.update(task, description=cfg.name)
-            _one(cfg, spec, reps, records, summary, cgroups, made, timeout)
+            _one(cfg, spec, timing, records, summary, cgroups, made, timeout)
             summary.samples = sum(len(r["seconds"]) for r in records)
-            provenance = _provenance(spec, configs, reps, summary, created_at)
+            provenance = _provenance(spec, configs, timing, summary, created_at)
             write_json_atomic(path, dumps_document(provenance, records))
             bar.advance(task)
     summary.seconds = time.monotonic() - started
@@ -426,7 +443,7 @@ def collect(
 def _one(
     cfg: ResourceConfig,
     spec: ModelSpec,
-    reps: int,
+    timing: tuple[int, int],
     records: list[dict[str, Any]],
     summary: Summary,
     cgroups: str | None,
@@ -435,7 +452,7 @@ def _one(
 ) -> None:
     """Reuse, skip or measure one configuration, updating ``records`` and ``summary``."""
     index = next((i for i, r in enumerate(records) if r["config"]["name"] == cfg.name), None)
-    if index is not None and _reusable(records[index], cfg, reps):
+    if index is not None and _reusable(records[index], cfg, timing):
         summary.reused.append(cfg.name)
         return
     reason = skip_reason(cfg, cgroups)
@@ -445,13 +462,13 @@ def _one(
         return
     began = time.monotonic()
     try:
-        record = _measure_one(cfg, spec, reps, cgroups, made, timeout)
+        record = _measure_one(cfg, spec, timing, cgroups, made, timeout)
     except (RuntimeError, OSError) as e:
         log.error("configuration %s failed, skipped: %s", cfg.name, e)
         summary.failed[cfg.name] = str(e).splitlines()[0]
         return
     if index is not None:
-        records[index] = record  # measured again: other reps or a changed configuration
+        records[index] = record  # measured again: other reps or rounds, or a changed configuration
     else:
         records.append(record)
     summary.collected.append(cfg.name)
@@ -470,6 +487,7 @@ def _parser() -> argparse.ArgumentParser:
         "--model", default=json.dumps(TARGET.to_dict()), help="model spec as JSON (default: %(default)s)"
     )
     p.add_argument("--reps", type=int, default=2, help="least timed runs per window (default: 2)")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="windows per sub-model (default: %(default)s)")
     p.add_argument("--out", required=True, help="data set file (parent) or record file (--child)")
     p.add_argument("--set", choices=("training", "heldout"), default="training", help="which configurations")
     p.add_argument("--resume", action="store_true", help="keep the configurations already in --out")
@@ -486,15 +504,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = ModelSpec.from_dict(json.loads(args.model))
     if args.child is not None:
         cfg = ResourceConfig.from_dict(json.loads(args.child))
-        record = measure_config(cfg, spec, args.reps)
+        record = measure_config(cfg, spec, args.reps, rounds=args.rounds)
         write_json_atomic(Path(args.out), json.dumps(record, sort_keys=True) + "\n")
         return 0
     from edgeagent.ops.logs import setup_logging
 
     setup_logging()
     configs = training_configs() if args.set == "training" else held_out_configs()
-    s = collect(spec, configs, args.out, reps=args.reps, progress=not args.no_progress, resume=args.resume,
-                timeout=args.timeout)  # fmt: skip
+    s = collect(spec, configs, args.out, reps=args.reps, rounds=args.rounds, progress=not args.no_progress,
+                resume=args.resume, timeout=args.timeout)  # fmt: skip
     log.info(
         "%s: %d measured, %d kept, %d skipped, %d failed; %d samples; %.0f s",
         s.path, len(s.collected), len(s.reused), len(s.skipped), len(s.failed), s.samples, s.seconds,

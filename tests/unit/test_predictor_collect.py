@@ -19,6 +19,7 @@ from edgeagent.predictor.collect import (
     config_name,
     dumps_document,
     held_out_configs,
+    load_document,
     load_records,
     parse_cpus,
     training_configs,
@@ -29,7 +30,9 @@ from edgeagent.predictor.submodels import all_ranges
 TINY = ModelSpec("mlp", (16,), 4, (("hidden", (8, 8)),))  # 3 layers, 6 sub-models
 
 
-def fake_record(cfg: ResourceConfig, spec: ModelSpec = TINY, reps: int = 1) -> dict[str, Any]:
+def fake_record(
+    cfg: ResourceConfig, spec: ModelSpec = TINY, reps: int = 1, rounds: int = collect_mod.ROUNDS
+) -> dict[str, Any]:
     ranges = all_ranges(3)
     return {
         "config": cfg.to_dict(),
@@ -42,8 +45,8 @@ def fake_record(cfg: ResourceConfig, spec: ModelSpec = TINY, reps: int = 1) -> d
         "ranges": [list(r) for r in ranges],
         "seconds": [1e-4 * (e - s) for s, e in ranges],
         "reps": reps,
-        "rounds": collect_mod.ROUNDS,
-        "round_seconds": [[1e-4 * (e - s)] * collect_mod.ROUNDS for s, e in ranges],
+        "rounds": rounds,
+        "round_seconds": [[1e-4 * (e - s)] * rounds for s, e in ranges],
         "torch": "2.x",
         "host": "test",
         "cpu": "test cpu",
@@ -169,7 +172,7 @@ def test_malformed_files_name_the_file_and_the_problem(tmp_path: Path, text: str
 def test_child_entry_point_measures_every_sub_model(tmp_path: Path) -> None:
     cfg = ResourceConfig.named(1, batch_size=4)
     out = tmp_path / "record.json"
-    cmd = collect_mod.child_command(cfg, TINY, 1, out, None)
+    cmd = collect_mod.child_command(cfg, TINY, 1, out, None, rounds=2)
     assert cmd[:3] == [sys.executable, "-m", "edgeagent.predictor.collect"]
     subprocess.run(cmd, check=True, timeout=60, env=collect_mod._child_env(cfg))
     record = json.loads(out.read_text())
@@ -179,7 +182,8 @@ def test_child_entry_point_measures_every_sub_model(tmp_path: Path) -> None:
     assert record["model_key"] == model_key(TINY)
     assert record["ranges"] == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
     assert len(record["h"]) == 10 and all(x > 0 for x in record["h"])
-    assert record["torch_threads"] == 1 and record["reps"] == 1
+    assert record["torch_threads"] == 1 and record["reps"] == 1 and record["rounds"] == 2
+    assert all(len(w) == 2 for w in record["round_seconds"])
     assert record["cpu"] and record["host"] is not None and record["measured_at"]
 
 
@@ -202,11 +206,13 @@ def test_quota_skipped_failure_reported_and_resume(tmp_path: Path, monkeypatch: 
     ok, bad, quota = ResourceConfig.named(1), ResourceConfig.named(2), ResourceConfig.named(1, cpu_quota=0.5)
     calls: list[str] = []
 
-    def fake_measure(cfg: ResourceConfig, *args: Any) -> dict[str, Any]:
+    def fake_measure(
+        cfg: ResourceConfig, spec: ModelSpec, timing: tuple[int, int], *args: Any
+    ) -> dict[str, Any]:
         calls.append(cfg.name)
         if cfg == bad:
             raise RuntimeError("exited with 1\nboom")
-        return fake_record(cfg)
+        return fake_record(cfg, reps=timing[0], rounds=timing[1])
 
     monkeypatch.setattr(collect_mod, "_measure_one", fake_measure)
     out = tmp_path / "data.json"
@@ -223,13 +229,19 @@ def test_quota_skipped_failure_reported_and_resume(tmp_path: Path, monkeypatch: 
     calls.clear()
     collect(TINY, [ok], out, reps=2, progress=False, resume=True)  # other reps: measured again
     assert calls == [ok.name]
+    calls.clear()
+    collect(TINY, [ok], out, reps=2, rounds=8, progress=False, resume=True)  # other rounds: again
+    assert calls == [ok.name] and load_document(out)["provenance"]["rounds"] == 8
+    calls.clear()
+    assert collect(TINY, [ok], out, reps=2, rounds=8, progress=False, resume=True).reused == [ok.name]
+    assert calls == []
     with pytest.raises(ValueError, match="cannot resume"):
         collect(ModelSpec("mlp", (8,), 4), [ok], out, reps=2, progress=False, resume=True)
 
 
 def test_child_failure_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        collect_mod, "child_command", lambda *a: [sys.executable, "-c", "import sys; sys.exit('boom')"]
+        collect_mod, "child_command", lambda *a, **k: [sys.executable, "-c", "import sys; sys.exit('boom')"]
     )
     monkeypatch.setattr(collect_mod, "cgroup_problem", lambda: "no cgroups in this test")
     summary = collect(TINY, [ResourceConfig.named(1)], tmp_path / "d.json", reps=1, progress=False)
