@@ -34,9 +34,9 @@
    (``--estimator predictor``, the DP's ties broken by ``--tie-break slack``; also with FTPipeHD's
    ``latest`` rule, and with the paper's drift rule ``--drift-rule paper``) and the oracle (the DP fed
    the true slowdowns from batch 0), in one run of this script. Goal: predictor >= 0.95x oracle and >= 4x
-   uniform. Figures (2026-11-26, 2-core VM, two invocations): predictor 0.95x and 1.03x oracle, 5.60x
-   and 4.72x uniform; FTPipeHD 0.74x and 0.78x; the paper's drift rule 0.74x and 0.66x (h measured 4
-   times against 2).
+   uniform. Figures (2026-11-26, 2-core VMs, three invocations): predictor 0.95x, 1.03x and 1.00x
+   oracle, 5.60x, 4.72x and 4.99x uniform; FTPipeHD 0.74x, 0.78x and 0.75x; the paper's drift rule
+   0.74x, 0.66x and 0.72x (h measured 4 times against 2).
 3. **Drift**: three equal devices, worker-1 becomes 5x slower at batch 60; the predictor's dynamic
    prediction sees the drift, asks for a new h and re-splits.
 """
