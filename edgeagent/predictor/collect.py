@@ -46,7 +46,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -77,6 +77,15 @@ ROUNDS = 4
 WINDOW = 0.25
 OMP_WAIT_POLICY = "PASSIVE"
 CHILD_TIMEOUT = 3600.0  # seconds one configuration may take before its child is killed
+
+
+class Timing(NamedTuple):
+    """How every sub-model is timed: ``rounds`` windows, each over at least ``reps`` runs."""
+
+    reps: int
+    rounds: int
+
+
 TARGET = ModelSpec("mobilenetv2", (1, 8, 8), 10)  # the digits-shaped MobileNetV2 (21 layers, M = 231)
 
 _JOIN = cgroups.JOIN  # the shell joins the cgroup, then execs the command
@@ -125,7 +134,7 @@ def measure_config(
     torch.set_num_threads(cfg.threads)
     started, cpu_started, load_before = time.perf_counter(), time.process_time(), _load()
     model = ModelLayers.build(spec, cfg.batch_size)
-    timing = {"reps": reps, "rounds": rounds}
+    timing = Timing(reps, rounds)._asdict()
     char = characterise(model, budget=H_BUDGET, slowdown=cfg.slowdown, min_seconds=WINDOW, **timing)
     if not char.complete:
         raise RuntimeError(f"{cfg.name}: measured {len(char.h)} of h's {REPRESENTATIVES} in {H_BUDGET:g} s")
@@ -308,7 +317,7 @@ def _machine() -> dict[str, Any]:
 def _provenance(
     spec: ModelSpec,
     configs: Sequence[ResourceConfig],
-    timing: tuple[int, int],
+    timing: Timing,
     summary: Summary,
     created_at: str,
 ) -> dict[str, Any]:
@@ -318,7 +327,7 @@ def _provenance(
         "batch size, emulated slowdown); seconds: the fastest of ROUNDS interleaved windows, a window "
         "the mean of back-to-back forward+backward runs over at least reps runs and WINDOW s after a "
         "warm-up",
-        "rounds": timing[1],
+        "rounds": timing.rounds,
         "window_seconds": WINDOW,
         "omp_wait_policy": OMP_WAIT_POLICY,
         "machine": _machine(),
@@ -327,7 +336,7 @@ def _provenance(
         "command": shlex.join(sys.argv),
         "model": spec.to_dict(),
         "model_key": model_key(spec),
-        "reps": timing[0],
+        "reps": timing.reps,
         "configs": len(configs),
         "config_names": [c.name for c in configs],
         "cgroups": cgroup_problem() or f"cgroup v1 cpu, groups under {GROUP_ROOT}",
@@ -367,9 +376,9 @@ def _progress(enabled: bool) -> Progress:
     return Progress(*columns, console=console, disable=not enabled)
 
 
-def _reusable(record: Mapping[str, Any], cfg: ResourceConfig, timing: tuple[int, int]) -> bool:
-    same = ResourceConfig.from_dict(record["config"]) == cfg and record["reps"] == timing[0]
-    return same and record.get("rounds", 1) == timing[1]
+def _reusable(record: Mapping[str, Any], cfg: ResourceConfig, timing: Timing) -> bool:
+    same = ResourceConfig.from_dict(record["config"]) == cfg and record["reps"] == timing.reps
+    return same and record.get("rounds", 1) == timing.rounds
 
 
 @contextlib.contextmanager
@@ -384,7 +393,7 @@ def _groups() -> Iterator[list[Path]]:
 def _measure_one(
     cfg: ResourceConfig,
     spec: ModelSpec,
-    timing: tuple[int, int],
+    timing: Timing,
     cgroups: str | None,
     made: list[Path],
     timeout: float,
@@ -395,7 +404,7 @@ def _measure_one(
         made.append(group)
     with tempfile.TemporaryDirectory(prefix="edgeagent-collect-") as tmp:
         out = Path(tmp) / "record.json"
-        cmd = child_command(cfg, spec, timing[0], out, group, rounds=timing[1])
+        cmd = child_command(cfg, spec, timing.reps, out, group, rounds=timing.rounds)
         return run_child(cmd, _child_env(cfg), out, timeout)
 
 
@@ -421,7 +430,7 @@ def collect(
     _check_unique(configs)
     _positive_int(reps, "reps", 10_000)
     _positive_int(rounds, "rounds", 1000)
-    timing = (reps, rounds)
+    timing = Timing(reps, rounds)
     path = Path(out_path)
     summary = Summary(path)
     records, created_at = _previous(path, spec, resume)
@@ -443,7 +452,7 @@ def collect(
 def _one(
     cfg: ResourceConfig,
     spec: ModelSpec,
-    timing: tuple[int, int],
+    timing: Timing,
     records: list[dict[str, Any]],
     summary: Summary,
     cgroups: str | None,
@@ -527,6 +536,7 @@ __all__ = [
     "TARGET",
     "ResourceConfig",
     "Summary",
+    "Timing",
     "cgroup_problem",
     "check_record",
     "child_command",

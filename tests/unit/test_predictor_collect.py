@@ -207,12 +207,12 @@ def test_quota_skipped_failure_reported_and_resume(tmp_path: Path, monkeypatch: 
     calls: list[str] = []
 
     def fake_measure(
-        cfg: ResourceConfig, spec: ModelSpec, timing: tuple[int, int], *args: Any
+        cfg: ResourceConfig, spec: ModelSpec, timing: collect_mod.Timing, *args: Any
     ) -> dict[str, Any]:
         calls.append(cfg.name)
         if cfg == bad:
             raise RuntimeError("exited with 1\nboom")
-        return fake_record(cfg, reps=timing[0], rounds=timing[1])
+        return fake_record(cfg, reps=timing.reps, rounds=timing.rounds)
 
     monkeypatch.setattr(collect_mod, "_measure_one", fake_measure)
     out = tmp_path / "data.json"
