@@ -182,12 +182,15 @@ def test_ours_tries_n_in_the_first_epoch_and_keeps_the_fastest(mosquitto_url: st
     the server cuts every iteration by it (no mini-batch is refused), each device reports every
     iteration's seconds, and the next epoch runs the N the trial measured fastest, at the same P."""
     paths = shards(tmp_path, dataset="digits28")  # PiPar's VGG-5 on 28x28, slow devices, 4G+ uplinks
+    # 16x slower devices: the estimate splits the model (P = 2, N 4-5, about 5.0 s an epoch against FL's
+    # 6.9 s). At 8x the two were within 3 % of each other and FL (N = 1: nothing to try) won one run in
+    # three.
     report, _ = run(
         mosquitto_url,
         paths,
         epochs=2,
         splitfed_plan="ours",
-        slowdowns=[8.0, 8.0],
+        slowdowns=[16.0, 16.0],
         links=[20.0, 20.0],
         model="vgg5",
         dataset="digits28",
