@@ -6,6 +6,9 @@ sub-models predicted within ±5 % and ±10 % by
 * the predictor as pre-trained, and after the adaptive update with 2, 4 and 8 samples of that
   configuration (the paper's protocol: the samples are the device's representative sub-models, which
   ``h`` already measured; the sub-models used are left out of the test set);
+* ours after 2, 4 and 8 samples: the pre-trained predictor with the per-layer correction
+  (:mod:`.correction`) fitted on a tiling of the model into that many ranges, measured on that
+  configuration (the ranges used are left out of the test set);
 * FLOPs-linear, the per-layer look-up table and FTPipeHD's capacity ratio, on the same sub-models.
 """
 
@@ -17,6 +20,7 @@ from typing import Any
 
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
+from edgeagent.predictor.correction import Correction, tiling
 from edgeagent.predictor.measure import best_window
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import record_h
@@ -101,6 +105,14 @@ def evaluate(
             adapted = predictor.adapt([Sample(a, b, h, times[(a, b)]) for a, b in used], steps=adapt_steps)
             test = [r for r in ranges if r not in used]
             local.add(f"predictor+{k}", adapted.predict(test, h), [times[r] for r in test])
+        predicted = dict(zip(ranges, predictor.predict(ranges, h), strict=True))
+        singles = [predicted[(j, j + 1)] for j in range(n)]
+        for k in ADAPT_SAMPLES:
+            tiles = tiling(n, k)
+            fit = Correction.fit(singles, [(r, predicted[r], times[r]) for r in tiles])
+            test = [r for r in ranges if r not in tiles]
+            corrected = [predicted[r] * fit.factor(*r) for r in test]
+            local.add(f"corrected+{k}", corrected, [times[r] for r in test])
         local.add("flops-linear", flops_linear(predictor.layer_flops, h, ranges), measured)
         local.add("lookup-table", lookup_table(_layer_times(times, n), ranges), measured)
         reference = _times(reference_record(training, int(record["batch_size"])))
