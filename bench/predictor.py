@@ -155,6 +155,7 @@ def runs(results: dict[str, Any], epochs: int) -> None:
         "FTPipeHD (capacity)": ("dynamic", "capacity", {}),
         "AccEPT, DP ties latest": ("dynamic", "predictor", {"tie_break": "latest"}),
         "AccEPT, paper's drift": ("dynamic", "predictor", {"drift_rule": "paper"}),
+        "AccEPT, no tiles": ("dynamic", "predictor", {"correction": "none"}),
         "AccEPT (predictor)": ("dynamic", "predictor", {}),
         "oracle": ("oracle", "capacity", {}),
     }
@@ -188,11 +189,13 @@ def runs(results: dict[str, Any], epochs: int) -> None:
     acc = reports["AccEPT (predictor)"].samples_per_second
     latest = reports["AccEPT, DP ties latest"].samples_per_second
     paper_drift = reports["AccEPT, paper's drift"].samples_per_second
+    untiled = reports["AccEPT, no tiles"].samples_per_second
     print(
         f"   predictor / oracle = {acc / ora:.2f} (goal >= 0.95); "
         f"predictor / uniform = {acc / uni:.2f} (goal >= 4); "
         f"DP ties slack / latest (FTPipeHD's rule) = {acc / latest:.2f}; "
-        f"drift rule changed / paper = {acc / paper_drift:.2f}"
+        f"drift rule changed / paper = {acc / paper_drift:.2f}; "
+        f"tile correction / none = {acc / untiled:.2f}"
     )
     for name, r in reports.items():
         if r.characterisations:

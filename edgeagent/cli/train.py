@@ -163,6 +163,12 @@ def train_options(f: F) -> F:
             "one on that range (a standing gap is the predictor's error, which its adaptive update closes).",
         ),
         click.option(
+            "--correction",
+            type=click.Choice(["tiles", "none"]),
+            help="Predictor: correct each device's predicted layer times by the 8 contiguous ranges it "
+            "measures with its h (tiles, the default; ours) or not (none: the paper's predictor).",
+        ),
+        click.option(
             "--tie-break",
             type=click.Choice(["latest", "slack"]),
             help="Pipeline split among those with the best predicted step T*: latest (FTPipeHD's DP, the "
@@ -280,6 +286,7 @@ _CENTRAL_KEYS = (
     "estimator",
     "epsilon",
     "drift_rule",
+    "correction",
     "tie_break",
     "tie_tolerance",
     "repartition_first",

@@ -135,7 +135,9 @@ def measure_config(
     started, cpu_started, load_before = time.perf_counter(), time.process_time(), _load()
     model = ModelLayers.build(spec, cfg.batch_size)
     timing = Timing(reps, rounds)._asdict()
-    char = characterise(model, budget=H_BUDGET, slowdown=cfg.slowdown, min_seconds=WINDOW, **timing)
+    char = characterise(
+        model, budget=H_BUDGET, slowdown=cfg.slowdown, min_seconds=WINDOW, tiles=False, **timing
+    )
     if not char.complete:
         raise RuntimeError(f"{cfg.name}: measured {len(char.h)} of h's {REPRESENTATIVES} in {H_BUDGET:g} s")
     ranges = all_ranges(model.num_layers)

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes, num_layers
+from edgeagent.predictor.correction import tiling
 from edgeagent.predictor.submodels import Range, representative
 from edgeagent.runtime.compute import Clock, emulated_duration
 
@@ -141,6 +142,9 @@ class Characterisation:
     batch_size: int
     h: tuple[float, ...]  # seconds per representative sub-model; fewer than 10 if the budget ran out
     seconds: float
+    # seconds per range of the tiling (edgeagent.predictor.correction.tiling), measured with h for the
+    # per-layer correction; empty when not measured or the budget ran out first
+    tiles: tuple[float, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -155,23 +159,30 @@ def characterise(
     slowdown: float = 1.0,
     rounds: int = 1,
     min_seconds: float = MIN_WINDOW,
+    tiles: bool = True,
 ) -> Characterisation:
-    """Measure ``h`` on this device, stopping after ``budget`` seconds (what was not reached is missing).
-    With ``rounds`` > 1 each representative's time is the fastest of that many interleaved windows (see
-    :func:`measure_rounds`, :func:`best_window`)."""
+    """Measure ``h`` on this device, stopping after ``budget`` seconds (what was not reached is missing),
+    and with ``tiles`` the ranges of the model's tiling after it (one more pass of the whole model; kept
+    only if every tile was reached). With ``rounds`` > 1 each time is the fastest of that many interleaved
+    windows (see :func:`measure_rounds`, :func:`best_window`)."""
     started = time.perf_counter()
+    chosen = representative(model.flops)
+    tiled = tiling(model.num_layers) if tiles else []
     windows = measure_rounds(
         model,
-        representative(model.flops),
+        [*chosen, *tiled],
         rounds=rounds,
         reps=reps,
         slowdown=slowdown,
         min_seconds=min_seconds,
         budget=budget,
     )
-    h = [best_window(w) for w in windows if w]
+    h = [best_window(w) for w in windows[: len(chosen)] if w]
+    measured = tuple(best_window(w) for w in windows[len(chosen) :] if w)
     key = model_key(model.spec)
-    return Characterisation(key, model.batch_size, tuple(h), time.perf_counter() - started)
+    took = time.perf_counter() - started
+    complete = len(measured) == len(tiled)
+    return Characterisation(key, model.batch_size, tuple(h), took, measured if complete else ())
 
 
 def measure_rounds(

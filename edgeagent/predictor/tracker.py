@@ -1,7 +1,8 @@
 """Dynamic prediction and adaptive update during a run (papers/004 Sec. 3.2), as policy without I/O.
 
 The central node keeps one :class:`DeviceTimes`: every device's ``h`` (from its announcement), the
-predicted seconds of every contiguous layer range on it (the DP's tables, eq. 10), and the measured
+predicted seconds of every contiguous layer range on it (the DP's tables, eq. 10; with ``correction``,
+corrected per layer by the tiling the device measured with its ``h``, :mod:`.correction`), and the measured
 stage times that ride with the gradients. :meth:`DeviceTimes.observe` compares a measured time with the
 prediction: beyond ``epsilon`` (relative) the device's computing resources changed and its ``h`` should
 be measured again (the caller asks the device). Every observation is also a sample of ``D^``;
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from edgeagent.predictor.correction import Correction, tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.submodels import REPRESENTATIVES, representative
 
@@ -52,6 +54,7 @@ class DeviceTimes:
         epsilon: float = 0.1,
         max_samples: int = 64,
         drift: DriftRule = "changed",
+        correction: bool = True,
     ) -> None:
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise ValueError(f"epsilon {epsilon} must be a finite number > 0 (a share, e.g. 0.1 for 10 %)")
@@ -61,7 +64,9 @@ class DeviceTimes:
         self.epsilon = epsilon
         self.drift = drift
         self.max_samples = max_samples
+        self.correction = correction
         self.h: dict[str, tuple[float, ...]] = {}
+        self.tiles: dict[str, tuple[float, ...]] = {}  # the tiling's seconds, measured with h
         self.samples: dict[tuple[str, int, int], Sample] = {}  # D^: the latest per device and range
         self.adaptations = 0
         self._tables: dict[str, list[list[float]]] = {}
@@ -71,16 +76,23 @@ class DeviceTimes:
         self._observed: dict[tuple[str, int, int], tuple[int, float]] = {}
         self._lock = threading.Lock()
 
-    def set_h(self, device: str, h: Sequence[float]) -> bool:
-        """Take ``device``'s new ``h``; False (ignored) unless it is ten finite positive seconds that differ
-        from the ones it has. Samples measured under the old ``h`` are dropped."""
+    def set_h(self, device: str, h: Sequence[float], tiles: Sequence[float] = ()) -> bool:
+        """Take ``device``'s new ``h`` and the tiling's seconds measured with it (unused unless one finite
+        positive time per range of the tiling); False (ignored) unless ``h`` is ten finite positive
+        seconds that differ from the ones it has. Samples measured under the old ``h`` are dropped."""
         if not valid_h(h):
             return False
         values = tuple(float(v) for v in h)
+        tiled = tuple(float(v) for v in tiles)
+        if len(tiled) != len(tiling(self.predictor.num_layers)) or not all(
+            math.isfinite(v) and v > 0 for v in tiled
+        ):
+            tiled = ()
         with self._lock:
             if self.h.get(device) == values:
                 return False  # the same announcement again (discovery asks every 2 s)
             self.h[device] = values
+            self.tiles[device] = tiled
             self._tables.pop(device, None)
             for key in [k for k in self.samples if k[0] == device]:
                 del self.samples[key]  # measured under the old resources
@@ -102,10 +114,15 @@ class DeviceTimes:
         with self._lock:
             cached = self._tables.get(device)
             h = self.h.get(device)
+            tiles = self.tiles.get(device, ())
             predictor = self.predictor
         if cached is not None or h is None:
             return cached
         table = predictor.table(h)
+        if self.correction and tiles:
+            ranges = tiling(len(table))
+            samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in zip(ranges, tiles, strict=True)]
+            table = Correction.fit([row[0] for row in table], samples).apply(table)
         with self._lock:
             if self.predictor is predictor and self.h.get(device) == h:
                 self._tables[device] = table

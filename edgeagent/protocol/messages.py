@@ -95,6 +95,8 @@ class Message:
 MAX_H = 10
 """Entries of ``Announce.h`` at most: the representative sub-models of papers/004 Sec. 3.2
 (``edgeagent.predictor.submodels.REPRESENTATIVES``)."""
+MAX_TILES = 64
+"""Entries of ``Announce.tiles`` at most (``edgeagent.predictor.correction.tiling``: 8 ranges)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,14 +147,20 @@ class Announce(Message):
     h_key: str = ""
     h_batch: int = 0
     h_seconds: float = 0.0
+    # Seconds of each range of the model's tiling, measured with h (the per-layer correction); empty: not
+    # measured.
+    tiles: list[float] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         where = f"announce of {self.device_id!r}"
         if len(self.h) > MAX_H:
             raise ProtocolError(f"{where}: h has {len(self.h)} entries, at most {MAX_H}")
-        bad = [x for x in self.h if not (math.isfinite(x) and x >= 0)]
-        if bad:
-            raise ProtocolError(f"{where}: h must hold finite seconds >= 0, got {bad[0]}")
+        if len(self.tiles) > MAX_TILES:
+            raise ProtocolError(f"{where}: tiles has {len(self.tiles)} entries, at most {MAX_TILES}")
+        for name, values in (("h", self.h), ("tiles", self.tiles)):
+            bad = [x for x in values if not (math.isfinite(x) and x >= 0)]
+            if bad:
+                raise ProtocolError(f"{where}: {name} must hold finite seconds >= 0, got {bad[0]}")
         if not (math.isfinite(self.h_seconds) and self.h_seconds >= 0) or self.h_batch < 0:
             raise ProtocolError(
                 f"{where}: h_seconds {self.h_seconds} and h_batch {self.h_batch} must be finite and >= 0"

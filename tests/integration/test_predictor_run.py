@@ -43,6 +43,8 @@ def test_a_workers_h_makes_the_first_split_differ_from_the_equal_split(
     devices = {c["device"]: c for c in report["characterisations"] if c["batch"] == 0}
     assert set(devices) == {"worker-1", "worker-2"}
     assert sum(devices["worker-2"]["h"]) > 3 * sum(devices["worker-1"]["h"])
+    # With it, each measured the model's tiling (8 ranges), which corrects its predicted layer times.
+    assert all(len(c["tiles"]) == 8 and min(c["tiles"]) > 0 for c in devices.values()), devices
     # The 20x slower last stage gets fewer layers than under the equal split.
     assert first != equal
     assert first[-1] - first[-2] < equal[-1] - equal[-2]

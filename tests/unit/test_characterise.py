@@ -42,13 +42,14 @@ def test_the_new_fields_and_characterise_round_trip() -> None:
         Discover(run_id="r", model=MODEL, batch_size=32),
         Announce(device_id="w1", h=H, h_key=model_key(SPEC), h_batch=32, h_seconds=0.5),
         Announce(device_id="w1", h=H[:3], h_key="k", h_batch=1, h_seconds=60.2),  # the budget ran out
+        Announce(device_id="w1", h=H, h_key="k", h_batch=8, h_seconds=0.7, tiles=[0.002] * 8),
         Characterise(run_id="r", device="w1", model=MODEL, batch_size=8),
     ]
     for msg in messages:
         assert decode(encode(msg, sender="x")) == ("x", msg)
     assert COMMAND_TYPES["characterise"] is Characterise
     assert MAX_H == REPRESENTATIVES
-    wire = json.loads(encode(messages[3], sender="central"))
+    wire = json.loads(encode(messages[-1], sender="central"))
     assert wire["b"] == {
         "run_id": "r",
         "name": "characterise",
@@ -65,6 +66,7 @@ def test_older_messages_decode_with_the_defaults() -> None:
     _, announce = decode(_raw("announce", {"device_id": "w1", "threads": 2}))
     assert isinstance(announce, Announce)
     assert (announce.h, announce.h_key, announce.h_batch, announce.h_seconds) == ([], "", 0, 0.0)
+    assert announce.tiles == []
 
 
 ANNOUNCED = {"device_id": "w1", "h": H, "h_key": "k", "h_batch": 8, "h_seconds": 1.0}
@@ -85,6 +87,9 @@ BAD = [
         r"h_seconds -1\.0 .* must be finite and >= 0",
     ),
     ("h-batch", "announce", {**ANNOUNCED, "h_batch": -2}, r"h_batch -2 must be finite and >= 0"),
+    ("tiles-negative", "announce", {**ANNOUNCED, "tiles": [0.1, -0.2]}, r"'w1': tiles must hold finite"),
+    ("tiles-65", "announce", {**ANNOUNCED, "tiles": [0.1] * 65}, r"'w1': tiles has 65 entries, at most 64"),
+    ("tiles-str", "announce", {**ANNOUNCED, "tiles": "8"}, r"announce\.tiles: expected a list, got str"),
     ("h-no-key", "announce", {**ANNOUNCED, "h_key": ""}, r"h without the model \(h_key\) and batch size"),
     ("h-key-int", "announce", {**ANNOUNCED, "h_key": 5}, r"announce\.h_key: expected str"),
     (
@@ -186,6 +191,7 @@ def test_worker_measures_h_once_per_model_and_again_when_asked(caplog: pytest.Lo
     with caplog.at_level(logging.INFO, logger="edgeagent.roles.worker.characterise"):
         first = device.announced(Discover(run_id="r", model=MODEL, batch_size=8))
     assert len(first.h) == 10 and all(x > 0 for x in first.h)
+    assert len(first.tiles) == 6 and all(x > 0 for x in first.tiles)  # the 6-layer MLP: 6 tiles of one
     assert (first.h_key, first.h_batch, first.busy_with) == (model_key(SPEC), 8, "")
     assert 0 < first.h_seconds < 30
     line = re.compile(r"w1: measured h for mlp at batch 8 in \d+\.\d\d s \(10 sub-models, [\d.]+-[\d.]+ ms\)")

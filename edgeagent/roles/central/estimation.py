@@ -60,7 +60,12 @@ class Estimation(Setup):
                 len(self.param_bytes),
             )
             return None
-        times = DeviceTimes(predictor, epsilon=self.config.epsilon, drift=self.config.drift_rule)
+        times = DeviceTimes(
+            predictor,
+            epsilon=self.config.epsilon,
+            drift=self.config.drift_rule,
+            correction=self.config.correction == "tiles",
+        )
         for device in self.worker_list[1:]:
             self._take_h(times, self.announced.get(device))
         missing = [d for d in self.worker_list[1:] if not times.known(d)]
@@ -72,21 +77,23 @@ class Estimation(Setup):
         """Take a device's ``h`` if it was measured for this run's model and batch size."""
         if msg is None or msg.h_key != model_key(self.spec) or msg.h_batch != self.train.batch_size:
             return False
-        if not times.set_h(msg.device_id, msg.h):
+        if not times.set_h(msg.device_id, msg.h, msg.tiles):
             return False
         self.characterisations.append(
             {
                 "device": msg.device_id,
                 "h": [round(v, 6) for v in msg.h],
+                "tiles": [round(v, 6) for v in times.tiles.get(msg.device_id, ())],
                 "seconds": round(msg.h_seconds, 3),
                 "batch": len(self.report.timeline) if self.train_started else 0,
             }
         )
         log.info(
-            "%s: h %.1f-%.1f ms (measured in %.1f s)",
+            "%s: h %.1f-%.1f ms, %d tiles (measured in %.1f s)",
             msg.device_id,
             1e3 * min(msg.h),
             1e3 * max(msg.h),
+            len(times.tiles.get(msg.device_id, ())),
             msg.h_seconds,
         )
         return True

@@ -108,7 +108,8 @@ def announced(h: Characterisation | None) -> dict[str, Any]:
     """The ``Announce`` fields of ``h`` (none: the defaults, not measured)."""
     if h is None:
         return {}
-    return {"h": list(h.h), "h_key": h.key, "h_batch": h.batch_size, "h_seconds": h.seconds}
+    fields = {"h": list(h.h), "h_key": h.key, "h_batch": h.batch_size, "h_seconds": h.seconds}
+    return {**fields, "tiles": list(h.tiles)}
 
 
 __all__ = ["Characteriser", "announced", "describe"]
