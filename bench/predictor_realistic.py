@@ -42,8 +42,9 @@ about 5 s each); ``--link-epochs 2`` (accuracies in part 2 above chance) about 1
 Per scenario:
 
 1. **LP vs FTPipeHD** on loopback links: ``--estimator predictor`` (every worker measures ``h`` when it
-   is discovered, the first split already uses predicted per-device times) against ``--estimator
-   capacity`` (FTPipeHD: the equal split, re-split from measured capacities after 10 batches, then every
+   is discovered, with the tiling that corrects the predictor per layer, and the first split already
+   uses predicted per-device times), the same without the tiles (``--correction none``: the paper's
+   predictor), and ``--estimator capacity`` (FTPipeHD: the equal split, re-split from measured capacities after 10 batches, then every
    100). Printed: samples/s over the run (``report.samples_per_second``: training time, evaluation
    out) and from the capacity run's first re-split on (its re-split batch + the batches in flight + 5,
    both runs over the same batches: the better split alone, without the better start), the ratio, the
@@ -156,11 +157,14 @@ def run(
     compression: str = "none",
     link: float = 0.0,
     max_batches: int | None = None,
+    correction: str = "tiles",
 ) -> RunReport:
     train = TrainConfig(
         model=MODEL, dataset=DATASET, batch_size=BATCH, epochs=epochs, max_batches=max_batches
     )
-    config = CentralConfig(train=train, progress=False, estimator=estimator, compression=compression)
+    config = CentralConfig(
+        train=train, progress=False, estimator=estimator, compression=compression, correction=correction
+    )
     return run_demo(
         config,
         workers=2,
@@ -253,10 +257,14 @@ def attempt(scenario: Scenario, estimator: str, **kw: Any) -> RunReport | str:
 
 def estimators(scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
     """Part 1: LP vs FTPipeHD on loopback links."""
-    lp = attempt(scenario, "predictor", epochs=args.epochs, max_batches=args.max_batches)
-    ftp = attempt(scenario, "capacity", epochs=args.epochs, max_batches=args.max_batches)
+    cut = {"epochs": args.epochs, "max_batches": args.max_batches}
+    lp = attempt(scenario, "predictor", **cut)
+    plain = attempt(scenario, "predictor", correction="none", **cut)
+    ftp = attempt(scenario, "capacity", **cut)
     done = isinstance(lp, RunReport) and isinstance(ftp, RunReport)
     result = pair(lp, ftp) if isinstance(lp, RunReport) and isinstance(ftp, RunReport) else {}
+    if isinstance(plain, RunReport) and isinstance(ftp, RunReport):
+        result["untiled"] = pair(plain, ftp)
     start = result.get("from_batch", 0)
     batches = f", {ftp.batches} batches" if isinstance(ftp, RunReport) else ""
     print(
@@ -267,12 +275,17 @@ def estimators(scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
         f"  {'estimator':<21}{'samples/s':>10}{f'from b{start}':>10}{'final acc':>10}  first split, re-split"
     )
     runs: dict[str, Any] = {}
-    for name, asked, r in (("LP (AccEPT)", "predictor", lp), ("FTPipeHD (capacity)", "capacity", ftp)):
+    for name, asked, r in (
+        ("LP (AccEPT)", "predictor", lp),
+        ("LP, no tiles", "predictor", plain),
+        ("FTPipeHD (capacity)", "capacity", ftp),
+    ):
+        key = "predictor-untiled" if r is plain else asked
         if isinstance(r, str):
-            runs[asked] = {"failed": r}
+            runs[key] = {"failed": r}
             print(f"  {name:<21}FAILED: {r}")
             continue
-        runs[asked] = {**summary(r), "samples_per_second_from": rate_from(r, start)}
+        runs[key] = {**summary(r), "samples_per_second_from": rate_from(r, start)}
         from_text = f"{rate_from(r, start):>10.1f}" if done else f"{'-':>10}"
         print(
             f"  {name:<21}{r.samples_per_second:>10.1f}{from_text}"
@@ -341,6 +354,10 @@ def table(results: dict[str, dict[str, Any]]) -> None:
             )
             ours = f"{e['ratio']:>10.2f}x{e['ratio_from']:>9.2f}x" if "ratio" in e else f"{'failed':>20}"
             print(f"{'LP':<20}{name:>4}{'loopback':>10}{ours}  {paper}")
+            if "untiled" in e:
+                u = e["untiled"]
+                ours = f"{u['ratio']:>10.2f}x{u['ratio_from']:>9.2f}x"
+                print(f"{'LP, no tiles':<20}{name:>4}{'loopback':>10}{ours}  (the paper's predictor)")
         for link, row in res.get("links", {}).items():
             paper = paper_ratio(PAPER_ACCEPT.get((name, float(link))))
             ours = f"{row['ratio']:>9.2f}x{row['ratio_from']:>9.2f}x" if "ratio" in row else f"{'failed':>20}"
