@@ -194,7 +194,9 @@ def test_worker_measures_h_once_per_model_and_again_when_asked(caplog: pytest.Lo
     assert len(first.tiles) == 6 and all(x > 0 for x in first.tiles)  # the 6-layer MLP: 6 tiles of one
     assert (first.h_key, first.h_batch, first.busy_with) == (model_key(SPEC), 8, "")
     assert 0 < first.h_seconds < 30
-    line = re.compile(r"w1: measured h for mlp at batch 8 in \d+\.\d\d s \(10 sub-models, [\d.]+-[\d.]+ ms\)")
+    line = re.compile(
+        r"w1: measured h for mlp at batch 8 in \d+\.\d\d s \(10 sub-models, [\d.]+-[\d.]+ ms; 6 tiles\)"
+    )
     assert [r.getMessage() for r in caplog.records if line.fullmatch(r.getMessage())], caplog.text
     assert torch.get_num_threads() == threads  # measured with the worker's threads, then restored
 

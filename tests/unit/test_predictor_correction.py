@@ -1,9 +1,12 @@
-"""The per-layer correction from a few measured sub-models (edgeagent.predictor.correction), pure."""
+"""The per-layer correction from a few measured sub-models (edgeagent.predictor.correction) and the central
+node taking the tiles a worker announced; no broker, no processes."""
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,8 +15,12 @@ from edgeagent.predictor.baselines import within
 from edgeagent.predictor.correction import Correction, tiling
 from edgeagent.predictor.dataset import load_records
 from edgeagent.predictor.evaluate import evaluate
+from edgeagent.predictor.measure import model_key
 from edgeagent.predictor.store import shipped
 from edgeagent.predictor.submodels import all_ranges
+from edgeagent.predictor.tracker import DeviceTimes
+from edgeagent.protocol.messages import Announce
+from edgeagent.roles.central.estimation import Estimation
 
 DATA = Path(__file__).resolve().parents[2] / "edgeagent" / "predictor" / "data"
 
@@ -82,3 +89,29 @@ def test_eight_tiles_beat_the_papers_eight_samples_on_the_unseen_machine() -> No
     mean = {method: ten for method, (_five, ten) in scores.mean().items()}
     assert mean["corrected+8"] > mean["predictor"] + 0.03
     assert mean["corrected+8"] > mean["lookup-table"]
+
+
+def test_the_central_node_takes_the_tiles_and_says_when_they_do_not_fit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spec = ModelSpec("mobilenetv2", (1, 8, 8), 10)
+    predictor = shipped(spec)
+    assert predictor is not None
+    node = SimpleNamespace(
+        spec=spec,
+        train=SimpleNamespace(batch_size=32),
+        characterisations=[],
+        report=SimpleNamespace(timeline=[]),
+        train_started=False,
+    )
+    times = DeviceTimes(predictor)
+    h = [0.001 * (k + 1) for k in range(10)]
+    short = Announce(device_id="w1", h=h, h_key=model_key(spec), h_batch=32, tiles=[0.004] * 7)
+    with caplog.at_level(logging.WARNING):
+        assert Estimation._take_h(node, times, short)  # type: ignore[arg-type]
+    assert "w1 announced 7 tile times that do not fit this model's tiling (need 8" in caplog.text
+    assert times.tiles["w1"] == () and node.characterisations[-1]["tiles"] == []
+    good = Announce(device_id="w2", h=h, h_key=model_key(spec), h_batch=32, tiles=[0.004] * 8)
+    assert Estimation._take_h(node, times, good)  # type: ignore[arg-type]
+    assert node.characterisations[-1]["tiles"] == [0.004] * 8
+    assert times.table("w2") != predictor.table(tuple(h))  # corrected by them

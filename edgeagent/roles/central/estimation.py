@@ -16,6 +16,7 @@ import logging
 import statistics
 import time
 
+from edgeagent.predictor.correction import tiling
 from edgeagent.predictor.measure import model_key
 from edgeagent.predictor.store import shipped, shipped_path
 from edgeagent.predictor.tracker import DeviceTimes
@@ -79,6 +80,14 @@ class Estimation(Setup):
             return False
         if not times.set_h(msg.device_id, msg.h, msg.tiles):
             return False
+        if msg.tiles and not times.tiles.get(msg.device_id):
+            log.warning(
+                "%s announced %d tile times that do not fit this model's tiling (need %d finite times > 0): "
+                "its predicted times go uncorrected (is the worker's edgeagent the same version?)",
+                msg.device_id,
+                len(msg.tiles),
+                len(tiling(times.predictor.num_layers)),
+            )
         self.characterisations.append(
             {
                 "device": msg.device_id,

@@ -101,6 +101,8 @@ def describe(device_id: str, model_name: str, h: Characterisation) -> str:
     count = f"{len(h.h)} sub-models" if h.complete else f"{len(h.h)} of {REPRESENTATIVES} sub-models"
     if h.h:
         count += f", {1e3 * min(h.h):.1f}-{1e3 * max(h.h):.1f} ms"
+    if h.tiles:
+        count += f"; {len(h.tiles)} tiles"
     return f"{device_id}: measured h for {model_name} at batch {h.batch_size} in {h.seconds:.2f} s ({count})"
 
 
