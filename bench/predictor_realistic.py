@@ -44,9 +44,10 @@ Per scenario:
 1. **LP vs FTPipeHD** on loopback links: ``--estimator predictor`` (every worker measures ``h`` when it
    is discovered, with the tiling that corrects the predictor per layer, and the first split already
    uses predicted per-device times), the same without the tiles (``--correction none``: the paper's
-   predictor), and ``--estimator capacity`` (FTPipeHD: the equal split, re-split from measured capacities after 10 batches, then every
-   100). Printed: samples/s over the run (``report.samples_per_second``: training time, evaluation
-   out) and from the capacity run's first re-split on (its re-split batch + the batches in flight + 5,
+   predictor), and ``--estimator capacity`` (FTPipeHD: the equal split, re-split from measured
+   capacities after 10 batches, then every 100). Printed: samples/s over the run
+   (``report.samples_per_second``: training time, evaluation out) and from the capacity run's first
+   re-split on (its re-split batch + the batches in flight + 5,
    both runs over the same batches: the better split alone, without the better start), the ratio, the
    first split (``report.partitions[0]``) and the first re-split (``partitions[1]``) of each, and the
    final test accuracy.
