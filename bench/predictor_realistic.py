@@ -276,12 +276,11 @@ def estimators(scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
         f"  {'estimator':<21}{'samples/s':>10}{f'from b{start}':>10}{'final acc':>10}  first split, re-split"
     )
     runs: dict[str, Any] = {}
-    for name, asked, r in (
-        ("LP (AccEPT)", "predictor", lp),
-        ("LP, no tiles", "predictor", plain),
-        ("FTPipeHD (capacity)", "capacity", ftp),
+    for name, key, asked, r in (
+        ("LP (AccEPT)", "predictor", "predictor", lp),
+        ("LP, no tiles", "predictor-untiled", "predictor", plain),
+        ("FTPipeHD (capacity)", "capacity", "capacity", ftp),
     ):
-        key = "predictor-untiled" if r is plain else asked
         if isinstance(r, str):
             runs[key] = {"failed": r}
             print(f"  {name:<21}FAILED: {r}")

@@ -99,13 +99,13 @@ def evaluate(
         measured = [times[r] for r in ranges]
         h = record_h(record)
         local = Scores()
-        local.add("predictor", predictor.predict(ranges, h), measured)
+        predicted = dict(zip(ranges, predictor.predict(ranges, h), strict=True))
+        local.add("predictor", [predicted[r] for r in ranges], measured)
         for k in ADAPT_SAMPLES:
             used = reps[:k]
             adapted = predictor.adapt([Sample(a, b, h, times[(a, b)]) for a, b in used], steps=adapt_steps)
             test = [r for r in ranges if r not in used]
             local.add(f"predictor+{k}", adapted.predict(test, h), [times[r] for r in test])
-        predicted = dict(zip(ranges, predictor.predict(ranges, h), strict=True))
         singles = [predicted[(j, j + 1)] for j in range(n)]
         for k in ADAPT_SAMPLES:
             tiles = tiling(n, k)
