@@ -82,6 +82,9 @@ HELD_OUT = {
                                 "mobilenetv2-digits-heldout-unseen.json"),
     "accuracy_third_machine": ("held out of training, measured on a third VM (times like the training "
                                "machine's, noisier)", "mobilenetv2-digits-heldout-third.json"),
+    "accuracy_emulated_cpus": ("held out of training, on CPUs of two other kinds emulated by their instruction "
+                               "set (AVX2, SSE; a quota and batch size those kinds never had in training)",
+                               "mobilenetv2-digits-heldout-isa.json"),
 }  # fmt: skip
 
 

@@ -51,7 +51,7 @@ def predictor() -> None:
 @click.option("--in-shape", default="1x8x8", show_default=True, help="One sample's shape (digits: 1x8x8).")
 @click.option("--classes", default=10, show_default=True, type=int)
 @click.option(
-    "--set", "which", type=click.Choice(["training", "heldout"]), default="training", show_default=True
+    "--set", "which", type=click.Choice(sorted(collection.SETS)), default="training", show_default=True
 )
 @click.option("--reps", default=2, show_default=True, type=int, help="Least timed runs per window.")
 @click.option(
@@ -68,7 +68,7 @@ def collect_command(
 ) -> None:
     """Measure every sub-model under many resource configurations (one process each; root for quotas)."""
     spec = _spec(model, in_shape, classes)
-    configs = collection.training_configs() if which == "training" else collection.held_out_configs()
+    configs = collection.config_set(which)
     summary = collection.collect(spec, configs, out, reps=reps, rounds=rounds, resume=resume)
     click.echo(
         f"{out}: {len(summary.collected)} configurations measured, {len(summary.reused)} kept, "

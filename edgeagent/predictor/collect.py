@@ -54,9 +54,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from edgeagent.models import ModelSpec
 from edgeagent.ops import cgroups
 from edgeagent.predictor.configs import (
+    ISAS,
+    SETS,
     ResourceConfig,
     _positive_int,
     config_name,
+    config_set,
     held_out_configs,
     parse_cpus,
     training_configs,
@@ -132,6 +135,12 @@ def measure_config(
     and slowdown (its quota and cores are the parent's doing), each the fastest of ``rounds`` windows;
     the data set's record."""
     torch.set_num_threads(cfg.threads)
+    capability = torch.backends.cpu.get_cpu_capability()
+    if cfg.isa is not None and capability != ISAS[cfg.isa][0].upper():
+        raise RuntimeError(
+            f"{cfg.name}: asked for the {cfg.isa} instruction set (ATEN_CPU_CAPABILITY="
+            f"{ISAS[cfg.isa][0]}), but torch runs {capability}: this CPU lacks it"
+        )
     started, cpu_started, load_before = time.perf_counter(), time.process_time(), _load()
     model = ModelLayers.build(spec, cfg.batch_size)
     timing = Timing(reps, rounds)._asdict()
@@ -158,6 +167,7 @@ def measure_config(
         "rounds": rounds,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "cpu_capability": capability,
         "host": platform.node(),
         "cpu": cpu_model(),
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
@@ -238,6 +248,10 @@ def _child_env(cfg: ResourceConfig) -> dict[str, str]:
     # working one needs, and two-thread timings under a quota then repeat 25 % of the time, not 100 %
     # (docs/design.md, "How a time is measured").
     env["OMP_WAIT_POLICY"] = OMP_WAIT_POLICY
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        env.pop(name, None)  # the machine's own unless the configuration emulates another CPU
+    if cfg.isa is not None:
+        env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"] = ISAS[cfg.isa]
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     return env
@@ -500,7 +514,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=2, help="least timed runs per window (default: 2)")
     p.add_argument("--rounds", type=int, default=ROUNDS, help="windows per sub-model (default: %(default)s)")
     p.add_argument("--out", required=True, help="data set file (parent) or record file (--child)")
-    p.add_argument("--set", choices=("training", "heldout"), default="training", help="which configurations")
+    p.add_argument("--set", choices=sorted(SETS), default="training", help="which configurations")
     p.add_argument("--resume", action="store_true", help="keep the configurations already in --out")
     p.add_argument("--timeout", type=float, default=CHILD_TIMEOUT, help="seconds per configuration")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -521,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from edgeagent.ops.logs import setup_logging
 
     setup_logging()
-    configs = training_configs() if args.set == "training" else held_out_configs()
+    configs = config_set(args.set)
     s = collect(spec, configs, args.out, reps=args.reps, rounds=args.rounds, progress=not args.no_progress,
                 resume=args.resume, timeout=args.timeout)  # fmt: skip
     log.info(
@@ -535,6 +549,7 @@ __all__ = [
     "CGROUP_V1_CPU",
     "FORMAT",
     "GROUP_ROOT",
+    "SETS",
     "TARGET",
     "ResourceConfig",
     "Summary",
@@ -544,6 +559,7 @@ __all__ = [
     "child_command",
     "collect",
     "config_name",
+    "config_set",
     "held_out_configs",
     "load_document",
     "load_records",

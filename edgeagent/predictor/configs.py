@@ -12,6 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+
+# A CPU of another kind, emulated: the instruction set ATen's kernels (ATEN_CPU_CAPABILITY) and oneDNN's
+# (ONEDNN_MAX_CPU_ISA) may use, below this machine's own (AVX-512 here). Unlike a quota or a slowdown it
+# changes every layer by a different factor (measured here, one thread, batch 32: SSE runs the first
+# layers 1.6-1.8x and layer 18 3.5x the native time, the middle ones 1.1-1.9x; AVX2 runs the first layers
+# 0.6-0.8x and the rest 0.9-1.1x), as a Raspberry Pi's NEON or an older laptop's AVX2 would.
+ISAS = {"avx2": ("avx2", "AVX2"), "sse": ("default", "SSE41")}  # name: (ATen capability, oneDNN ISA)
 _CPUS = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
@@ -44,18 +51,26 @@ def parse_cpus(cpus: str) -> list[int]:
 
 
 def config_name(
-    threads: int, cpu_quota: float | None, cpus: str | None, batch_size: int, slowdown: float
+    threads: int,
+    cpu_quota: float | None,
+    cpus: str | None,
+    batch_size: int,
+    slowdown: float,
+    isa: str | None = None,
 ) -> str:
-    """A descriptive name such as ``t2-q0.50-b32-s1`` or ``t2-cpu0-b64-s1`` (no ``q``: no quota)."""
+    """A descriptive name such as ``t2-q0.50-b32-s1``, ``t2-cpu0-b64-s1`` (no ``q``: no quota) or
+    ``t1-b32-s1-avx2`` (an emulated instruction set)."""
     quota = "" if cpu_quota is None else f"-q{cpu_quota:.2f}"
     cores = "" if cpus is None else f"-cpu{cpus.replace(',', '+')}"
-    return f"t{threads}{quota}{cores}-b{batch_size}-s{slowdown:g}"
+    kind = "" if isa is None else f"-{isa}"
+    return f"t{threads}{quota}{cores}-b{batch_size}-s{slowdown:g}{kind}"
 
 
 @dataclass(frozen=True)
 class ResourceConfig:
     """One simulated device: torch threads, a CPU quota in cores (None: none), the cores the process may
-    run on (a taskset list; None: all), the batch size and the emulated slowdown factor."""
+    run on (a taskset list; None: all), the batch size, the emulated slowdown factor and the instruction
+    set the kernels may use (one of :data:`ISAS`; None: this machine's own)."""
 
     name: str
     threads: int
@@ -63,6 +78,7 @@ class ResourceConfig:
     cpus: str | None
     batch_size: int
     slowdown: float
+    isa: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -77,6 +93,8 @@ class ResourceConfig:
             parse_cpus(self.cpus)
         _positive_int(self.batch_size, f"{self.name}: batch_size", 65536)
         _number(self.slowdown, f"{self.name}: slowdown", 1.0, 1000.0)
+        if self.isa is not None and self.isa not in ISAS:
+            raise ValueError(f"{self.name}: isa must be one of {sorted(ISAS)} or None, got {self.isa!r}")
 
     @classmethod
     def named(
@@ -87,15 +105,16 @@ class ResourceConfig:
         cpus: str | None = None,
         batch_size: int = 32,
         slowdown: float = 1.0,
+        isa: str | None = None,
     ) -> ResourceConfig:
         """A configuration named by :func:`config_name`."""
-        name = config_name(threads, cpu_quota, cpus, batch_size, slowdown)
-        return cls(name, threads, cpu_quota, cpus, batch_size, slowdown)
+        name = config_name(threads, cpu_quota, cpus, batch_size, slowdown, isa)
+        return cls(name, threads, cpu_quota, cpus, batch_size, slowdown, isa)
 
     @property
     def resources(self) -> tuple[Any, ...]:
         """Everything but the name: two configurations with equal resources measure the same device."""
-        return (self.threads, self.cpu_quota, self.cpus, self.batch_size, float(self.slowdown))
+        return (self.threads, self.cpu_quota, self.cpus, self.batch_size, float(self.slowdown), self.isa)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict; inverse of :meth:`from_dict`."""
@@ -103,9 +122,11 @@ class ResourceConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ResourceConfig:
-        """Rebuild a configuration from :meth:`to_dict` output; unknown or missing keys are errors."""
+        """Rebuild a configuration from :meth:`to_dict` output; unknown or missing keys are errors (``isa``
+        may be missing: records from before it existed ran on the machine's own)."""
         if not isinstance(d, Mapping):
             raise ValueError(f"a resource configuration must be a mapping, got {type(d).__name__}")
+        d = {"isa": None, **d}
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [k for k in names if k not in d]
         unknown = sorted(set(d) - set(names))
@@ -116,8 +137,11 @@ class ResourceConfig:
         return cls(**{k: d[k] for k in names})
 
 
-# threads, cpu_quota (cores), cpus, batch size, slowdown
-_TRAINING: tuple[tuple[int, float | None, str | None, int, float], ...] = (
+_Base = tuple[int, float | None, str | None, int, float]
+_Row = _Base | tuple[int, float | None, str | None, int, float, str]
+
+# threads, cpu_quota (cores), cpus, batch size, slowdown[, isa]
+_TRAINING: tuple[_Row, ...] = (
     # full machine: threads x batch size
     (1, None, None, 16, 1), (1, None, None, 32, 1), (1, None, None, 64, 1),
     (2, None, None, 32, 1), (2, None, None, 64, 1),
@@ -132,22 +156,40 @@ _TRAINING: tuple[tuple[int, float | None, str | None, int, float], ...] = (
     (2, 0.75, None, 32, 1), (2, 1.75, None, 32, 1), (2, 1.0, None, 64, 1), (2, 0.5, None, 16, 1),
     # emulated slowdowns (the runtime's --slowdown)
     (1, None, None, 16, 4), (1, None, None, 32, 2), (1, None, None, 32, 4), (2, None, None, 64, 2),
+    # CPUs of two other kinds, emulated (ISAS): the paper's three CPUs
+    (1, None, None, 32, 1, "avx2"), (2, None, None, 32, 1, "avx2"), (1, 0.5, None, 32, 1, "avx2"),
+    (2, 1.0, None, 64, 1, "avx2"),
+    (1, None, None, 32, 1, "sse"), (2, None, None, 64, 1, "sse"), (1, 0.5, None, 16, 1, "sse"),
+    (2, 0.75, None, 32, 1, "sse"),
 )  # fmt: skip
 
-_HELD_OUT: tuple[tuple[int, float | None, str | None, int, float], ...] = (
+_HELD_OUT: tuple[_Row, ...] = (
     (1, 0.35, None, 32, 1),
     (2, 1.25, None, 32, 1),
     (2, 0.6, "1", 32, 1),
     (1, 0.8, None, 48, 1),
 )
 
+# Held out of training as well, on the emulated CPUs: a quota and batch size the training rows of that
+# kind never had.
+_HELD_OUT_ISA: tuple[_Row, ...] = (
+    (1, 0.35, None, 48, 1, "avx2"),
+    (2, 1.25, None, 32, 1, "sse"),
+)
 
-def _configs(rows: Sequence[tuple[int, float | None, str | None, int, float]]) -> list[ResourceConfig]:
-    return [ResourceConfig.named(t, cpu_quota=q, cpus=c, batch_size=b, slowdown=s) for t, q, c, b, s in rows]
+
+def _configs(rows: Sequence[_Row]) -> list[ResourceConfig]:
+    def one(row: _Row) -> ResourceConfig:
+        t, q, c, b, s, *isa = row
+        kind = isa[0] if isa else None
+        return ResourceConfig.named(t, cpu_quota=q, cpus=c, batch_size=b, slowdown=s, isa=kind)
+
+    return [one(row) for row in rows]
 
 
 def training_configs() -> list[ResourceConfig]:
-    """The pre-training configurations (24, as many as the paper's over three CPUs)."""
+    """The pre-training configurations: 24 on this machine's CPU (as many as the paper's over three
+    CPUs) and 8 on two kinds of CPU emulated by their instruction set (:data:`ISAS`)."""
     return _configs(_TRAINING)
 
 
@@ -155,3 +197,19 @@ def held_out_configs() -> list[ResourceConfig]:
     """Four configurations outside the training set (a quota, core list or batch size it never saw),
     for testing the predictor on an unseen device and its adaptation (papers/004 Sec. 4.2, Fig. 8)."""
     return _configs(_HELD_OUT)
+
+
+def held_out_isa_configs() -> list[ResourceConfig]:
+    """Two configurations outside the training set on the emulated CPUs (:data:`ISAS`): a CPU of
+    another kind that every machine of this kind can reproduce."""
+    return _configs(_HELD_OUT_ISA)
+
+
+SETS = {"training": training_configs, "heldout": held_out_configs, "heldout-isa": held_out_isa_configs}
+
+
+def config_set(name: str) -> list[ResourceConfig]:
+    """The configurations of a named set (:data:`SETS`)."""
+    if name not in SETS:
+        raise ValueError(f"unknown configuration set {name!r}; known: {sorted(SETS)}")
+    return SETS[name]()

@@ -14,14 +14,18 @@ variance over prior variance) moves only the layers the samples cover, by as muc
 
 The samples that inform it most are a *tiling*: ``count`` contiguous ranges that cover the model once
 (:func:`tiling`), so every layer is in exactly one sample; measuring all of them costs one forward and
-backward pass of the whole model. The worker measures the tiling with ``h`` when it joins.
+backward pass of the whole model. The worker measures the tiling with ``h`` when it joins. A tile holds
+layers of one kind where it can (the layers that take the same input shape: one resolution and width,
+the same kernels), because a CPU of another kind speeds up or slows down a kind of layer, and the
+correction spreads a tile's error over its layers alike. :func:`even_tiling` (ranges of about equal
+layer count) is the first design, kept to compare.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +39,30 @@ TILES = 8  # the paper's adaptive update converges after eight samples (papers/0
 RIDGE = 0.1
 
 
-def tiling(num_layers: int, count: int = TILES) -> list[Range]:
+def tiling(kinds: Sequence[Hashable], costs: Sequence[float], count: int = TILES) -> list[Range]:
+    """``count`` contiguous ranges covering the layers once (fewer when there are fewer layers), each of
+    one kind of layer where it can: the runs of consecutive layers of equal ``kinds`` (e.g. their input
+    shapes); while there are more than ``count``, the adjacent pair of least summed ``costs`` (e.g.
+    FLOPs) is merged, the earlier pair on a tie; while there are fewer, the run with the most layers is
+    split in the middle (the earlier one on a tie)."""
+    n = len(kinds)
+    if n < 1 or count < 1 or len(costs) != n:
+        raise ValueError(f"a tiling needs >= 1 layer, a cost per layer and >= 1 tile, got {n} layers, "
+                         f"{len(costs)} costs, {count} tiles")  # fmt: skip
+    cuts = [0, *(j for j in range(1, n) if kinds[j] != kinds[j - 1]), n]
+    tiles = list(itertools.pairwise(cuts))
+    while len(tiles) > count:
+        merged = [sum(costs[tiles[i][0] : tiles[i + 1][1]]) for i in range(len(tiles) - 1)]
+        i = min(range(len(merged)), key=merged.__getitem__)
+        tiles[i : i + 2] = [(tiles[i][0], tiles[i + 1][1])]
+    while len(tiles) < min(count, n):
+        i = max(range(len(tiles)), key=lambda k: tiles[k][1] - tiles[k][0])
+        a, b = tiles[i]
+        tiles[i : i + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
+    return tiles
+
+
+def even_tiling(num_layers: int, count: int = TILES) -> list[Range]:
     """``count`` contiguous ranges of about equal layer count covering ``[0, num_layers)`` once (fewer when
     the model has fewer layers): ``[round(i l / count), round((i + 1) l / count))``."""
     if num_layers < 1 or count < 1:
@@ -103,4 +130,4 @@ class Correction:
         return [[t * self.factor(s, s + 1 + k) for k, t in enumerate(row)] for s, row in enumerate(table)]
 
 
-__all__ = ["RIDGE", "TILES", "Correction", "tiling"]
+__all__ = ["RIDGE", "TILES", "Correction", "even_tiling", "tiling"]

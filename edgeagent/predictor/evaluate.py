@@ -18,10 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgeagent.models import ModelSpec
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
-from edgeagent.predictor.correction import Correction, tiling
-from edgeagent.predictor.measure import best_window
+from edgeagent.predictor.correction import Correction
+from edgeagent.predictor.measure import best_window, model_tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import record_h
 from edgeagent.predictor.submodels import Range, representative
@@ -67,11 +68,11 @@ def repeatability(record: Mapping[str, Any]) -> tuple[float, float] | None:
 
 def reference_record(records: Sequence[Mapping[str, Any]], batch_size: int) -> Mapping[str, Any]:
     """The central node of FTPipeHD's capacity estimate: a full-speed configuration (no quota, no
-    emulated slowdown, one core's worth) at the nearest batch size."""
+    emulated slowdown, this machine's own instruction set, one core's worth) at the nearest batch size."""
 
     def rank(r: Mapping[str, Any]) -> tuple[int, int, int]:
         cfg = r["config"]
-        full = cfg.get("cpu_quota") is None and float(cfg.get("slowdown", 1.0)) == 1.0
+        full = cfg.get("cpu_quota") is None and float(cfg.get("slowdown", 1.0)) == 1.0 and not cfg.get("isa")
         return (0 if full else 1, abs(int(r["batch_size"]) - batch_size), int(cfg.get("threads", 1)))
 
     return min(records, key=rank)
@@ -107,8 +108,9 @@ def evaluate(
             test = [r for r in ranges if r not in used]
             local.add(f"predictor+{k}", adapted.predict(test, h), [times[r] for r in test])
         singles = [predicted[(j, j + 1)] for j in range(n)]
+        spec = ModelSpec.from_dict(record["model"])
         for k in ADAPT_SAMPLES:
-            tiles = tiling(n, k)
+            tiles = model_tiling(spec, predictor.layer_flops, k)
             fit = Correction.fit(singles, [(r, predicted[r], times[r]) for r in tiles])
             test = [r for r in ranges if r not in tiles]
             corrected = [predicted[r] * fit.factor(*r) for r in test]

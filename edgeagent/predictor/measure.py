@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes, num_layers
-from edgeagent.predictor.correction import tiling
+from edgeagent.predictor.correction import TILES, tiling
 from edgeagent.predictor.submodels import Range, representative
 from edgeagent.runtime.compute import Clock, emulated_duration
 
@@ -63,6 +63,14 @@ class ModelLayers:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+
+def model_tiling(spec: ModelSpec, flops: Sequence[float], count: int = TILES) -> list[Range]:
+    """The tiling a device measures with its ``h`` (:func:`~edgeagent.predictor.correction.tiling`):
+    layers grouped by the shape they take as input, merged by their FLOPs (``flops``: per layer, at any
+    batch size) down to ``count`` tiles. The worker and the central node compute the same one."""
+    shapes = [tuple(spec.in_shape), *(tuple(s[1:]) for s in layer_output_shapes(spec, batch_size=1)[:-1])]
+    return tiling(shapes, flops, count)
 
 
 def _input(x: torch.Tensor, index: int) -> torch.Tensor:
@@ -167,7 +175,7 @@ def characterise(
     windows (see :func:`measure_rounds`, :func:`best_window`)."""
     started = time.perf_counter()
     chosen = representative(model.flops)
-    tiled = tiling(model.num_layers) if tiles else []
+    tiled = model_tiling(model.spec, model.flops) if tiles else []
     windows = measure_rounds(
         model,
         [*chosen, *tiled],

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from edgeagent.predictor.correction import Correction, tiling
+from edgeagent.predictor.correction import Correction, even_tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
-from edgeagent.predictor.submodels import REPRESENTATIVES, representative
+from edgeagent.predictor.submodels import REPRESENTATIVES, Range, representative
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,10 @@ class DeviceTimes:
         max_samples: int = 64,
         drift: DriftRule = "changed",
         correction: bool = True,
+        tiling: Sequence[Range] | None = None,
     ) -> None:
+        """``tiling``: the ranges the devices measure with their ``h`` (the model's
+        :func:`~edgeagent.predictor.measure.model_tiling`; None: :func:`even_tiling`)."""
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise ValueError(f"epsilon {epsilon} must be a finite number > 0 (a share, e.g. 0.1 for 10 %)")
         if drift not in ("paper", "changed"):
@@ -65,6 +68,7 @@ class DeviceTimes:
         self.drift = drift
         self.max_samples = max_samples
         self.correction = correction
+        self.tiling = list(even_tiling(predictor.num_layers) if tiling is None else tiling)
         self.h: dict[str, tuple[float, ...]] = {}
         self.tiles: dict[str, tuple[float, ...]] = {}  # the tiling's seconds, measured with h
         self.samples: dict[tuple[str, int, int], Sample] = {}  # D^: the latest per device and range
@@ -84,9 +88,7 @@ class DeviceTimes:
             return False
         values = tuple(float(v) for v in h)
         tiled = tuple(float(v) for v in tiles)
-        if len(tiled) != len(tiling(self.predictor.num_layers)) or not all(
-            math.isfinite(v) and v > 0 for v in tiled
-        ):
+        if len(tiled) != len(self.tiling) or not all(math.isfinite(v) and v > 0 for v in tiled):
             tiled = ()
         with self._lock:
             if self.h.get(device) == values:
@@ -120,8 +122,8 @@ class DeviceTimes:
             return cached
         table = predictor.table(h)
         if self.correction and tiles:
-            ranges = tiling(len(table))
-            samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in zip(ranges, tiles, strict=True)]
+            pairs = zip(self.tiling, tiles, strict=True)
+            samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in pairs]
             table = Correction.fit([row[0] for row in table], samples).apply(table)
         with self._lock:
             if self.predictor is predictor and self.h.get(device) == h:

@@ -14,7 +14,7 @@ import torch
 from edgeagent.models import ModelSpec
 from edgeagent.planner.dp import Link, Problem, brute_force, compute_time, predict, solve
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
-from edgeagent.predictor.correction import Correction, tiling
+from edgeagent.predictor.correction import Correction, even_tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import load, save
 from edgeagent.predictor.submodels import all_ranges, by_flops, encode, representative
@@ -305,7 +305,7 @@ def test_the_tiles_a_device_measured_correct_its_table(trained: LatencyPredictor
     or with malformed tiles, the table is the predictor's."""
     device = _device(2.0, 1.0, 1e-3)
     h = [device(a, b) for a, b in representative(FLOPS)]
-    tiles = [1.5 * device(a, b) for a, b in tiling(LAYERS)]
+    tiles = [1.5 * device(a, b) for a, b in even_tiling(LAYERS)]
     plain = DeviceTimes(trained, correction=False)
     corrected = DeviceTimes(trained)
     broken = DeviceTimes(trained)
@@ -313,7 +313,7 @@ def test_the_tiles_a_device_measured_correct_its_table(trained: LatencyPredictor
     assert broken.set_h("w1", h, tiles[:-1]) and broken.tiles["w1"] == ()  # one tile short: not used
     table = trained.table(h)
     assert broken.table("w1") == plain.table("w1") == table
-    samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in zip(tiling(LAYERS), tiles, strict=True)]
+    samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in zip(even_tiling(LAYERS), tiles, strict=True)]
     expected = Correction.fit([row[0] for row in table], samples).apply(table)
     assert corrected.table("w1") == expected != table
     assert corrected.predict("w1", 2, 5) == expected[2][2]

@@ -17,6 +17,7 @@ from edgeagent.predictor.collect import (
     ResourceConfig,
     collect,
     config_name,
+    config_set,
     dumps_document,
     held_out_configs,
     load_document,
@@ -24,6 +25,7 @@ from edgeagent.predictor.collect import (
     parse_cpus,
     training_configs,
 )
+from edgeagent.predictor.configs import held_out_isa_configs
 from edgeagent.predictor.measure import model_key
 from edgeagent.predictor.submodels import all_ranges
 
@@ -70,6 +72,7 @@ def fake_record(
         ({"cpus": "3-1"}, r"runs backwards \(3 > 1\)"),
         ({"batch_size": -4}, r"batch_size must be an int in 1\.\.65536, got -4"),
         ({"slowdown": 0.5}, r"slowdown must be a number in 1\.0\.\.1000\.0, got 0\.5"),
+        ({"isa": "avx512"}, r"isa must be one of \['avx2', 'sse'\] or None, got 'avx512'"),
     ],
 )
 def test_invalid_configs_raise_with_the_numbers(changes: dict[str, Any], message: str) -> None:
@@ -79,8 +82,15 @@ def test_invalid_configs_raise_with_the_numbers(changes: dict[str, Any], message
 
 
 def test_round_trip_through_json() -> None:
-    for cfg in [*training_configs(), *held_out_configs()]:
+    for cfg in [*training_configs(), *held_out_configs(), *held_out_isa_configs()]:
         assert ResourceConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_a_record_from_before_the_isa_runs_on_the_machines_own() -> None:
+    d = ResourceConfig.named(1).to_dict()
+    del d["isa"]
+    assert ResourceConfig.from_dict(d) == ResourceConfig.named(1)
+    assert ResourceConfig.from_dict(d).isa is None
 
 
 def test_from_dict_names_missing_and_unknown_keys() -> None:
@@ -94,17 +104,24 @@ def test_from_dict_names_missing_and_unknown_keys() -> None:
 def test_names_and_cpus() -> None:
     assert config_name(2, 0.5, None, 32, 1.0) == "t2-q0.50-b32-s1"
     assert config_name(1, None, "0,2-3", 16, 2.5) == "t1-cpu0+2-3-b16-s2.5"
+    assert config_name(2, 1.0, None, 64, 1.0, "avx2") == "t2-q1.00-b64-s1-avx2"
     assert parse_cpus("0,2-3") == [0, 2, 3]
 
 
 def test_training_and_held_out_sets() -> None:
-    training, held_out = training_configs(), held_out_configs()
-    assert 16 <= len(training) <= 30
-    assert len(held_out) == 4
-    names = [c.name for c in [*training, *held_out]]
+    training, held_out, held_out_isa = training_configs(), held_out_configs(), held_out_isa_configs()
+    assert 16 <= len(training) <= 40
+    assert len(held_out) == 4 and len(held_out_isa) == 2
+    names = [c.name for c in [*training, *held_out, *held_out_isa]]
     assert len(set(names)) == len(names)
     seen = {c.resources for c in training}
-    assert not any(c.resources in seen for c in held_out)
+    assert not any(c.resources in seen for c in [*held_out, *held_out_isa])
+    assert {c.isa for c in held_out} == {None} and {c.isa for c in held_out_isa} == {"avx2", "sse"}
+    # Three kinds of CPU, as the paper's three: this machine's and two emulated ones.
+    assert {c.isa for c in training} == {None, "avx2", "sse"}
+    assert config_set("heldout-isa") == held_out_isa_configs()
+    with pytest.raises(ValueError, match="unknown configuration set 'held-out'"):
+        config_set("held-out")
     # The dimensions the brief asks for are all there.
     assert {c.threads for c in training} == {1, 2}
     assert {c.batch_size for c in training} == {16, 32, 64}
@@ -185,6 +202,21 @@ def test_child_entry_point_measures_every_sub_model(tmp_path: Path) -> None:
     assert record["torch_threads"] == 1 and record["reps"] == 1 and record["rounds"] == 2
     assert all(len(w) == 2 for w in record["round_seconds"])
     assert record["cpu"] and record["host"] is not None and record["measured_at"]
+    assert record["cpu_capability"]
+
+
+def test_an_emulated_cpu_runs_its_instruction_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The parent's own setting must not leak into a configuration on the machine's own CPU.
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert "ATEN_CPU_CAPABILITY" not in collect_mod._child_env(ResourceConfig.named(1))
+    cfg = ResourceConfig.named(1, batch_size=4, isa="sse")
+    env = collect_mod._child_env(cfg)
+    assert (env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"]) == ("default", "SSE41")
+    out = tmp_path / "record.json"
+    subprocess.run(
+        collect_mod.child_command(cfg, TINY, 1, out, None, rounds=1), check=True, timeout=60, env=env
+    )
+    assert json.loads(out.read_text())["cpu_capability"] == "DEFAULT"
 
 
 def test_command_wraps_taskset_and_cgroup(tmp_path: Path) -> None:
@@ -262,3 +294,10 @@ def test_round_windows_are_checked_and_give_the_split_half_agreement() -> None:
         collect_mod.check_record(dict(record, round_seconds=record["round_seconds"][:2]))
     with pytest.raises(ValueError, match=r"round_seconds\[0\] must be a list of 4 numbers"):
         collect_mod.check_record(dict(record, round_seconds=[[0.1]] * 6))
+
+
+def test_an_instruction_set_the_cpu_lacks_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collect_mod.torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    cfg = ResourceConfig.named(1, batch_size=4, isa="avx2")
+    with pytest.raises(RuntimeError, match=r"asked for the avx2 .* runs DEFAULT: this CPU lacks it"):
+        collect_mod.measure_config(cfg, TINY, 1, rounds=1)

@@ -12,10 +12,10 @@ import pytest
 
 from edgeagent.models import ModelSpec
 from edgeagent.predictor.baselines import within
-from edgeagent.predictor.correction import Correction, tiling
+from edgeagent.predictor.correction import Correction, even_tiling, tiling
 from edgeagent.predictor.dataset import load_records
 from edgeagent.predictor.evaluate import evaluate
-from edgeagent.predictor.measure import model_key
+from edgeagent.predictor.measure import ModelLayers, model_key, model_tiling
 from edgeagent.predictor.store import shipped
 from edgeagent.predictor.submodels import all_ranges
 from edgeagent.predictor.tracker import DeviceTimes
@@ -25,16 +25,41 @@ from edgeagent.roles.central.estimation import Estimation
 DATA = Path(__file__).resolve().parents[2] / "edgeagent" / "predictor" / "data"
 
 
-def test_a_tiling_covers_every_layer_once() -> None:
-    assert tiling(21, 8) == [(0, 3), (3, 5), (5, 8), (8, 10), (10, 13), (13, 16), (16, 18), (18, 21)]
-    assert tiling(3, 8) == [(0, 1), (1, 2), (2, 3)]
-    assert tiling(5, 1) == [(0, 5)]
+def test_an_even_tiling_covers_every_layer_once() -> None:
+    assert even_tiling(21, 8) == [(0, 3), (3, 5), (5, 8), (8, 10), (10, 13), (13, 16), (16, 18), (18, 21)]
+    assert even_tiling(3, 8) == [(0, 1), (1, 2), (2, 3)]
+    assert even_tiling(5, 1) == [(0, 5)]
     for layers in (1, 2, 7, 21, 40):
         for count in (1, 2, 4, 8):
-            covered = [j for a, b in tiling(layers, count) for j in range(a, b)]
+            covered = [j for a, b in even_tiling(layers, count) for j in range(a, b)]
             assert covered == list(range(layers))
     with pytest.raises(ValueError, match="0 layers"):
-        tiling(0, 8)
+        even_tiling(0, 8)
+
+
+def test_a_tiling_groups_layers_of_one_kind() -> None:
+    # Runs of equal kind; the cheapest adjacent pair merges first; too few runs: the longest splits.
+    kinds = ["a", "a", "b", "c", "c", "c", "d"]
+    costs = [1.0, 1.0, 5.0, 2.0, 2.0, 2.0, 1.0]
+    assert tiling(kinds, costs, 4) == [(0, 2), (2, 3), (3, 6), (6, 7)]
+    assert tiling(kinds, costs, 3) == [(0, 3), (3, 6), (6, 7)]  # a+b (7) < b+c (11), c+d (7): earlier
+    assert tiling(kinds, costs, 5) == [(0, 2), (2, 3), (3, 4), (4, 6), (6, 7)]
+    assert tiling(kinds, costs, 1) == [(0, 7)]
+    assert tiling(["x"] * 3, [1.0] * 3, 8) == [(0, 1), (1, 2), (2, 3)]
+    for count in (1, 2, 4, 8, 9):
+        covered = [j for a, b in tiling(kinds, costs, count) for j in range(a, b)]
+        assert covered == list(range(7))
+    with pytest.raises(ValueError, match="7 layers, 6 costs"):
+        tiling(kinds, costs[:-1], 4)
+
+
+def test_mobilenetv2s_tiles_are_its_blocks_at_any_batch_size() -> None:
+    """The worker (its FLOPs at its batch size) and the central node (the predictor's) agree; a tile holds
+    the layers that take one input shape, the stride-2 layer with the ones before it."""
+    spec = ModelSpec("mobilenetv2", (1, 8, 8), 10)
+    expected = [(0, 2), (2, 3), (3, 5), (5, 8), (8, 12), (12, 15), (15, 18), (18, 21)]
+    assert model_tiling(spec, ModelLayers.build(spec, 4).flops) == expected
+    assert model_tiling(spec, ModelLayers.build(spec, 32).flops) == expected
 
 
 def _range_time(times: list[float], a: int, b: int) -> float:
@@ -46,7 +71,7 @@ def test_the_correction_learns_layers_a_device_runs_slower() -> None:
     every range's prediction towards the truth, and no range further from it."""
     predicted = [1e-3] * 21
     true = [1.5e-3 if 5 <= j < 8 else 1e-3 for j in range(21)]
-    samples = [((a, b), _range_time(predicted, a, b), _range_time(true, a, b)) for a, b in tiling(21)]
+    samples = [((a, b), _range_time(predicted, a, b), _range_time(true, a, b)) for a, b in even_tiling(21)]
     fit = Correction.fit(predicted, samples, ridge=0.01)
     assert fit.factor(5, 8) == pytest.approx(1.5, rel=0.02)
     assert fit.factor(0, 3) == pytest.approx(1.0, abs=1e-9)  # a tile that agreed is left alone

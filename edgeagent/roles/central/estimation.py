@@ -16,8 +16,7 @@ import logging
 import statistics
 import time
 
-from edgeagent.predictor.correction import tiling
-from edgeagent.predictor.measure import model_key
+from edgeagent.predictor.measure import model_key, model_tiling
 from edgeagent.predictor.store import shipped, shipped_path
 from edgeagent.predictor.tracker import DeviceTimes
 from edgeagent.protocol.commands import Characterise
@@ -66,6 +65,7 @@ class Estimation(Setup):
             epsilon=self.config.epsilon,
             drift=self.config.drift_rule,
             correction=self.config.correction == "tiles",
+            tiling=model_tiling(self.spec, predictor.layer_flops),
         )
         for device in self.worker_list[1:]:
             self._take_h(times, self.announced.get(device))
@@ -86,7 +86,7 @@ class Estimation(Setup):
                 "its predicted times go uncorrected (is the worker's edgeagent the same version?)",
                 msg.device_id,
                 len(msg.tiles),
-                len(tiling(times.predictor.num_layers)),
+                len(times.tiling),
             )
         self.characterisations.append(
             {
