@@ -15,6 +15,8 @@ devices. Each :class:`ResourceConfig` combines
 * the batch size (16, 32, 64: fixed per-layer overheads against compute);
 * the runtime's emulated slowdown (:func:`edgeagent.runtime.compute.emulated_duration`, CPU time times
   the factor, as the pipeline's emulated devices run).
+* a CPU of another kind, emulated by the instruction set the kernels may use (``ResourceConfig.isa``:
+  AVX2 or SSE instead of this machine's own, through ``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA``).
 
 Every configuration runs as its own child process (``python -m edgeagent.predictor.collect --child``)
 in its own cgroup under :data:`GROUP_ROOT` and under ``taskset -c`` when it names cores; the child
@@ -25,7 +27,8 @@ measures ``h`` (:func:`~edgeagent.predictor.measure.characterise`) and the time 
 writes the data set after every configuration (atomically), so an interrupted collection resumes
 where it stopped.
 
-    python -m edgeagent.predictor.collect --set training --out data.json [--resume]   (root for quotas)
+    python -m edgeagent.predictor.collect --set training|heldout|heldout-isa --out data.json [--resume]
+    (root for quotas)
 """
 
 from __future__ import annotations
