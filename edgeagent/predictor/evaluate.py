@@ -94,6 +94,9 @@ def evaluate(
     per_config: list[dict[str, Any]] = []
     n = predictor.num_layers
     reps = representative(predictor.layer_flops)
+    # Every record is of the predictor's model: its tilings are the same for all of them.
+    spec = ModelSpec.from_dict(held_out[0]["model"]) if held_out else None
+    tilings = {k: model_tiling(spec, predictor.layer_flops, k) for k in ADAPT_SAMPLES} if spec else {}
     for record in held_out:
         times = _times(record)
         ranges = sorted(times)
@@ -108,9 +111,7 @@ def evaluate(
             test = [r for r in ranges if r not in used]
             local.add(f"predictor+{k}", adapted.predict(test, h), [times[r] for r in test])
         singles = [predicted[(j, j + 1)] for j in range(n)]
-        spec = ModelSpec.from_dict(record["model"])
-        for k in ADAPT_SAMPLES:
-            tiles = model_tiling(spec, predictor.layer_flops, k)
+        for k, tiles in tilings.items():
             fit = Correction.fit(singles, [(r, predicted[r], times[r]) for r in tiles])
             test = [r for r in ranges if r not in tiles]
             corrected = [predicted[r] * fit.factor(*r) for r in test]

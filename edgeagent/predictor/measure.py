@@ -150,7 +150,7 @@ class Characterisation:
     batch_size: int
     h: tuple[float, ...]  # seconds per representative sub-model; fewer than 10 if the budget ran out
     seconds: float
-    # seconds per range of the tiling (edgeagent.predictor.correction.tiling), measured with h for the
+    # seconds per range of the model's tiling (model_tiling), measured with h for the
     # per-layer correction; empty when not measured or the budget ran out first
     tiles: tuple[float, ...] = ()
 

@@ -96,7 +96,7 @@ MAX_H = 10
 """Entries of ``Announce.h`` at most: the representative sub-models of papers/004 Sec. 3.2
 (``edgeagent.predictor.submodels.REPRESENTATIVES``)."""
 MAX_TILES = 64
-"""Entries of ``Announce.tiles`` at most (``edgeagent.predictor.correction.tiling``: 8 ranges)."""
+"""Entries of ``Announce.tiles`` at most (``edgeagent.predictor.measure.model_tiling``: 8 ranges)."""
 
 
 @dataclasses.dataclass(frozen=True)
