@@ -158,7 +158,7 @@ def run(
     compression: str = "none",
     link: float = 0.0,
     max_batches: int | None = None,
-    correction: str = "tiles",
+    correction: str = "blend",
 ) -> RunReport:
     train = TrainConfig(
         model=MODEL, dataset=DATASET, batch_size=BATCH, epochs=epochs, max_batches=max_batches

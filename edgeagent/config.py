@@ -139,9 +139,10 @@ class CentralConfig(BrokerAccess):
     # paper, whenever it is; changed (ours), only if it also moved by epsilon from the device's last time
     # on that range (a standing gap is the predictor's error: the adaptive update closes it).
     drift_rule: Literal["paper", "changed"] = "changed"
-    # Per-layer correction of the predictor from the tiling each worker measures with its h
-    # (edgeagent.predictor.correction; ours): tiles; none: the predictor as the paper has it.
-    correction: Literal["tiles", "none"] = "tiles"
+    # Correction of the predictor from the tiling each worker measures with its h
+    # (edgeagent.predictor.correction; ours): blend, the per-layer correction and the tiles taken as
+    # additive weighed by h; tiles, the per-layer correction alone; none: the predictor as the paper has it.
+    correction: Literal["blend", "tiles", "none"] = "blend"
     # Which split the pipeline DP takes among those with the optimal bottleneck T* (planner/dp.py): latest,
     # FTPipeHD's rule (the latest cuts: early stages fill up to T* whatever their speed), or slack (the
     # least sum of stage times among the splits within T* x (1 + tie_tolerance): a slow device keeps as

@@ -164,9 +164,11 @@ def train_options(f: F) -> F:
         ),
         click.option(
             "--correction",
-            type=click.Choice(["tiles", "none"]),
-            help="Predictor: correct each device's predicted layer times by the 8 contiguous ranges it "
-            "measures with its h (tiles, the default; ours) or not (none: the paper's predictor).",
+            type=click.Choice(["blend", "tiles", "none"]),
+            help="Predictor: correct each device's predicted times by the 8 contiguous ranges it measures "
+            "with its h (ours): blend (the default), a per-layer correction and the ranges taken as "
+            "additive, weighed by how well each predicts h; tiles, the per-layer correction alone; none, "
+            "the paper's predictor.",
         ),
         click.option(
             "--tie-break",

@@ -19,6 +19,14 @@ layers of one kind where it can (the layers that take the same input shape: one 
 the same kernels), because a CPU of another kind speeds up or slows down a kind of layer, and the
 correction spreads a tile's error over its layers alike. :func:`even_tiling` (ranges of about equal
 layer count) is the first design, kept to compare.
+
+The correction assumes a range's time is close to the sum of its layers' as the predictor has them.
+:func:`additive` assumes instead that the measured tiles add up: a range is the sum, over the tiles it
+meets, of the tile's measured time times the predicted share of the part of the tile inside the range
+(like the look-up table, with tiles for layers). Which holds better differs by device (two threads with
+small per-layer calls: the predictor's; a CPU of another kind: the tiles'), and the device's ``h`` says
+which: :func:`blend` weighs the two in log space by how well each predicts the representatives that are
+not tiles (:func:`blended`, ``--correction blend``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ TILES = 8  # the paper's adaptive update converges after eight samples (papers/0
 # 0.03, 0.1, 0.3 and 1 (95.6, 95.6, 95.2, 94.5 % within ±10 %; the larger of the two ties), not on the
 # unseen machine's, which is the test.
 RIDGE = 0.1
+# The blend's weights tried, from the additive tiles (0) to the correction (1).
+BLEND_STEPS = tuple(i / 10 for i in range(11))
 
 
 def tiling(kinds: Sequence[Hashable], costs: Sequence[float], count: int = TILES) -> list[Range]:
@@ -130,4 +140,80 @@ class Correction:
         return [[t * self.factor(s, s + 1 + k) for k, t in enumerate(row)] for s, row in enumerate(table)]
 
 
-__all__ = ["RIDGE", "TILES", "Correction", "even_tiling", "tiling"]
+Table = list[list[float]]  # table[s][e - s - 1]: seconds of [s, e)
+
+
+def additive(table: Sequence[Sequence[float]], tiles: Sequence[Range], seconds: Sequence[float]) -> Table:
+    """Every range as the sum, over the ``tiles`` it meets (a tiling: contiguous, covering the model once),
+    of the tile's measured ``seconds`` times the part's share of the tile in the predicted ``table``."""
+    n = len(table)
+    if len(tiles) != len(seconds):
+        raise ValueError(f"{len(tiles)} tiles with {len(seconds)} times: a tiling needs one time per tile")
+    points = [0, *(b for _, b in tiles)]
+    if not tiles or [a for a, _ in tiles] != points[:-1] or points[-1] != n or any(a >= b for a, b in tiles):
+        raise ValueError(f"the tiles {list(tiles)} do not cover the {n} layers of the table once, in order")
+    of = [i for i, (a, b) in enumerate(tiles) for _ in range(a, b)]  # each layer's tile
+
+    def time(s: int, e: int) -> float:
+        total = 0.0
+        for i in range(of[s], of[e - 1] + 1):
+            a, b = tiles[i]
+            lo, hi = max(s, a), min(e, b)
+            total += seconds[i] * table[lo][hi - lo - 1] / table[a][b - a - 1]
+        return total
+
+    return [[time(s, e) for e in range(s + 1, n + 1)] for s in range(n)]
+
+
+def blend(corrected: Sequence[float], tiled: Sequence[float], measured: Sequence[float]) -> float:
+    """The weight ``w`` (of :data:`BLEND_STEPS`, the first on a tie) for which ``corrected^w tiled^(1-w)``
+    has the least mean absolute log error against ``measured`` (1: no times to judge by)."""
+    rows = [
+        (math.log(c), math.log(t), math.log(m))
+        for c, t, m in zip(corrected, tiled, measured, strict=True)
+        if all(math.isfinite(v) and v > 0 for v in (c, t, m))
+    ]
+    if not rows:
+        return 1.0
+    return min(BLEND_STEPS, key=lambda w: sum(abs(w * c + (1 - w) * t - m) for c, t, m in rows))
+
+
+def blended(
+    table: Sequence[Sequence[float]],
+    tiles: Sequence[Range],
+    seconds: Sequence[float],
+    judges: Sequence[tuple[Range, float]],
+    *,
+    ridge: float = RIDGE,
+) -> tuple[Table, float]:
+    """The predicted ``table`` corrected from the measured ``tiles`` (:class:`Correction`) and
+    :func:`additive`, blended by the weight that fits the measured ``judges`` best (ranges other than
+    the tiles: the device's representatives); returns the table and the weight."""
+    samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in zip(tiles, seconds, strict=True)]
+    corrected = Correction.fit([row[0] for row in table], samples, ridge=ridge).apply(table)
+    tiled = additive(table, tiles, seconds)
+    judged = [((a, b), t) for (a, b), t in judges if (a, b) not in set(tiles) and 0 <= a < b <= len(table)]
+    w = blend(
+        [corrected[a][b - a - 1] for (a, b), _ in judged],
+        [tiled[a][b - a - 1] for (a, b), _ in judged],
+        [t for _, t in judged],
+    )
+    mixed = [
+        [c**w * t ** (1 - w) for c, t in zip(crow, trow, strict=True)]
+        for crow, trow in zip(corrected, tiled, strict=True)
+    ]
+    return mixed, w
+
+
+__all__ = [
+    "BLEND_STEPS",
+    "RIDGE",
+    "TILES",
+    "Correction",
+    "Table",
+    "additive",
+    "blend",
+    "blended",
+    "even_tiling",
+    "tiling",
+]

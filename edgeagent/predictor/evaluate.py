@@ -9,6 +9,8 @@ sub-models predicted within ±5 % and ±10 % by
 * ours after 2, 4 and 8 samples: the pre-trained predictor with the per-layer correction
   (:mod:`.correction`) fitted on a tiling of the model into that many ranges, measured on that
   configuration (the ranges used are left out of the test set);
+* ours after 2, 4 and 8 samples, blended: that correction and the tiles taken as additive, weighed by
+  the representatives (:func:`~.correction.blended`; the tiles and the representatives are left out);
 * FLOPs-linear, the per-layer look-up table and FTPipeHD's capacity ratio, on the same sub-models.
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 from edgeagent.models import ModelSpec
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
-from edgeagent.predictor.correction import Correction
+from edgeagent.predictor.correction import Correction, blended
 from edgeagent.predictor.measure import best_window, model_tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import record_h
@@ -111,11 +113,15 @@ def evaluate(
             test = [r for r in ranges if r not in used]
             local.add(f"predictor+{k}", adapted.predict(test, h), [times[r] for r in test])
         singles = [predicted[(j, j + 1)] for j in range(n)]
+        table = [[predicted[(a, b)] for b in range(a + 1, n + 1)] for a in range(n)]
         for k, tiles in tilings.items():
             fit = Correction.fit(singles, [(r, predicted[r], times[r]) for r in tiles])
             test = [r for r in ranges if r not in tiles]
             corrected = [predicted[r] * fit.factor(*r) for r in test]
             local.add(f"corrected+{k}", corrected, [times[r] for r in test])
+            mixed, _ = blended(table, tiles, [times[r] for r in tiles], [(r, times[r]) for r in reps])
+            test = [r for r in test if r not in reps]  # the representatives chose the blend's weight
+            local.add(f"blended+{k}", [mixed[a][b - a - 1] for a, b in test], [times[r] for r in test])
         local.add("flops-linear", flops_linear(predictor.layer_flops, h, ranges), measured)
         local.add("lookup-table", lookup_table(_layer_times(times, n), ranges), measured)
         reference = _times(reference_record(training, int(record["batch_size"])))

@@ -1,8 +1,8 @@
 """Dynamic prediction and adaptive update during a run (papers/004 Sec. 3.2), as policy without I/O.
 
 The central node keeps one :class:`DeviceTimes`: every device's ``h`` (from its announcement), the
-predicted seconds of every contiguous layer range on it (the DP's tables, eq. 10; with ``correction``,
-corrected per layer by the tiling the device measured with its ``h``, :mod:`.correction`), and the measured
+predicted seconds of every contiguous layer range on it (the DP's tables, eq. 10; unless ``correction`` is
+``none``, corrected by the tiling the device measured with its ``h``, :mod:`.correction`), and the measured
 stage times that ride with the gradients. :meth:`DeviceTimes.observe` compares a measured time with the
 prediction: beyond ``epsilon`` (relative) the device's computing resources changed and its ``h`` should
 be measured again (the caller asks the device). Every observation is also a sample of ``D^``;
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from edgeagent.predictor.correction import Correction, even_tiling
+from edgeagent.predictor.correction import Correction, blended, even_tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.submodels import REPRESENTATIVES, Range, representative
 
@@ -42,6 +42,10 @@ def valid_h(h: Sequence[float]) -> bool:
 
 
 DriftRule = Literal["paper", "changed"]
+# How the tiles a device measured with its h correct its predicted table: blend (the per-layer correction
+# and the tiles taken as additive, weighed by h), tiles (the per-layer correction), none (the paper's).
+CorrectionMode = Literal["blend", "tiles", "none"]
+CORRECTIONS: tuple[CorrectionMode, ...] = ("blend", "tiles", "none")
 
 
 class DeviceTimes:
@@ -54,7 +58,7 @@ class DeviceTimes:
         epsilon: float = 0.1,
         max_samples: int = 64,
         drift: DriftRule = "changed",
-        correction: bool = True,
+        correction: CorrectionMode = "blend",
         tiling: Sequence[Range] | None = None,
     ) -> None:
         """``tiling``: the ranges the devices measure with their ``h`` (the model's
@@ -63,6 +67,8 @@ class DeviceTimes:
             raise ValueError(f"epsilon {epsilon} must be a finite number > 0 (a share, e.g. 0.1 for 10 %)")
         if drift not in ("paper", "changed"):
             raise ValueError(f"drift rule {drift!r}: allowed 'paper', 'changed'")
+        if correction not in CORRECTIONS:
+            raise ValueError(f"correction {correction!r}: allowed {', '.join(map(repr, CORRECTIONS))}")
         self.predictor = predictor
         self.epsilon = epsilon
         self.drift = drift
@@ -74,6 +80,7 @@ class DeviceTimes:
         self.samples: dict[tuple[str, int, int], Sample] = {}  # D^: the latest per device and range
         self.adaptations = 0
         self._tables: dict[str, list[list[float]]] = {}
+        self.blend_weights: dict[str, float] = {}  # per device: the blend's weight on the correction
         self._adapted_on: dict[tuple[str, int, int], float] = {}  # the D^ the predictor was adapted on
         # Per device and range under this h: how many times were observed, and the last as measured
         # (before ``load``).
@@ -121,13 +128,19 @@ class DeviceTimes:
         if cached is not None or h is None:
             return cached
         table = predictor.table(h)
-        if self.correction and tiles:
+        weight = None
+        if self.correction == "tiles" and tiles:
             pairs = zip(self.tiling, tiles, strict=True)
             samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in pairs]
             table = Correction.fit([row[0] for row in table], samples).apply(table)
+        elif self.correction == "blend" and tiles:
+            judges = list(zip(representative(predictor.layer_flops), h, strict=True))
+            table, weight = blended(table, self.tiling, tiles, judges)
         with self._lock:
             if self.predictor is predictor and self.h.get(device) == h:
                 self._tables[device] = table
+                if weight is not None:
+                    self.blend_weights[device] = weight
         return table
 
     def predict(self, device: str, start: int, end: int) -> float | None:
@@ -209,4 +222,4 @@ class DeviceTimes:
         return len(samples)
 
 
-__all__ = ["DeviceTimes", "Drift", "DriftRule", "valid_h"]
+__all__ = ["CORRECTIONS", "CorrectionMode", "DeviceTimes", "Drift", "DriftRule", "valid_h"]

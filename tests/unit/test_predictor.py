@@ -14,7 +14,7 @@ import torch
 from edgeagent.models import ModelSpec
 from edgeagent.planner.dp import Link, Problem, brute_force, compute_time, predict, solve
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
-from edgeagent.predictor.correction import Correction, even_tiling
+from edgeagent.predictor.correction import Correction, blended, even_tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import load, save
 from edgeagent.predictor.submodels import all_ranges, by_flops, encode, representative
@@ -306,8 +306,9 @@ def test_the_tiles_a_device_measured_correct_its_table(trained: LatencyPredictor
     device = _device(2.0, 1.0, 1e-3)
     h = [device(a, b) for a, b in representative(FLOPS)]
     tiles = [1.5 * device(a, b) for a, b in even_tiling(LAYERS)]
-    plain = DeviceTimes(trained, correction=False)
-    corrected = DeviceTimes(trained)
+    plain = DeviceTimes(trained, correction="none")
+    corrected = DeviceTimes(trained, correction="tiles")
+    mixed = DeviceTimes(trained)  # blend, the default
     broken = DeviceTimes(trained)
     assert plain.set_h("w1", h, tiles) and corrected.set_h("w1", h, tiles)
     assert broken.set_h("w1", h, tiles[:-1]) and broken.tiles["w1"] == ()  # one tile short: not used
@@ -317,3 +318,10 @@ def test_the_tiles_a_device_measured_correct_its_table(trained: LatencyPredictor
     expected = Correction.fit([row[0] for row in table], samples).apply(table)
     assert corrected.table("w1") == expected != table
     assert corrected.predict("w1", 2, 5) == expected[2][2]
+    assert mixed.set_h("w1", h, tiles)
+    judges = list(zip(representative(FLOPS), h, strict=True))
+    blend_table, weight = blended(table, even_tiling(LAYERS), tiles, judges)
+    assert mixed.table("w1") == blend_table != table
+    assert mixed.blend_weights == {"w1": weight} and not corrected.blend_weights
+    with pytest.raises(ValueError, match="correction 'tile': allowed 'blend', 'tiles', 'none'"):
+        DeviceTimes(trained, correction="tile")  # type: ignore[arg-type]

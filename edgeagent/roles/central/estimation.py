@@ -64,7 +64,7 @@ class Estimation(Setup):
             predictor,
             epsilon=self.config.epsilon,
             drift=self.config.drift_rule,
-            correction=self.config.correction == "tiles",
+            correction=self.config.correction,
             tiling=model_tiling(self.spec, predictor.layer_flops),
         )
         for device in self.worker_list[1:]:
@@ -88,22 +88,26 @@ class Estimation(Setup):
                 len(msg.tiles),
                 len(times.tiling),
             )
+        times.table(msg.device_id)  # corrects it now: the blend's weight is known from here on
+        weight = times.blend_weights.get(msg.device_id)
         self.characterisations.append(
             {
                 "device": msg.device_id,
                 "h": [round(v, 6) for v in msg.h],
                 "tiles": [round(v, 6) for v in times.tiles.get(msg.device_id, ())],
+                "blend": weight,
                 "seconds": round(msg.h_seconds, 3),
                 "batch": len(self.report.timeline) if self.train_started else 0,
             }
         )
         log.info(
-            "%s: h %.1f-%.1f ms, %d tiles (measured in %.1f s)",
+            "%s: h %.1f-%.1f ms, %d tiles (measured in %.1f s)%s",
             msg.device_id,
             1e3 * min(msg.h),
             1e3 * max(msg.h),
             len(times.tiles.get(msg.device_id, ())),
             msg.h_seconds,
+            "" if weight is None else f"; its times {weight:.0%} per-layer correction, the rest tiles",
         )
         return True
 
