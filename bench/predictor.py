@@ -50,7 +50,8 @@
    oracle, 5.60x, 4.72x and 4.99x uniform; FTPipeHD 0.74x, 0.78x and 0.75x; the paper's drift rule
    0.74x, 0.66x and 0.72x (h measured 4 times against 2). After the retraining on 32 configurations and
    the tiles by layer kind (one invocation): predictor 1.06x oracle and 4.95x uniform, its first split
-   the oracle's; without the tiles 0.98x; FTPipeHD 0.78x.
+   the oracle's; without the tiles 0.98x; FTPipeHD 0.78x. With the blend (one invocation): predictor
+   0.99x oracle and 4.59x uniform; without the tiles 0.97x; FTPipeHD 0.78x.
 3. **Drift**: three equal devices, worker-1 becomes 5x slower at batch 60; the predictor's dynamic
    prediction sees the drift, asks for a new h and re-splits.
 """
