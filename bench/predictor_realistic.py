@@ -42,9 +42,9 @@ about 5 s each); ``--link-epochs 2`` (accuracies in part 2 above chance) about 1
 Per scenario:
 
 1. **LP vs FTPipeHD** on loopback links: ``--estimator predictor`` (every worker measures ``h`` when it
-   is discovered, with the tiling that corrects the predictor (``--correction blend``), and the first split already
-   uses predicted per-device times), the same without the tiles (``--correction none``: the paper's
-   predictor), and ``--estimator capacity`` (FTPipeHD: the equal split, re-split from measured
+   is discovered, with the tiling that corrects the predictor, ``--correction blend``, and the first
+   split already uses predicted per-device times), the same without the tiles (``--correction none``:
+   the paper's predictor), and ``--estimator capacity`` (FTPipeHD: the equal split, re-split from measured
    capacities after 10 batches, then every 100). Printed: samples/s over the run
    (``report.samples_per_second``: training time, evaluation out) and from the capacity run's first
    re-split on (its re-split batch + the batches in flight + 5,
