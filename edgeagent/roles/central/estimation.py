@@ -107,7 +107,7 @@ class Estimation(Setup):
             1e3 * max(msg.h),
             len(times.tiles.get(msg.device_id, ())),
             msg.h_seconds,
-            "" if weight is None else f"; its times {weight:.0%} per-layer correction, the rest tiles",
+            "" if weight is None else f"; corrected {weight:.0%} per layer, {1 - weight:.0%} by tiles summed",
         )
         return True
 
