@@ -154,7 +154,7 @@ def additive(table: Sequence[Sequence[float]], tiles: Sequence[Range], seconds: 
         raise ValueError(f"the tiles {list(tiles)} do not cover the {n} layers of the table once, in order")
     of = [i for i, (a, b) in enumerate(tiles) for _ in range(a, b)]  # each layer's tile
 
-    def time(s: int, e: int) -> float:
+    def range_seconds(s: int, e: int) -> float:
         total = 0.0
         for i in range(of[s], of[e - 1] + 1):
             a, b = tiles[i]
@@ -162,7 +162,7 @@ def additive(table: Sequence[Sequence[float]], tiles: Sequence[Range], seconds: 
             total += seconds[i] * table[lo][hi - lo - 1] / table[a][b - a - 1]
         return total
 
-    return [[time(s, e) for e in range(s + 1, n + 1)] for s in range(n)]
+    return [[range_seconds(s, e) for e in range(s + 1, n + 1)] for s in range(n)]
 
 
 def blend(corrected: Sequence[float], tiled: Sequence[float], measured: Sequence[float]) -> float:
@@ -192,7 +192,8 @@ def blended(
     samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in zip(tiles, seconds, strict=True)]
     corrected = Correction.fit([row[0] for row in table], samples, ridge=ridge).apply(table)
     tiled = additive(table, tiles, seconds)
-    judged = [((a, b), t) for (a, b), t in judges if (a, b) not in set(tiles) and 0 <= a < b <= len(table)]
+    used = set(tiles)
+    judged = [((a, b), t) for (a, b), t in judges if (a, b) not in used and 0 <= a < b <= len(table)]
     w = blend(
         [corrected[a][b - a - 1] for (a, b), _ in judged],
         [tiled[a][b - a - 1] for (a, b), _ in judged],
