@@ -143,6 +143,18 @@ class Correction:
 Table = list[list[float]]  # table[s][e - s - 1]: seconds of [s, e)
 
 
+def per_layer(
+    table: Sequence[Sequence[float]],
+    tiles: Sequence[Range],
+    seconds: Sequence[float],
+    *,
+    ridge: float = RIDGE,
+) -> Table:
+    """The predicted ``table`` corrected by :class:`Correction` fitted on the measured ``tiles``."""
+    samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in zip(tiles, seconds, strict=True)]
+    return Correction.fit([row[0] for row in table], samples, ridge=ridge).apply(table)
+
+
 def additive(table: Sequence[Sequence[float]], tiles: Sequence[Range], seconds: Sequence[float]) -> Table:
     """Every range as the sum, over the ``tiles`` it meets (a tiling: contiguous, covering the model once),
     of the tile's measured ``seconds`` times the part's share of the tile in the predicted ``table``."""
@@ -189,8 +201,7 @@ def blended(
     """The predicted ``table`` corrected from the measured ``tiles`` (:class:`Correction`) and
     :func:`additive`, blended by the weight that fits the measured ``judges`` best (ranges other than
     the tiles: the device's representatives); returns the table and the weight."""
-    samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in zip(tiles, seconds, strict=True)]
-    corrected = Correction.fit([row[0] for row in table], samples, ridge=ridge).apply(table)
+    corrected = per_layer(table, tiles, seconds, ridge=ridge)
     tiled = additive(table, tiles, seconds)
     used = set(tiles)
     judged = [((a, b), t) for (a, b), t in judges if (a, b) not in used and 0 <= a < b <= len(table)]
@@ -216,5 +227,6 @@ __all__ = [
     "blend",
     "blended",
     "even_tiling",
+    "per_layer",
     "tiling",
 ]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from edgeagent.predictor.correction import Correction, blended, even_tiling
+from edgeagent.predictor.correction import blended, even_tiling, per_layer
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.submodels import REPRESENTATIVES, Range, representative
 
@@ -103,6 +103,7 @@ class DeviceTimes:
             self.h[device] = values
             self.tiles[device] = tiled
             self._tables.pop(device, None)
+            self.blend_weights.pop(device, None)  # the new table's, once it is computed
             for key in [k for k in self.samples if k[0] == device]:
                 del self.samples[key]  # measured under the old resources
             for key in [k for k in self._observed if k[0] == device]:
@@ -130,9 +131,7 @@ class DeviceTimes:
         table = predictor.table(h)
         weight = None
         if self.correction == "tiles" and tiles:
-            pairs = zip(self.tiling, tiles, strict=True)
-            samples = [((a, b), table[a][b - a - 1], t) for (a, b), t in pairs]
-            table = Correction.fit([row[0] for row in table], samples).apply(table)
+            table = per_layer(table, self.tiling, tiles)
         elif self.correction == "blend" and tiles:
             judges = list(zip(representative(predictor.layer_flops), h, strict=True))
             table, weight = blended(table, self.tiling, tiles, judges)
