@@ -9,7 +9,9 @@
    of the training machine's kind (``mobilenetv2-digits-heldout-third.json``, ``--rounds 8``) and on CPUs
    of two other kinds emulated by their instruction set (``mobilenetv2-digits-heldout-isa.json``, ``--set
    heldout-isa``: AVX2 and SSE kernels instead of this machine's AVX-512, under a quota and batch size
-   those kinds never had in training): the share of MobileNetV2's 231 contiguous sub-models
+   those kinds never had in training), and once more on a fourth VM whose timings hardly repeat
+   (``mobilenetv2-digits-heldout-noisy.json``, an Intel Xeon, ``--rounds 8``: what noise does to every
+   method): the share of MobileNetV2's 231 contiguous sub-models
    predicted within ±5 % and ±10 %, for the shipped predictor (our ``features`` variant) before and after
    2, 4 and 8 adaptive samples (``predictor+k``: the paper's update on the representatives;
    ``corrected+k``: ours, the per-layer correction from a tiling of the model into k ranges by layer
@@ -27,7 +29,8 @@
    fastest of 4 windows (8 on the unseen machine and the third VM) interleaved over the collection, a
    window the mean of back-to-back runs over at least 2 runs and 0.25 s (the paper: the mean of 100
    runs), with OpenMP's idle threads sleeping (OMP_WAIT_POLICY=PASSIVE). The script also prints how well
-   each configuration's windows agree with each other (split-half).
+   each configuration's windows agree with each other (split-half), how many of blended+8's misses lie
+   inside one tile, and a summary row per set (blended+8, the best baseline, the split-half, the goal).
 
    Figures (2026-11-26, 32 training configurations), blended+8 within ±10 %: 96.5 % on the training
    machine, 94.0 % on the unseen machine, 91.9 % on the third VM, 92.5 % on the emulated CPUs; ±5 %:
@@ -39,7 +42,7 @@
    capacity 60.6 %, 64.4 %, 52.2 %, 44.4 %. The goal (>= 95 % and better than every baseline) is met on
    the training machine; on the unseen machine and the third VM ours (blended+8) is better than every
    baseline but under 95 %; on the emulated CPUs the look-up table (21 measured layers) is better
-   (docs/design.md).
+   (docs/design.md). On the noisy fourth VM (split-half 41.3 %) blended+8 47.8 %, look-up table 57.0 %.
 2. **Whole-run heterogeneity** (MobileNetV2, digits, batch 32, slowdowns 1,1,10, ``--epochs`` epochs):
    samples/s of the uniform split, FTPipeHD's dynamic split (``--estimator capacity``), AccEPT's
    (``--estimator predictor``, the DP's ties broken by ``--tie-break slack``; also with FTPipeHD's
@@ -82,6 +85,7 @@ from edgeagent.roles.central import RunReport
 DATA = Path(__file__).resolve().parents[1] / "edgeagent" / "predictor" / "data"
 SPEC = ModelSpec("mobilenetv2", (1, 8, 8), 10)
 PAPER = {"±5%": 0.88, "±10%": 0.95}
+BASELINES = ("flops-linear", "lookup-table", "capacity")  # the issue's three
 
 
 HELD_OUT = {
@@ -93,6 +97,9 @@ HELD_OUT = {
     "accuracy_emulated_cpus": ("held out of training, on CPUs of two other kinds emulated by their "
                                "instruction set (AVX2, SSE; a quota and batch size those kinds never had "
                                "in training)", "mobilenetv2-digits-heldout-isa.json"),
+    "accuracy_noisy_machine": ("held out of training, measured on a fourth VM (an Intel Xeon) whose timings "
+                               "hardly repeat: how the measurement's own noise bounds every method",
+                               "mobilenetv2-digits-heldout-noisy.json"),
 }  # fmt: skip
 
 
@@ -112,6 +119,23 @@ def accuracy(results: dict[str, Any]) -> None:
     )
     for key, (label, name) in HELD_OUT.items():
         results[key] = _accuracy_on(label, load_records(DATA / name), ours, paper, training)
+    print("\n   Summary, within ±10 % (goal: blended+8 >= 95 % and better than every baseline):")
+    print(f"   {'held-out set':<18}{'blended+8':>10}{'best baseline':>30}{'split-half':>12}{'goal':>6}")
+    for key, (_, name) in HELD_OUT.items():
+        table = results[key]["mean"]
+        ours_ten = table["blended+8"][1]
+        best = max(BASELINES, key=lambda m: table[m][1])
+        met = ours_ten >= PAPER["±10%"] and all(ours_ten > table[m][1] for m in BASELINES)
+        where = name.removeprefix("mobilenetv2-digits-").removesuffix(".json")
+        repeat = f"{table['measurement repeat'][1]:.1%}" if "measurement repeat" in table else "-"
+        print(
+            f"   {where:<18}{ours_ten:>10.1%}{best:>22}{table[best][1]:>8.1%}{repeat:>12}"
+            f"{'met' if met else 'not':>6}"
+        )
+    print(
+        "   (split-half: the measurement against itself, each half the windows; a set whose windows do "
+        "not repeat is no test of a predictor)"
+    )
 
 
 def _accuracy_on(
@@ -148,11 +172,18 @@ def _accuracy_on(
     print("   per configuration (±10 %):")
     ceilings = []
     for row, prow, record in zip(rows, paper_rows, held_out, strict=True):
-        cells = ", ".join(f"{m} {v[1]:.0%}" for m, v in row.items() if m != "config")
+        cells = ", ".join(f"{m} {v[1]:.0%}" for m, v in row.items() if m not in ("config", "misses"))
         repeat = repeatability(record)
         ceiling = "" if repeat is None else f"; its windows' split-half agreement {repeat[1]:.0%}"
         ceilings.append(repeat)
         print(f"     {row['config']}: {cells}; paper-variant+8 {prow['predictor+8'][1]:.0%}{ceiling}")
+    counts = [row["misses"]["blended+8"] for row in rows]
+    missed, inside = (sum(c[key] for c in counts) for key in ("missed", "missed inside one tile"))
+    tested, tested_inside = (sum(c[key] for c in counts) for key in ("tested", "tested inside one tile"))
+    print(
+        f"   blended+8 missed ±10 % on {missed} of {tested} sub-models; {inside} of them lie inside one tile "
+        f"(the predictor's shares of the tile decide), which are {tested_inside} of the {tested} tested"
+    )
     known = [c for c in ceilings if c is not None]
     if known:
         five, ten = (sum(c[i] for c in known) / len(known) for i in (0, 1))

@@ -84,6 +84,12 @@ def _layer_times(times: Mapping[Range, float], num_layers: int) -> list[float]:
     return [times[(j, j + 1)] for j in range(num_layers)]
 
 
+def _inside_one_tile(tiles: Sequence[Range], ranges: Sequence[Range]) -> int:
+    """How many of ``ranges`` lie inside one of ``tiles``: no tile measures them, the predictor's shares
+    of the tile decide."""
+    return sum(any(a <= s and e <= b for a, b in tiles) for s, e in ranges)
+
+
 def evaluate(
     predictor: LatencyPredictor,
     held_out: Sequence[Mapping[str, Any]],
@@ -91,7 +97,9 @@ def evaluate(
     *,
     adapt_steps: int = 300,
 ) -> tuple[Scores, list[dict[str, Any]]]:
-    """Scores over ``held_out`` and one row per configuration (its name and every method's shares)."""
+    """Scores over ``held_out`` and one row per configuration (its name, every method's shares and, under
+    ``misses``, per ``blended+k`` how many sub-models it tested and predicted outside ±10 %, and how many of
+    each lie inside one tile)."""
     scores = Scores()
     per_config: list[dict[str, Any]] = []
     n = predictor.num_layers
@@ -114,6 +122,7 @@ def evaluate(
             local.add(f"predictor+{k}", adapted.predict(test, h), [times[r] for r in test])
         singles = [predicted[(j, j + 1)] for j in range(n)]
         table = [[predicted[(a, b)] for b in range(a + 1, n + 1)] for a in range(n)]
+        misses: dict[str, dict[str, int]] = {}  # blended+k's sub-models outside ±10 %
         for k, tiles in tilings.items():
             fit = Correction.fit(singles, [(r, predicted[r], times[r]) for r in tiles])
             test = [r for r in ranges if r not in tiles]
@@ -122,6 +131,13 @@ def evaluate(
             mixed, _ = blended(table, tiles, [times[r] for r in tiles], [(r, times[r]) for r in reps])
             test = [r for r in test if r not in reps]  # the representatives chose the blend's weight
             local.add(f"blended+{k}", [mixed[a][b - a - 1] for a, b in test], [times[r] for r in test])
+            missed = [r for r in test if abs(mixed[r[0]][r[1] - r[0] - 1] - times[r]) > BOUNDS[1] * times[r]]
+            misses[f"blended+{k}"] = {
+                "tested": len(test),
+                "tested inside one tile": _inside_one_tile(tiles, test),
+                "missed": len(missed),
+                "missed inside one tile": _inside_one_tile(tiles, missed),
+            }
         local.add("flops-linear", flops_linear(predictor.layer_flops, h, ranges), measured)
         local.add("lookup-table", lookup_table(_layer_times(times, n), ranges), measured)
         reference = _times(reference_record(training, int(record["batch_size"])))
@@ -131,7 +147,7 @@ def evaluate(
         local.add("capacity", capacity_ratio(ref_layers, stage, times[stage], ranges), measured)
         for method, pairs in local.rows.items():
             scores.rows.setdefault(method, []).extend(pairs)
-        per_config.append({"config": record["config"].get("name", "?"), **local.mean()})
+        per_config.append({"config": record["config"].get("name", "?"), **local.mean(), "misses": misses})
     return scores, per_config
 
 

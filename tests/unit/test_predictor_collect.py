@@ -301,3 +301,19 @@ def test_an_instruction_set_the_cpu_lacks_is_an_error(monkeypatch: pytest.Monkey
     cfg = ResourceConfig.named(1, batch_size=4, isa="avx2")
     with pytest.raises(RuntimeError, match=r"asked for the avx2 .* runs DEFAULT: this CPU lacks it"):
         collect_mod.measure_config(cfg, TINY, 1, rounds=1)
+
+
+def test_the_shipped_data_sets_validate_and_hold_their_configurations_out_of_training() -> None:
+    """Every data set under edgeagent/predictor/data loads (validated), names the command and machine that
+    measured it, is of one model, and no held-out configuration was measured on that machine in training."""
+    data = Path(collect_mod.__file__).resolve().parent / "data"
+    training = load_document(data / "mobilenetv2-digits.json")
+    key = training["records"][0]["model_key"]
+    trained = {(r["config"]["name"], r["cpu"]) for r in training["records"]}
+    held_out = sorted(p for p in data.glob("*.json") if "heldout" in p.name)
+    assert len(held_out) >= 5
+    for path in held_out:
+        doc = load_document(path)
+        assert doc["provenance"]["command"] and doc["provenance"]["machine"]["cpu"], path.name
+        assert {r["model_key"] for r in doc["records"]} == {key}, path.name
+        assert not {(r["config"]["name"], r["cpu"]) for r in doc["records"]} & trained, path.name

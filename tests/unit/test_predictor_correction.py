@@ -118,11 +118,16 @@ def test_eight_tiles_beat_the_papers_eight_samples_on_the_unseen_machine() -> No
     assert predictor is not None
     held_out = load_records(DATA / "mobilenetv2-digits-heldout-unseen.json")
     training = load_records(DATA / "mobilenetv2-digits.json")
-    scores, _ = evaluate(predictor, held_out, training, adapt_steps=1)
+    scores, rows = evaluate(predictor, held_out, training, adapt_steps=1)
     mean = {method: ten for method, (_five, ten) in scores.mean().items()}
     assert mean["corrected+8"] > mean["predictor"] + 0.03
     assert mean["corrected+8"] > mean["lookup-table"]
     assert mean["blended+8"] > mean["corrected+8"]  # 94.0 against 93.2 % (shipped data and weights)
+    for row in rows:  # the misses counted agree with the share; 231 sub-models - 8 tiles - 10 representatives
+        count = row["misses"]["blended+8"]
+        assert (count["tested"], count["tested inside one tile"]) == (213, 31)
+        assert 1 - count["missed"] / 213 == pytest.approx(row["blended+8"][1])
+        assert 0 <= count["missed inside one tile"] <= min(count["missed"], 31)
 
 
 def _table(times: list[float], overhead: float = 0.0) -> list[list[float]]:
