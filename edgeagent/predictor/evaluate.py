@@ -130,8 +130,10 @@ def evaluate(
             local.add(f"corrected+{k}", corrected, [times[r] for r in test])
             mixed, _ = blended(table, tiles, [times[r] for r in tiles], [(r, times[r]) for r in reps])
             test = [r for r in test if r not in reps]  # the representatives chose the blend's weight
-            local.add(f"blended+{k}", [mixed[a][b - a - 1] for a, b in test], [times[r] for r in test])
-            missed = [r for r in test if abs(mixed[r[0]][r[1] - r[0] - 1] - times[r]) > BOUNDS[1] * times[r]]
+            guesses = [mixed[a][b - a - 1] for a, b in test]
+            local.add(f"blended+{k}", guesses, [times[r] for r in test])
+            guessed = zip(test, guesses, strict=True)
+            missed = [r for r, g in guessed if abs(g - times[r]) > BOUNDS[1] * times[r]]
             misses[f"blended+{k}"] = {
                 "tested": len(test),
                 "tested inside one tile": _inside_one_tile(tiles, test),
