@@ -9,14 +9,13 @@ every sample of the step.
 
 from __future__ import annotations
 
-import copy
 import hashlib
-from typing import Any
 
 import torch
 from torch import nn
 
 from edgeagent.models import ModelSpec, build_model
+from edgeagent.pipeline.sgd import SGD
 from edgeagent.pipeline.stage import TrainOptions
 
 
@@ -27,12 +26,7 @@ class Replica:
         self.model: nn.Module = build_model(spec, seed=seed)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.size = sum(p.numel() for p in self.params)
-        self.optimizer = torch.optim.SGD(
-            self.params,
-            lr=options.learning_rate,
-            momentum=options.momentum,
-            weight_decay=options.weight_decay,
-        )
+        self.optimizer = SGD(self.params, options)
         self.loss_fn = nn.CrossEntropyLoss(reduction="sum")
 
     def flat(self) -> torch.Tensor:
@@ -69,11 +63,11 @@ class Replica:
             offset += p.numel()
         self.optimizer.step()
 
-    def snapshot(self) -> tuple[torch.Tensor, dict[str, Any]]:
+    def snapshot(self) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Parameters and optimizer state, to undo an update (:meth:`restore`)."""
-        return self.flat(), copy.deepcopy(self.optimizer.state_dict())
+        return self.flat(), self.optimizer.state_dict()
 
-    def restore(self, snap: tuple[torch.Tensor, dict[str, Any]]) -> None:
+    def restore(self, snap: tuple[torch.Tensor, dict[int, torch.Tensor]]) -> None:
         self.load_flat(snap[0], reset_momentum=False)
         self.optimizer.load_state_dict(snap[1])
 

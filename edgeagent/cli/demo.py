@@ -41,6 +41,7 @@ from edgeagent.ops.cgroups import (
 )
 from edgeagent.ops.logs import console
 from edgeagent.roles.central import Central, ProgressHook, RunReport
+from edgeagent.roles.central.node import load_run
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +414,8 @@ def run_demo(
     if links and len(links) not in (1, workers + 1):
         raise ValueError(f"--link-mbps needs 1 or {workers + 1} values (central first), got {len(links)}")
     rates = (links * (workers + 1) if len(links) == 1 else links) if links else [0.0] * (workers + 1)
+    if not config.resume:  # the data set, the model, its options and the workers fit (a resumed run: its own)
+        load_run(config.model_copy(update={"workers": workers}), quiet=True)
     cluster = config.cluster if config.cluster != "default" else f"demo-{uuid.uuid4().hex[:6]}"
     if cpu:
         cgroup_root(cluster)  # the cluster must name a group

@@ -2,11 +2,16 @@
 
 * :mod:`.train`: ``demo``, ``central``, ``worker``;
 * :mod:`.broker`: ``broker``, ``credentials``, ``certs``;
-* :mod:`.ops`: ``monitor``, ``profile``.
+* :mod:`.ops`: ``monitor``, ``profile``;
+* :mod:`.predictor`: ``predictor``.
+
+A command's module is imported when that command runs: ``broker``, ``credentials``, ``certs``,
+``monitor`` and ``profile`` never import torch (seconds on a Pi), nor does a typo in a command name.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import pickle
 import sys
@@ -14,10 +19,6 @@ from typing import Any, NoReturn
 
 import click
 
-from edgeagent.cli.broker import broker, certs_command, credentials
-from edgeagent.cli.ops import monitor, profile
-from edgeagent.cli.predictor import predictor
-from edgeagent.cli.train import central, demo, worker
 from edgeagent.errors import EdgeAgentError, ProtocolError, TrainingError
 
 log = logging.getLogger("edgeagent")
@@ -52,8 +53,34 @@ def _fail(exc: BaseException, command: str = "edgeagent") -> NoReturn:
     sys.exit(1 if isinstance(exc, TrainingError | ProtocolError) else 2)
 
 
+# command name -> (module, attribute): imported on first use (see the module doc).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("edgeagent.cli.train", "demo"),
+    "central": ("edgeagent.cli.train", "central"),
+    "worker": ("edgeagent.cli.train", "worker"),
+    "broker": ("edgeagent.cli.broker", "broker"),
+    "credentials": ("edgeagent.cli.broker", "credentials"),
+    "certs": ("edgeagent.cli.broker", "certs_command"),
+    "monitor": ("edgeagent.cli.ops", "monitor"),
+    "profile": ("edgeagent.cli.ops", "profile"),
+    "predictor": ("edgeagent.cli.predictor", "predictor"),
+}
+
+
 class _Cli(click.Group):
-    """The ``edgeagent`` group: runs every subcommand under the one error boundary (see the Note)."""
+    """The ``edgeagent`` group: runs every subcommand under the one error boundary (see the Note), and
+    imports a subcommand's module only when it is asked for (:data:`COMMANDS`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        command = getattr(importlib.import_module(where[0]), where[1])
+        assert isinstance(command, click.Command), where
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -66,14 +93,3 @@ class _Cli(click.Group):
 @click.version_option(package_name="edgeagent")
 def main() -> None:
     """Train one PyTorch model across several edge devices as an asynchronous pipeline over MQTT."""
-
-
-main.add_command(demo)
-main.add_command(central)
-main.add_command(worker)
-main.add_command(broker)
-main.add_command(credentials)
-main.add_command(certs_command)
-main.add_command(monitor)
-main.add_command(profile)
-main.add_command(predictor)

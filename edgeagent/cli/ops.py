@@ -27,16 +27,37 @@ __all__ = ["monitor", "profile"]
     help="Keep listing devices that left (shut down cleanly); by default they are hidden "
     "30 s after leaving, at once if they had left before the monitor started.",
 )
+@click.option(
+    "--connect-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds to wait for the broker before giving up (longer over a slow or flaky link).",
+)
 @access_options
 def monitor(
-    broker: str, cluster: str | None, refresh: float, duration: float | None, show_left: bool, **kw: Any
+    broker: str,
+    cluster: str | None,
+    refresh: float,
+    duration: float | None,
+    show_left: bool,
+    connect_timeout: float,
+    **kw: Any,
 ) -> None:
     """A live dashboard of the cluster: devices, stages, throughput, heartbeats and events."""
     from edgeagent.ops.monitor import run_monitor
 
     setup_logging("WARNING")
     url, tls = resolve_access(broker, kw, "monitor")
-    run_monitor(broker=url, cluster=cluster, refresh=refresh, duration=duration, tls=tls, show_left=show_left)
+    run_monitor(
+        broker=url,
+        cluster=cluster,
+        refresh=refresh,
+        duration=duration,
+        tls=tls,
+        show_left=show_left,
+        connect_timeout=connect_timeout,
+    )
 
 
 @click.group()

@@ -23,6 +23,8 @@ from torch import nn
 from torch.func import functional_call
 
 from edgeagent.errors import TrainingError
+from edgeagent.pipeline.backward import backward_with
+from edgeagent.pipeline.sgd import SGD
 
 
 class StageModule(nn.Module):
@@ -104,16 +106,7 @@ class Stage:
         self.is_first = is_first
         self.is_last = is_last
         params = list(module.parameters())
-        self.optimizer = (
-            torch.optim.SGD(
-                params,
-                lr=options.learning_rate,
-                momentum=options.momentum,
-                weight_decay=options.weight_decay,
-            )
-            if params
-            else None
-        )
+        self.optimizer = SGD(params, options) if params else None
         self.version = version
         self._stash: dict[int, dict[str, torch.Tensor]] = {version: self._snapshot()}
         self._in_flight: dict[int, _InFlight] = {}
@@ -232,7 +225,7 @@ class Stage:
                 raise TrainingError(
                     f"gradient of batch {batch_id} has shape {got}, expected {tuple(entry.output.shape)}"
                 )
-            entry.output.backward(grad_output)
+            backward_with(entry.output, grad_output)
         grad_input = None if self.is_first else entry.inputs.grad
         if defer:
             grads = {

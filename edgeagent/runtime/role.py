@@ -292,7 +292,12 @@ class Role:
             self._beat, "interval", seconds=interval, id="heartbeat", max_instances=1, coalesce=True
         )
         self._scheduler.start()
-        self.transport.on_connect(self._republish_status)
+        self.transport.on_connect(self._on_reconnect)
+        self._beat()  # at once: a monitor (and the central node) sees the device before the first interval
+
+    def _on_reconnect(self) -> None:
+        self._republish_status()
+        self._beat()
 
     def start_metrics(self, interval: float, snapshot: Callable[[], dict[str, Any] | None]) -> None:
         """Publish ``snapshot()`` on this device's metrics topic every ``interval`` seconds (JSON)."""

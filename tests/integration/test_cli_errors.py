@@ -87,7 +87,8 @@ def test_a_broker_on_a_port_in_use(busy_port: int) -> None:
 
 def test_a_monitor_without_a_broker_exits_non_zero() -> None:
     """It used to print the error and exit 0, so scripts thought it had run."""
-    assert_user_error(run_cli("monitor", "--broker", "mqtt://127.0.0.1:1", "--duration", "1"), "cannot reach")
+    proc = run_cli("monitor", "--broker", "mqtt://127.0.0.1:1", "--duration", "1", "--connect-timeout", "1.5")
+    assert_user_error(proc, "cannot reach", "within 1.5 s")
 
 
 def test_profile_push_from_a_missing_directory(tmp_path: Path) -> None:
@@ -129,10 +130,11 @@ def test_certs_in_a_directory_that_cannot_be_made(tmp_path: Path) -> None:
         (("--mode", "pipeline", "--workers", "9"), "9 workers"),
     ],
 )
-@pytest.mark.slow  # each case starts the demo's broker and workers before the run refuses the input
 def test_demo_with_bad_training_input(args: tuple[str, ...], expected: str, tmp_path: Path) -> None:
-    proc = run_cli("demo", "--no-progress", "--epochs", "1", "--log-level", "ERROR", *args, cwd=tmp_path)
+    """Refused before the demo starts its broker and workers (it once started them, then refused)."""
+    proc = run_cli("demo", "--no-progress", "--epochs", "1", "--log-level", "INFO", *args, cwd=tmp_path)
     assert_user_error(proc, expected)
+    assert "broker listening" not in proc.stderr and "waiting for" not in proc.stderr, proc.stderr
 
 
 def test_central_with_more_workers_than_layers(amqtt_url: str, cluster: str) -> None:
@@ -147,3 +149,31 @@ def test_central_with_more_workers_than_layers(amqtt_url: str, cluster: str) -> 
 def test_central_with_an_unknown_model(amqtt_url: str, cluster: str) -> None:
     proc = run_cli("central", "--broker", amqtt_url, "--cluster", cluster, "--model", "resnet")
     assert_user_error(proc, "unknown model 'resnet'")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("broker", "--help", "0"),
+        ("credentials", "add", "--dir", "{tmp}/creds", "pi-1", "0"),
+        ("certs", "{tmp}/tls", "--host", "127.0.0.1", "--device", "pi-1", "0"),
+        ("profile", "push", "--dir", "{tmp}/no-such-dir", "2"),  # the error path
+    ],
+    ids=lambda args: args[0],
+)
+def test_commands_that_train_nothing_do_not_import_torch(args: tuple[str, ...], tmp_path: Path) -> None:
+    """Seconds on a Pi: the operator's commands start without it (edgeagent.cli.main.COMMANDS). (The
+    monitor decodes the devices' messages, whose tensors need it.)"""
+    argv, code_expected = [a.format(tmp=tmp_path) for a in args[:-1]], args[-1]
+    code = (
+        "import sys\n"
+        "from edgeagent.cli.main import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit as exc:\n"
+        "    print('exit', exc.code)\n"
+        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-2:] == [f"exit {code_expected}", "[]"], proc.stdout + proc.stderr

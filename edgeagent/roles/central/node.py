@@ -24,7 +24,7 @@ from edgeagent.data import Dataset, load_dataset
 from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
 from edgeagent.models import ModelSpec, num_layers
 from edgeagent.modes import mode
-from edgeagent.modes.base import CentralRun
+from edgeagent.modes.base import CentralRun, TrainingMode
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.predictor.measure import ModelLayers, characterise, model_key
 from edgeagent.predictor.store import shipped_path
@@ -49,6 +49,32 @@ ProgressHook = Callable[[dict[str, Any]], None]
 def _where(transport: Transport) -> str:
     url = getattr(transport, "url", None)
     return url.redacted() if url is not None and hasattr(url, "redacted") else str(url or "?")
+
+
+def load_run(config: CentralConfig, *, quiet: bool = False) -> tuple[Dataset, ModelSpec, TrainingMode]:
+    """A run's data set, model and training mode, checked against its number of workers: a user's typo
+    (a data set, a model or its options, too many workers) is reported before any broker or device is
+    started or waited for (``edgeagent demo`` calls this before it starts them)."""
+    train = config.train
+    data = load_dataset(train.dataset, seed=train.seed, test_fraction=train.test_fraction)
+    spec = ModelSpec(train.model, data.in_shape, data.num_classes, tuple(sorted(train.model_options.items())))
+    chosen = mode(config.mode)
+    try:
+        chosen.check(spec, config.workers)
+    except PlanningError:
+        if config.mode != "pipeline" or "mode" in config.model_fields_set:
+            raise  # the pipeline mode asked for by name: one device per stage
+        # More devices than the model has cut points: stages get several devices (hybrid stages).
+        chosen = mode("hybrid")
+        chosen.check(spec, config.workers)
+        if not quiet:
+            log.warning(
+                "%d workers for a model of %d layers: more devices than stages, so the run uses hybrid "
+                "stages (--mode hybrid: a stage may be held by several devices)",
+                config.workers,
+                num_layers(spec),
+            )
+    return data, spec, chosen
 
 
 class Central(Role):
@@ -125,26 +151,7 @@ class Central(Role):
 
     def _load(self) -> tuple[Dataset, ModelSpec]:
         """The data set and the model, checked against the number of devices before anything waits."""
-        train = self.config.train
-        data = load_dataset(train.dataset, seed=train.seed, test_fraction=train.test_fraction)
-        spec = ModelSpec(
-            train.model, data.in_shape, data.num_classes, tuple(sorted(train.model_options.items()))
-        )
-        try:
-            self.mode.check(spec, self.config.workers)
-        except PlanningError:
-            if self.config.mode != "pipeline" or "mode" in self.config.model_fields_set:
-                raise  # the pipeline mode asked for by name: one device per stage
-            # More devices than the model has cut points: stages get several devices (hybrid stages).
-            hybrid = mode("hybrid")
-            hybrid.check(spec, self.config.workers)
-            log.warning(
-                "%d workers for a model of %d layers: more devices than stages, so the run uses hybrid "
-                "stages (--mode hybrid: a stage may be held by several devices)",
-                self.config.workers,
-                num_layers(spec),
-            )
-            self.mode = hybrid
+        data, spec, self.mode = load_run(self.config)
         return data, spec
 
     def _finish(self) -> None:

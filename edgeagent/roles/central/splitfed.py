@@ -29,6 +29,7 @@ from edgeagent.data import Dataset
 from edgeagent.errors import PlanningError
 from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_shapes, num_layers
 from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
+from edgeagent.pipeline.sgd import SGD
 from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
 from edgeagent.protocol.splitfed_messages import (
@@ -66,7 +67,7 @@ class ServerSide:
     split: int
     parallel: int
     model: nn.Sequential
-    optimizer: torch.optim.SGD
+    optimizer: SGD
     sample_shape: tuple[int, ...]  # one row of layer split - 1's output
     done: dict[int, int] = field(default_factory=dict)  # iteration -> mini-batches back-propagated
     compute: float = 0.0
@@ -316,12 +317,7 @@ class SplitFedRun(SplitFedPlanning):
                 split,
                 parallel,
                 server,
-                torch.optim.SGD(
-                    server.parameters() if split < self.layers else [torch.zeros(1, requires_grad=True)],
-                    lr=self.options.learning_rate,
-                    momentum=self.options.momentum,
-                    weight_decay=self.options.weight_decay,
-                ),
+                SGD(server.parameters(), self.options),
                 self.shapes[split - 1],
                 schedule=tuple((schedules or {}).get(d, ())),
             )

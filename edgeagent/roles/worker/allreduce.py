@@ -114,7 +114,7 @@ class AllreduceSession:
         self.active: dict[tuple[int, int], _Active] = {}
         self.current: _Active | None = None
         self.buffered: dict[tuple[int, int], list[tuple[str, AllreduceMsg]]] = {}
-        self.undo: tuple[int, tuple[torch.Tensor, dict[str, Any]]] | None = None  # (step, snapshot)
+        self.undo: tuple[int, tuple[torch.Tensor, dict[int, torch.Tensor]]] | None = None  # (step, snapshot)
         self.grad: tuple[int, torch.Tensor, float, float] | None = None  # (step, grad, loss, seconds)
         self.last_ts: dict[str, tuple[float, float]] = {}  # peer -> (its ts, when it came)
         self.dropped = 0  # messages lost to --fail-link here

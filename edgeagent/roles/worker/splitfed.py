@@ -34,6 +34,7 @@ from edgeagent.data import batch_indices
 from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, TrainingError
 from edgeagent.models import ModelSpec, build_layers, num_layers
 from edgeagent.modes.fedavg import state_checksum
+from edgeagent.pipeline.sgd import SGD
 from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.messages import Message, Status
@@ -138,12 +139,7 @@ class _Round:
         self.model = nn.Sequential(*build_layers(spec, 0, msg.split, seed=seed))
         self.model.load_state_dict(msg.tensors)
         self.model.train()
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(),
-            lr=options.learning_rate,
-            momentum=options.momentum,
-            weight_decay=options.weight_decay,
-        )
+        self.optimizer = SGD(self.model.parameters(), options)
         # A trial (negative epoch -1 - t) takes epoch t's order and only its first iterations.
         order = msg.epoch if msg.epoch >= 0 else -1 - msg.epoch
         self.batches = batch_indices(rows, msg.batch_size, epoch=order, seed=seed)

@@ -1,0 +1,112 @@
+"""edgeagent's SGD gives torch.optim.SGD's weights bit for bit, and never imports torch._dynamo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from edgeagent.pipeline.sgd import SGD
+
+
+@dataclass(frozen=True)
+class Options:
+    learning_rate: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [Options(0.1), Options(0.05, momentum=0.9), Options(0.05, momentum=0.9, weight_decay=5e-4)],
+    ids=["plain", "momentum", "momentum+decay"],
+)
+def test_weights_and_momentum_equal_torch_sgd_bit_for_bit(options: Options) -> None:
+    ours_model, torch_model = _model(1), _model(1)
+    ours = SGD(ours_model.parameters(), options)
+    reference = torch.optim.SGD(
+        torch_model.parameters(),
+        lr=options.learning_rate,
+        momentum=options.momentum,
+        weight_decay=options.weight_decay,
+    )
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(6):
+        x, y = torch.randn(5, 8, generator=gen), torch.randint(0, 4, (5,), generator=gen)
+        for model, opt in ((ours_model, ours), (torch_model, reference)):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for a, b in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert a.grad is None
+        if options.momentum:
+            assert torch.equal(ours.state[a]["momentum_buffer"], reference.state[b]["momentum_buffer"])
+        else:
+            assert not ours.state.get(a)
+
+
+def test_a_parameter_without_gradient_is_left_alone_and_state_round_trips() -> None:
+    model = _model(3)
+    first, second = list(model.parameters())[:2]
+    opt = SGD(model.parameters(), Options(0.1, momentum=0.5))
+    before = second.detach().clone()
+    first.grad = torch.ones_like(first)
+    opt.step()
+    assert torch.equal(second, before)
+    saved = opt.state_dict()
+    assert list(saved) == [0]
+    opt.step()
+    assert not torch.equal(opt.state[first]["momentum_buffer"], saved[0])
+    opt.load_state_dict(saved)
+    assert torch.equal(opt.state[first]["momentum_buffer"], saved[0])
+    opt.zero_grad(set_to_none=False)
+    assert first.grad is not None and not first.grad.any()
+
+
+@pytest.mark.parametrize("bad", [{"learning_rate": -0.1}, {"momentum": float("nan")}])
+def test_a_negative_or_nan_setting_is_refused(bad: dict[str, float]) -> None:
+    settings = {"learning_rate": 0.1, **bad}
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SGD(_model(0).parameters(), Options(**settings))
+
+
+def test_a_stage_update_imports_neither_torch_dynamo_nor_sympy() -> None:
+    """The reason for both: torch.optim's first call imports torch._dynamo, tensor.backward(grad)'s
+    imports sympy (seconds on a Pi, at every device's start)."""
+    code = (
+        "import sys, torch\n"
+        "from edgeagent.models import ModelSpec, build_layers\n"
+        "from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions\n"
+        "layers = build_layers(ModelSpec('mlp', (1, 8, 8), 10), 2, 4, seed=0)\n"
+        "module = StageModule({2 + k: layer for k, layer in enumerate(layers)})\n"
+        "stage = Stage(module, TrainOptions(0.1, momentum=0.9), is_first=False, is_last=False)\n"
+        "out, _ = stage.forward(0, torch.randn(4, 128))\n"
+        "stage.backward(0, grad_output=torch.ones_like(out))\n"
+        "print(stage.version, sorted({'torch._dynamo', 'sympy'} & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "1 []", out.stdout + out.stderr
+
+
+def test_backward_with_a_received_gradient_equals_tensor_backward_bit_for_bit() -> None:
+    from edgeagent.pipeline.backward import backward_with
+
+    ours, reference = _model(4), _model(4)
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
+    grad = torch.randn(6, 4, generator=torch.Generator().manual_seed(6))
+    backward_with(ours(x), grad)
+    reference(x).backward(grad)
+    for a, b in zip(ours.parameters(), reference.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
+    with pytest.raises(ValueError, match=r"\(6, 3\)"):
+        backward_with(ours(x), torch.zeros(6, 3))
