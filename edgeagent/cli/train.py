@@ -415,14 +415,14 @@ def _preflight(config: CentralConfig) -> None:
 )
 def demo(**kw: Any) -> None:
     """Broker + central node + local workers: the whole job on this machine."""
-    from edgeagent.cli.demo import parse_worker_cpu, parse_worker_threads, run_demo
-
     setup_logging(kw["log_level"], device="central")
     source = kw["config_file"] or "<arguments>"
     base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
     section = build(DemoConfig, base.pop("demo", None) or {}, source=f"{source} (demo:)")
     config = build(CentralConfig, merge(base, _central_overrides({**kw, "broker": None})), source=source)
     _preflight(config)
+    from edgeagent.cli.demo import parse_worker_cpu, parse_worker_threads, run_demo  # torch: after the checks
+
     workers = kw["workers"] if kw["workers"] is not None else section.workers
     slowdowns = _floats(kw["slowdowns"]) or list(section.slowdowns)
     cpu, threads = (
@@ -477,8 +477,6 @@ def _sigterm_unwinds() -> Iterator[None]:
 )
 def central(**kw: Any) -> None:
     """The central node: holds the data, runs stage 0 and drives the run."""
-    from edgeagent.roles.central import Central
-
     setup_logging(kw["log_level"], device=kw["device_id"] or "central")
     overrides = _central_overrides(kw)
     for key in ("workers", "device_id", "slowdown", "threads", "resume"):
@@ -486,6 +484,8 @@ def central(**kw: Any) -> None:
             overrides[key] = kw[key]
     config = load(CentralConfig, kw["config_file"], overrides)
     _preflight(config)
+    from edgeagent.roles.central import Central  # torch: after the checks
+
     report = Central(config).run()
     _finish_report(report, config.report)
 
@@ -518,14 +518,14 @@ def central(**kw: Any) -> None:
 @click.option("--log-level", default=None)
 def worker(**kw: Any) -> None:
     """A worker: runs whichever stage the central node assigns it."""
-    from edgeagent.roles.worker import Worker
-
     overrides = {k: v for k, v in kw.items() if v is not None and k not in ("config_file", "log_level")}
     if "device_id" not in overrides:
         overrides["device_id"] = os.uname().nodename.split(".")[0]
     level = kw["log_level"] or os.environ.get("EDGEAGENT_LOG_LEVEL", "INFO")
     setup_logging(level, device=overrides["device_id"])
     config = load(WorkerConfig, kw["config_file"], overrides)
+    from edgeagent.roles.worker import Worker  # torch: after the configuration is checked
+
     w = Worker(config)
     signal.signal(signal.SIGTERM, lambda *_: w.stop())
     try:
