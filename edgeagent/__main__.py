@@ -1,3 +1,3 @@
-from edgeagent.cli import main
+from edgeagent.cli.main import entry
 
-main()
+entry()

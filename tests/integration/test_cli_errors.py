@@ -177,3 +177,13 @@ def test_commands_that_train_nothing_do_not_import_torch(args: tuple[str, ...], 
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-2:] == [f"exit {code_expected}", "[]"], proc.stdout + proc.stderr
+
+
+def test_the_program_exits_with_its_code_and_its_output_flushed(tmp_path: Path) -> None:
+    """``python -m edgeagent`` leaves through os._exit (no interpreter teardown of torch): what a command
+    printed to a pipe still arrives, and the exit status is the command's."""
+    added = run_cli("credentials", "add", "--dir", str(tmp_path / "creds"), "pi-1")
+    assert added.returncode == 0, added.stderr
+    assert "added pi-1" in added.stderr and "password: " in added.stderr  # the console: stderr
+    assert "edgeagent, version " in run_cli("--version").stdout  # stdout, a pipe: flushed
+    assert run_cli("no-such-command").returncode == 2
