@@ -27,7 +27,7 @@ import sys
 import time
 
 _STAGE = """
-import sys, time
+import sys
 import torch
 from edgeagent.models import ModelSpec, build_layers
 from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
@@ -51,7 +51,7 @@ def _median_seconds(cmd: list[str], runs: int) -> tuple[float, str]:
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         times.append(time.perf_counter() - started)
-        if proc.returncode not in (0,):
+        if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd[:4])}... failed: {proc.stderr[-800:]}")
         out = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     return statistics.median(times), out
