@@ -2,8 +2,11 @@
 
     edgeagent predictor collect --model mobilenetv2 --in-shape 1x8x8 --out data.json      (root: quotas)
     edgeagent predictor collect --set heldout ... --out heldout.json
-    edgeagent predictor train --data data.json [--variant features|paper] [--out FILE]
-    edgeagent predictor evaluate --data data.json --held-out heldout.json
+    edgeagent predictor train --data data.json [--data more.json ...] [--variant features|paper] [--out FILE]
+    edgeagent predictor evaluate --data data.json [--data more.json ...] --held-out heldout.json
+
+``--data`` may be given once per machine the training data was measured on (the paper pre-trains on
+three CPUs); every file must be of the same model.
 
 ``train`` writes the predictor where a run finds it (``edgeagent/predictor/weights/<model key>.pt``)
 unless ``--out`` says otherwise; the data set's provenance goes into the file.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import torch
@@ -39,6 +43,28 @@ def _model_of(records: list[dict[str, object]], path: str) -> ModelSpec:
     model = records[0]["model"]
     assert isinstance(model, dict)
     return ModelSpec.from_dict(model)
+
+
+def _training(paths: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The records of every training file, in order, and each file's document; ClickException when a file
+    is empty or of another model than the first."""
+    records: list[dict[str, Any]] = []
+    documents = []
+    for path in paths:
+        try:
+            document = collection.load_document(path)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+        _model_of(document["records"], path)
+        key = document["records"][0]["model_key"]
+        if records and key != records[0]["model_key"]:
+            raise click.ClickException(
+                f"{path}: measured model {key}, but {paths[0]} measured {records[0]['model_key']}: "
+                "train a predictor per model"
+            )
+        records += document["records"]
+        documents.append(document)
+    return records, documents
 
 
 @click.group("predictor")
@@ -78,27 +104,32 @@ def collect_command(
 
 
 @predictor.command("train")
-@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--data",
+    required=True,
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A collected data set; once per machine.",
+)
 @click.option("--variant", type=click.Choice(list(VARIANTS)), default="features", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Default: features 8000, paper 3000.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Default: where runs look for it.")
-def train_command(data: str, variant: str, steps: int | None, out: str | None) -> None:
-    """Pre-train a predictor on a collected data set."""
+def train_command(data: tuple[str, ...], variant: str, steps: int | None, out: str | None) -> None:
+    """Pre-train a predictor on collected data sets (one or more machines)."""
     torch.set_num_threads(1)  # tiny networks: a second thread only adds contention
-    document = collection.load_document(data)
-    records = document["records"]
-    spec = _model_of(records, data)
+    records, documents = _training(data)
+    spec = _model_of(records, data[0])
     started = time.perf_counter()
     samples = samples_of(records)
     trained = LatencyPredictor.fit(samples, records[0]["flops"], variant=variant, steps=steps)  # type: ignore[arg-type]
     path = Path(out) if out else shipped_path(spec)
-    provenance = {
-        "data": Path(data).name,
+    provenance: dict[str, Any] = {
+        "data": [Path(d).name for d in data],
         "samples": len(samples),
         "configs": len(records),
         "variant": variant,
         "steps": STEPS[variant] if steps is None else steps,  # type: ignore[index]
-        "collection": document.get("provenance", {}),
+        "collections": [d.get("provenance", {}) for d in documents],
     }
     save(trained, path, model=spec, provenance=provenance)
     click.echo(
@@ -108,14 +139,20 @@ def train_command(data: str, variant: str, steps: int | None, out: str | None) -
 
 
 @predictor.command("evaluate")
-@click.option("--data", required=True, type=click.Path(exists=True, dir_okay=False), help="Training data.")
+@click.option(
+    "--data",
+    required=True,
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Training data; once per machine, as given to train.",
+)
 @click.option("--held-out", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False), help="Default: the shipped one.")
-def evaluate_command(data: str, held_out: str, weights: str | None) -> None:
+def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None) -> None:
     """Share of sub-models within ±5 % / ±10 % on held-out configurations, against the baselines."""
     torch.set_num_threads(1)
-    training = collection.load_records(data)
-    spec = _model_of(training, data)
+    training, _documents = _training(data)
+    spec = _model_of(training, data[0])
     trained, _header = load(Path(weights) if weights else shipped_path(spec))
     scores, rows = evaluate(trained, collection.load_records(held_out), training)
     for row in rows:

@@ -27,8 +27,9 @@ measures ``h`` (:func:`~edgeagent.predictor.measure.characterise`) and the time 
 writes the data set after every configuration (atomically), so an interrupted collection resumes
 where it stopped.
 
-    python -m edgeagent.predictor.collect --set training|heldout|heldout-isa --out data.json [--resume]
-    (root for quotas)
+    python -m edgeagent.predictor.collect --set SET --out data.json [--resume]      (root for quotas)
+
+SET is one of training, training-short, heldout, heldout-isa (:data:`SETS`).
 """
 
 from __future__ import annotations

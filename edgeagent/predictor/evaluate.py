@@ -107,6 +107,13 @@ def evaluate(
     # Every record is of the predictor's model: its tilings are the same for all of them.
     spec = ModelSpec.from_dict(held_out[0]["model"]) if held_out else None
     tilings = {k: model_tiling(spec, predictor.layer_flops, k) for k in ADAPT_SAMPLES} if spec else {}
+    for k, tiles in tilings.items():
+        left = n * (n + 1) // 2 - len({*tiles, *reps})
+        if left < 1:
+            raise ValueError(
+                f"the {n}-layer model's {n * (n + 1) // 2} sub-models are all samples after {k} tiles and "
+                f"{len(set(reps))} representatives: nothing is left to test; evaluate a deeper model"
+            )
     for record in held_out:
         times = _times(record)
         ranges = sorted(times)

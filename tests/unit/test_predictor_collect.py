@@ -120,6 +120,9 @@ def test_training_and_held_out_sets() -> None:
     # Three kinds of CPU, as the paper's three: this machine's and two emulated ones.
     assert {c.isa for c in training} == {None, "avx2", "sse"}
     assert config_set("heldout-isa") == held_out_isa_configs()
+    # The short set, for one more machine, is ten training rows on the machine's own CPU.
+    short = config_set("training-short")
+    assert len(short) == 10 and set(short) <= set(training) and {c.isa for c in short} == {None}
     with pytest.raises(ValueError, match="unknown configuration set 'held-out'"):
         config_set("held-out")
     # The dimensions the brief asks for are all there.
@@ -307,13 +310,49 @@ def test_the_shipped_data_sets_validate_and_hold_their_configurations_out_of_tra
     """Every data set under edgeagent/predictor/data loads (validated), names the command and machine that
     measured it, is of one model, and no held-out configuration was measured on that machine in training."""
     data = Path(collect_mod.__file__).resolve().parent / "data"
-    training = load_document(data / "mobilenetv2-digits.json")
-    key = training["records"][0]["model_key"]
-    trained = {(r["config"]["name"], r["cpu"]) for r in training["records"]}
+    training = [load_document(p) for p in sorted(data.glob("*.json")) if "heldout" not in p.name]
+    assert len(training) >= 2
+    key = training[0]["records"][0]["model_key"]
+    trained = {(r["config"]["name"], r["cpu"]) for doc in training for r in doc["records"]}
     held_out = sorted(p for p in data.glob("*.json") if "heldout" in p.name)
     assert len(held_out) >= 5
+    for doc in training:
+        assert doc["provenance"]["command"] and {r["model_key"] for r in doc["records"]} == {key}
     for path in held_out:
         doc = load_document(path)
         assert doc["provenance"]["command"] and doc["provenance"]["machine"]["cpu"], path.name
         assert {r["model_key"] for r in doc["records"]} == {key}, path.name
         assert not {(r["config"]["name"], r["cpu"]) for r in doc["records"]} & trained, path.name
+
+
+def test_train_and_evaluate_take_one_data_set_per_machine(tmp_path: Path) -> None:
+    """``predictor train --data A --data B`` pre-trains on both machines' records (and says so in the
+    weights' provenance); ``train`` and ``evaluate`` refuse, by name, a file of another model."""
+    from click.testing import CliRunner
+
+    from edgeagent.cli.main import main
+    from edgeagent.predictor.store import load
+
+    configs = [ResourceConfig.named(1), ResourceConfig.named(2)]
+    first = write_doc(tmp_path / "one.json", [fake_record(c) for c in configs])
+    second = write_doc(tmp_path / "two.json", [dict(fake_record(c), cpu="other cpu") for c in configs])
+    weights = tmp_path / "w.pt"
+    runner = CliRunner()
+    args = ["predictor", "train", "--data", str(first), "--data", str(second), "--steps", "3"]
+    result = runner.invoke(main, [*args, "--out", str(weights)])
+    assert result.exit_code == 0, result.output
+    assert "on 24 samples from 4 configurations" in result.output
+    predictor, header = load(weights)
+    assert len(predictor.data) == 24
+    assert header["provenance"]["data"] == ["one.json", "two.json"]
+    assert [c["created_at"] for c in header["provenance"]["collections"]] == ["now", "now"]
+    args = ["predictor", "evaluate", "--data", str(first), "--held-out", str(first)]
+    # 3 layers: every sub-model is a tile or a representative
+    result = runner.invoke(main, [*args, "--weights", str(weights)])
+    assert result.exit_code != 0 and "the 3-layer model's 6 sub-models are all samples" in result.output
+    other = ModelSpec("mlp", (16,), 4, (("hidden", (8, 4)),))
+    odd = write_doc(tmp_path / "odd.json", [fake_record(configs[0], spec=other)])
+    refused = f"{odd}: measured model {model_key(other)}, but {first} measured {model_key(TINY)}"
+    for command in (["train"], ["evaluate", "--held-out", str(first)]):
+        result = runner.invoke(main, ["predictor", *command, "--data", str(first), "--data", str(odd)])
+        assert result.exit_code == 1 and refused in result.output, result.output
