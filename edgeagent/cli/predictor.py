@@ -103,14 +103,18 @@ def collect_command(
     )
 
 
-@predictor.command("train")
-@click.option(
+# Training data, once per machine (a collection is of one machine; the paper pre-trains on three CPUs).
+_DATA = click.option(
     "--data",
     required=True,
     multiple=True,
     type=click.Path(exists=True, dir_okay=False),
-    help="A collected data set; once per machine.",
+    help="A collected training data set; once per machine, the same files for train and evaluate.",
 )
+
+
+@predictor.command("train")
+@_DATA
 @click.option("--variant", type=click.Choice(list(VARIANTS)), default="features", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Default: features 8000, paper 3000.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Default: where runs look for it.")
@@ -139,13 +143,7 @@ def train_command(data: tuple[str, ...], variant: str, steps: int | None, out: s
 
 
 @predictor.command("evaluate")
-@click.option(
-    "--data",
-    required=True,
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Training data; once per machine, as given to train.",
-)
+@_DATA
 @click.option("--held-out", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False), help="Default: the shipped one.")
 def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None) -> None:
