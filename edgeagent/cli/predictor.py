@@ -2,7 +2,8 @@
 
     edgeagent predictor collect --model mobilenetv2 --in-shape 1x8x8 --out data.json      (root: quotas)
     edgeagent predictor collect --set heldout ... --out heldout.json
-    edgeagent predictor train --data data.json [--data more.json ...] [--variant features|paper] [--out FILE]
+    edgeagent predictor train --data data.json [--data more.json ...] [--variant features|paper] [--seed N]
+        [--out FILE]
     edgeagent predictor evaluate --data data.json [--data more.json ...] --held-out heldout.json
 
 ``--data`` may be given once per machine the training data was measured on (the paper pre-trains on
@@ -117,15 +118,18 @@ _DATA = click.option(
 @_DATA
 @click.option("--variant", type=click.Choice(list(VARIANTS)), default="features", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Default: features 8000, paper 3000.")
+@click.option(
+    "--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seeds the networks' weights."
+)
 @click.option("--out", type=click.Path(dir_okay=False), help="Default: where runs look for it.")
-def train_command(data: tuple[str, ...], variant: str, steps: int | None, out: str | None) -> None:
+def train_command(data: tuple[str, ...], variant: str, steps: int | None, seed: int, out: str | None) -> None:
     """Pre-train a predictor on collected data sets (one or more machines)."""
     torch.set_num_threads(1)  # tiny networks: a second thread only adds contention
     records, documents = _training(data)
     spec = _model_of(records, data[0])
     started = time.perf_counter()
     samples = samples_of(records)
-    trained = LatencyPredictor.fit(samples, records[0]["flops"], variant=variant, steps=steps)  # type: ignore[arg-type]
+    trained = LatencyPredictor.fit(samples, records[0]["flops"], variant=variant, steps=steps, seed=seed)  # type: ignore[arg-type]
     path = Path(out) if out else shipped_path(spec)
     provenance: dict[str, Any] = {
         "data": [Path(d).name for d in data],
@@ -133,6 +137,7 @@ def train_command(data: tuple[str, ...], variant: str, steps: int | None, out: s
         "configs": len(records),
         "variant": variant,
         "steps": STEPS[variant] if steps is None else steps,  # type: ignore[index]
+        "seed": seed,
         "collections": [d.get("provenance", {}) for d in documents],
     }
     save(trained, path, model=spec, provenance=provenance)

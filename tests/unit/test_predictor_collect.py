@@ -339,12 +339,12 @@ def test_train_and_evaluate_take_one_data_set_per_machine(tmp_path: Path) -> Non
     weights = tmp_path / "w.pt"
     runner = CliRunner()
     args = ["predictor", "train", "--data", str(first), "--data", str(second), "--steps", "3"]
-    result = runner.invoke(main, [*args, "--out", str(weights)])
+    result = runner.invoke(main, [*args, "--seed", "2", "--out", str(weights)])
     assert result.exit_code == 0, result.output
     assert "on 24 samples from 4 configurations" in result.output
     predictor, header = load(weights)
-    assert len(predictor.data) == 24
-    assert header["provenance"]["data"] == ["one.json", "two.json"]
+    assert len(predictor.data) == 24 and predictor.seed == 2
+    assert header["provenance"]["data"] == ["one.json", "two.json"] and header["provenance"]["seed"] == 2
     assert [c["created_at"] for c in header["provenance"]["collections"]] == ["now", "now"]
     args = ["predictor", "evaluate", "--data", str(first), "--held-out", str(first)]
     # 3 layers: every sub-model is a tile or a representative
