@@ -159,11 +159,15 @@ def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None) 
     trained, _header = load(Path(weights) if weights else shipped_path(spec))
     scores, rows = evaluate(trained, collection.load_records(held_out), training)
     for row in rows:
-        click.echo(
-            row["config"]
-            + ": "
-            + ", ".join(f"{m} {v[0]:.0%}/{v[1]:.0%}" for m, v in row.items() if m != "config")
+        shares = ", ".join(
+            f"{m} {v[0]:.0%}/{v[1]:.0%}" for m, v in row.items() if m not in ("config", "misses")
         )
+        click.echo(f"{row['config']}: {shares}")
+        for method, count in row["misses"].items():
+            click.echo(
+                f"  {method} missed ±10 % on {count['missed']} of {count['tested']} sub-models, "
+                f"{count['missed inside one tile']} of them inside one tile"
+            )
     click.echo("mean (within ±5 % / ±10 %):")
     for method, (five, ten) in scores.mean().items():
         click.echo(f"  {method:14s} {five:6.1%} {ten:6.1%}")

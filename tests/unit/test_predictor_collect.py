@@ -27,7 +27,7 @@ from edgeagent.predictor.collect import (
 )
 from edgeagent.predictor.configs import held_out_isa_configs
 from edgeagent.predictor.measure import model_key
-from edgeagent.predictor.submodels import all_ranges
+from edgeagent.predictor.submodels import all_ranges, representative
 
 TINY = ModelSpec("mlp", (16,), 4, (("hidden", (8, 8)),))  # 3 layers, 6 sub-models
 
@@ -356,3 +356,48 @@ def test_train_and_evaluate_take_one_data_set_per_machine(tmp_path: Path) -> Non
     for command in (["train"], ["evaluate", "--held-out", str(first)]):
         result = runner.invoke(main, ["predictor", *command, "--data", str(first), "--data", str(odd)])
         assert result.exit_code == 1 and refused in result.output, result.output
+
+
+def _additive_record(cfg: ResourceConfig, spec: ModelSpec, layers: int) -> dict[str, Any]:
+    """A record of ``spec`` (``layers`` layers) whose sub-models take the sum of their layers' times."""
+    per_layer = [1e-4 * (j + 1) * cfg.threads for j in range(layers)]
+    ranges = all_ranges(layers)
+    seconds = [sum(per_layer[s:e]) for s, e in ranges]
+    flops = [1000.0 * (j + 1) for j in range(layers)]
+    times = dict(zip(ranges, seconds, strict=True))
+    record = fake_record(cfg, spec)
+    record.update(
+        num_layers=layers,
+        flops=flops,
+        ranges=[list(r) for r in ranges],
+        seconds=seconds,
+        round_seconds=[[t] * record["rounds"] for t in seconds],
+        h=[times[r] for r in representative(flops)],
+    )
+    return record
+
+
+def test_evaluate_prints_every_method_and_the_misses(tmp_path: Path) -> None:
+    """``predictor evaluate`` on a 5-layer model: per configuration every method's shares and blended+k's
+    misses, then the means; the look-up table is exact on additive times."""
+    from click.testing import CliRunner
+
+    from edgeagent.cli.main import main
+
+    spec = ModelSpec("mlp", (16,), 4, (("hidden", (8, 8, 8, 8)),))  # 5 layers, 15 sub-models
+    data = write_doc(
+        tmp_path / "d.json", [_additive_record(ResourceConfig.named(t), spec, 5) for t in (1, 2)]
+    )
+    weights = tmp_path / "w.pt"
+    runner = CliRunner()
+    result = runner.invoke(
+        main, ["predictor", "train", "--data", str(data), "--steps", "3", "--out", str(weights)]
+    )
+    assert result.exit_code == 0, result.output
+    args = ["predictor", "evaluate", "--data", str(data), "--held-out", str(data), "--weights", str(weights)]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line.split(":")[0] for line in lines if line.startswith("t")] == ["t1-b32-s1", "t2-b32-s1"]
+    assert sum("blended+8 missed ±10 % on" in line for line in lines) == 2
+    assert any(line.split() == ["lookup-table", "100.0%", "100.0%"] for line in lines)
