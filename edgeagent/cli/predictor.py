@@ -46,9 +46,9 @@ def _model_of(records: list[dict[str, object]], path: str) -> ModelSpec:
     return ModelSpec.from_dict(model)
 
 
-def _training(paths: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The records of every training file, in order, and each file's document; ClickException when a file
-    is empty or of another model than the first."""
+def _training(paths: tuple[str, ...]) -> tuple[ModelSpec, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The model, the records of every training file, in order, and each file's document; ClickException
+    when a file is empty or of another model than the first."""
     records: list[dict[str, Any]] = []
     documents = []
     for path in paths:
@@ -56,7 +56,7 @@ def _training(paths: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[s
             document = collection.load_document(path)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
-        _model_of(document["records"], path)
+        spec = _model_of(document["records"], path)
         key = document["records"][0]["model_key"]
         if records and key != records[0]["model_key"]:
             raise click.ClickException(
@@ -65,7 +65,7 @@ def _training(paths: tuple[str, ...]) -> tuple[list[dict[str, Any]], list[dict[s
             )
         records += document["records"]
         documents.append(document)
-    return records, documents
+    return spec, records, documents
 
 
 @click.group("predictor")
@@ -125,8 +125,7 @@ _DATA = click.option(
 def train_command(data: tuple[str, ...], variant: str, steps: int | None, seed: int, out: str | None) -> None:
     """Pre-train a predictor on collected data sets (one or more machines)."""
     torch.set_num_threads(1)  # tiny networks: a second thread only adds contention
-    records, documents = _training(data)
-    spec = _model_of(records, data[0])
+    spec, records, documents = _training(data)
     started = time.perf_counter()
     samples = samples_of(records)
     trained = LatencyPredictor.fit(samples, records[0]["flops"], variant=variant, steps=steps, seed=seed)  # type: ignore[arg-type]
@@ -154,8 +153,7 @@ def train_command(data: tuple[str, ...], variant: str, steps: int | None, seed: 
 def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None) -> None:
     """Share of sub-models within ±5 % / ±10 % on held-out configurations, against the baselines."""
     torch.set_num_threads(1)
-    training, _documents = _training(data)
-    spec = _model_of(training, data[0])
+    spec, training, _documents = _training(data)
     trained, _header = load(Path(weights) if weights else shipped_path(spec))
     scores, rows = evaluate(trained, collection.load_records(held_out), training)
     for row in rows:
