@@ -102,6 +102,12 @@ def collect_command(
         f"{len(summary.skipped)} skipped, {len(summary.failed)} failed; {summary.samples} samples in "
         f"{summary.seconds:.0f} s"
     )
+    if summary.noisy:
+        noisy = ", ".join(f"{name} {share:.0%}" for name, share in summary.noisy.items())
+        click.echo(
+            f"noisy (windows agreeing within ±10 %, under {collection.NOISY:.0%}): {noisy}; a held-out set "
+            "this noisy tests the machine, not a predictor: measure again on a quieter machine"
+        )
 
 
 # Training data, once per machine (a collection is of one machine; the paper pre-trains on three CPUs).

@@ -15,6 +15,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.predictor import collect as collect_mod
 from edgeagent.predictor.collect import (
     ResourceConfig,
+    Timing,
     collect,
     config_name,
     config_set,
@@ -272,6 +273,26 @@ def test_quota_skipped_failure_reported_and_resume(tmp_path: Path, monkeypatch: 
     assert calls == []
     with pytest.raises(ValueError, match="cannot resume"):
         collect(ModelSpec("mlp", (8,), 4), [ok], out, reps=2, progress=False, resume=True)
+
+
+@pytest.mark.usefixtures("no_cgroups")
+def test_a_noisy_configuration_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    quiet, noisy = ResourceConfig.named(1), ResourceConfig.named(2)
+
+    def fake_measure(cfg: ResourceConfig, _: ModelSpec, timing: Timing, *_a: Any) -> dict[str, Any]:
+        record = fake_record(cfg, reps=timing.reps, rounds=timing.rounds)
+        if cfg == noisy:  # the odd rounds' windows 20 % over the even rounds'
+            record["round_seconds"] = [[t * (1 + 0.2 * (i % 2)) for i in range(4)] for t in record["seconds"]]
+        return record
+
+    monkeypatch.setattr(collect_mod, "_measure_one", fake_measure)
+    summary = collect(TINY, [quiet, noisy], tmp_path / "d.json", reps=1, progress=False)
+    assert summary.collected == [quiet.name, noisy.name]
+    assert summary.noisy == {noisy.name: 0.0}
+    assert f"{noisy.name} is noisy" in caplog.text and f"{quiet.name} is noisy" not in caplog.text
+    assert [r["config"]["name"] for r in load_records(tmp_path / "d.json")] == [quiet.name, noisy.name]
 
 
 def test_child_failure_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
