@@ -507,6 +507,11 @@ def central(**kw: Any) -> None:
     help="Seconds measuring this device's h for a model may take (default 60).",
 )
 @click.option(
+    "--characterise-rounds",
+    type=click.IntRange(1, 16),
+    help="Windows per sub-model measured for h, the fastest taken (default 2).",
+)
+@click.option(
     "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
 )
 @click.option(

@@ -160,4 +160,46 @@ def evaluate(
     return scores, per_config
 
 
-__all__ = ["ADAPT_SAMPLES", "BOUNDS", "Scores", "evaluate", "reference_record", "repeatability"]
+def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, Any]], k: int) -> Scores:
+    """blended+8 and the look-up table as a device measures its inputs (``h``, tiles, single layers):
+    each from the fastest of only ``k`` windows (a worker measures ``characterise_rounds`` of them), tested
+    against the times of *other* windows. A record of ``R`` rounds gives its last ``R // 2`` windows to
+    the times tested on and its first ``R // 2``, ``k`` at a time, to the inputs; a record with fewer than
+    ``2 k`` rounds is left out. With ``k`` = ``R // 2``: how much each method's inputs' own noise costs it
+    once they no longer share windows with what they are tested on."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1 window, got {k}")
+    scores = Scores()
+    n = predictor.num_layers
+    reps = representative(predictor.layer_flops)
+    # Every record is of the predictor's model: one tiling for all of them.
+    tiles = model_tiling(ModelSpec.from_dict(held_out[0]["model"]), predictor.layer_flops) if held_out else []
+    for record in held_out:
+        windows = record.get("round_seconds") or [[]]
+        half = len(windows[0]) // 2
+        if half < k:
+            continue
+        truth = _times({**record, "seconds": [best_window(w[half:]) for w in windows]})
+        for first in range(0, half - k + 1, k):
+            used = {**record, "seconds": [best_window(w[first : first + k]) for w in windows]}
+            inputs = _times(used)
+            ranges = sorted(inputs)
+            predicted = dict(zip(ranges, predictor.predict(ranges, record_h(used)), strict=True))
+            table = [[predicted[(a, b)] for b in range(a + 1, n + 1)] for a in range(n)]
+            mixed, _ = blended(table, tiles, [inputs[r] for r in tiles], [(r, inputs[r]) for r in reps])
+            test = [r for r in ranges if r not in tiles and r not in reps]
+            scores.add("blended+8", [mixed[a][b - a - 1] for a, b in test], [truth[r] for r in test])
+            singles = lookup_table(_layer_times(inputs, n), test)
+            scores.add("lookup-table", singles, [truth[r] for r in test])
+    return scores
+
+
+__all__ = [
+    "ADAPT_SAMPLES",
+    "BOUNDS",
+    "Scores",
+    "evaluate",
+    "fewer_windows",
+    "reference_record",
+    "repeatability",
+]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from edgeagent.config import WorkerConfig, build
+from edgeagent.config import CHARACTERISE_ROUNDS, WorkerConfig, build
 from edgeagent.errors import ConfigError, ProtocolError
 from edgeagent.models import ModelSpec
 from edgeagent.pipeline.stage import TrainOptions
@@ -307,3 +307,20 @@ def test_the_budget_is_validated() -> None:
     assert WorkerConfig().characterise_budget == 60.0
     with pytest.raises(ConfigError, match=r"characterise_budget: .*greater than 0"):
         build(WorkerConfig, {"characterise_budget": -1})
+
+
+def test_the_worker_measures_h_with_its_configured_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import edgeagent.roles.worker.characterise as worker_characterise
+
+    rounds: list[int] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        rounds.append(kwargs["rounds"])
+        return characterise(*args, **{**kwargs, "min_seconds": 0.02})
+
+    monkeypatch.setattr(worker_characterise, "characterise", spy)
+    assert len(Device(threads=1).announced(Discover(run_id="r", model=MODEL, batch_size=8)).h) == 10
+    Device(threads=1, characterise_rounds=3).announced(Discover(run_id="r", model=MODEL, batch_size=8))
+    assert rounds == [CHARACTERISE_ROUNDS, 3] and CHARACTERISE_ROUNDS == 2
+    with pytest.raises(ConfigError, match=r"characterise_rounds: .*greater than or equal to 1"):
+        build(WorkerConfig, {"characterise_rounds": 0})

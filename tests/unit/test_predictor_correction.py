@@ -22,7 +22,7 @@ from edgeagent.predictor.correction import (
     tiling,
 )
 from edgeagent.predictor.dataset import load_records
-from edgeagent.predictor.evaluate import evaluate
+from edgeagent.predictor.evaluate import evaluate, fewer_windows
 from edgeagent.predictor.measure import ModelLayers, model_key, model_tiling
 from edgeagent.predictor.store import shipped
 from edgeagent.predictor.submodels import all_ranges
@@ -128,6 +128,23 @@ def test_eight_tiles_beat_the_papers_eight_samples_on_the_unseen_machine() -> No
         assert (count["tested"], count["tested inside one tile"]) == (213, 31)
         assert 1 - count["missed"] / 213 == pytest.approx(row["blended+8"][1])
         assert 0 <= count["missed inside one tile"] <= min(count["missed"], 31)
+
+
+def test_inputs_from_fewer_windows_are_tested_on_other_windows() -> None:
+    """``fewer_windows``: on the unseen machine's 8-round set, inputs from one window each are worse than
+    from two (why a worker measures two), and no window is both an input and a time tested on."""
+    predictor = shipped(ModelSpec("mobilenetv2", (1, 8, 8), 10))
+    assert predictor is not None
+    held_out = load_records(DATA / "mobilenetv2-digits-heldout-unseen.json")
+    one, two = (fewer_windows(predictor, held_out, k).mean()["blended+8"][1] for k in (1, 2))
+    assert two > one + 0.1  # 86.4 against 68.8 % (shipped data and weights)
+    # The tested half's windows 100x the others': every input came from the others, so nothing is near.
+    apart = [{**r, "round_seconds": [[t] * 4 + [t * 100] * 4 for t in r["seconds"]]} for r in held_out[:1]]
+    assert fewer_windows(predictor, apart, 4).mean() == {"blended+8": (0.0, 0.0), "lookup-table": (0.0, 0.0)}
+    # ... and a record of 2 rounds has no disjoint 2 windows for k = 2.
+    assert fewer_windows(predictor, [{**held_out[0], "round_seconds": [[1.0, 1.0]]}], 2).rows == {}
+    with pytest.raises(ValueError, match="k must be >= 1 window, got 0"):
+        fewer_windows(predictor, held_out, 0)
 
 
 def _table(times: list[float], overhead: float = 0.0) -> list[list[float]]:

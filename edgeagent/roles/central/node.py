@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from edgeagent.config import CentralConfig
+from edgeagent.config import CHARACTERISE_ROUNDS, CentralConfig
 from edgeagent.data import Dataset, load_dataset
 from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
 from edgeagent.models import ModelSpec, num_layers
@@ -267,7 +267,9 @@ class Central(Role):
         the central node (a Pi is 10-50x slower), at least 20 s; measured once per run."""
         if self._own_h_seconds is None:
             model = ModelLayers.build(spec, self.config.train.batch_size)
-            self._own_h_seconds = characterise(model, budget=60.0, slowdown=self.config.slowdown).seconds
+            self._own_h_seconds = characterise(
+                model, budget=60.0, slowdown=self.config.slowdown, rounds=CHARACTERISE_ROUNDS
+            ).seconds
         return max(20.0, 60.0 * self._own_h_seconds)
 
     def remember(self, msg: Announce, *, keep: list[str]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from edgeagent.config import CHARACTERISE_ROUNDS
 from edgeagent.errors import ConfigError
 from edgeagent.models import ModelSpec
 from edgeagent.predictor.measure import Characterisation, ModelLayers, characterise, model_key
@@ -29,11 +30,14 @@ Key = tuple[str, int, float]  # (model_key, batch size, slowdown)
 class Characteriser:
     """A device's measured ``h``, one per (model, batch size, slowdown)."""
 
-    def __init__(self, device_id: str, budget: float) -> None:
+    def __init__(self, device_id: str, budget: float, *, rounds: int = CHARACTERISE_ROUNDS) -> None:
         if not budget > 0:
             raise ValueError(f"the characterise budget must be > 0 seconds, got {budget}")
+        if rounds < 1:
+            raise ValueError(f"the characterise rounds must be >= 1, got {rounds}")
         self.device_id = device_id
         self.budget = budget
+        self.rounds = rounds
         self.cache: dict[Key, Characterisation] = {}
         self._last: tuple[str, int] | None = None  # (model_key, batch size) of the last h measured
         self._failed: set[str] = set()  # model requests that did not build (logged once each)
@@ -80,7 +84,7 @@ class Characteriser:
             torch.set_num_threads(threads)
             try:
                 layers = ModelLayers.build(spec, batch_size)
-                measured = characterise(layers, budget=self.budget, slowdown=slowdown)
+                measured = characterise(layers, budget=self.budget, slowdown=slowdown, rounds=self.rounds)
             finally:
                 torch.set_num_threads(previous)
         except Exception as exc:  # anything a model spec or a user's model function may raise

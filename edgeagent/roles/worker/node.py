@@ -74,7 +74,9 @@ class Worker(Role):
         self._stopping = False
         self._error_window: tuple[float, int] = (0.0, 0)  # (start, reports) of the error-report budget
         self._eval_batches = 0  # evaluation batches taken in this process's life (fault injection)
-        self.characteriser = Characteriser(config.device_id, config.characterise_budget)
+        self.characteriser = Characteriser(
+            config.device_id, config.characterise_budget, rounds=config.characterise_rounds
+        )
         # The node's own handlers; a session's replace them for its run's lifetime if it handles the type.
         self._own: dict[type[Message], Handler] = {
             Assign: self._on_assign,
