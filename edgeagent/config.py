@@ -15,7 +15,7 @@ from edgeagent.errors import ConfigError
 
 # h and the tiles from the fastest of two windows, not one: the held-out sets' windows, used as a device's
 # inputs one and two at a time against the times of other windows, give blended+8 within ±10 % for 68.8 %
-# and 86.4 % of sub-models on the quietest machine (bench/predictor.py, "inputs from k windows").
+# and 86.4 % of sub-models on the quietest machine (bench/predictor.py, "as a device measures").
 CHARACTERISE_ROUNDS = 2
 
 
