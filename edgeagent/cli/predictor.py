@@ -24,7 +24,7 @@ import torch
 
 from edgeagent.models import ModelSpec
 from edgeagent.predictor import collect as collection
-from edgeagent.predictor.evaluate import evaluate
+from edgeagent.predictor.evaluate import evaluate, fewer_windows
 from edgeagent.predictor.measure import model_key
 from edgeagent.predictor.net import STEPS, VARIANTS, LatencyPredictor
 from edgeagent.predictor.store import load, samples_of, save, shipped_path
@@ -161,7 +161,8 @@ def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None) 
     torch.set_num_threads(1)
     spec, training, _documents = _training(data)
     trained, _header = load(Path(weights) if weights else shipped_path(spec))
-    scores, rows = evaluate(trained, collection.load_records(held_out), training)
+    records = collection.load_records(held_out)
+    scores, rows = evaluate(trained, records, training)
     for row in rows:
         shares = ", ".join(
             f"{m} {v[0]:.0%}/{v[1]:.0%}" for m, v in row.items() if m not in ("config", "misses")
@@ -175,3 +176,11 @@ def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None) 
     click.echo("mean (within ±5 % / ±10 %):")
     for method, (five, ten) in scores.mean().items():
         click.echo(f"  {method:14s} {five:6.1%} {ten:6.1%}")
+    device = {k: fewer_windows(trained, records, k).mean() for k in (1, 2, 4)}
+    if any(device.values()):
+        click.echo("as a device measures (inputs from k windows each, tested on other windows), ±10 %:")
+    for k, table in device.items():
+        if table:
+            click.echo(
+                f"  k={k}: blended+8 {table['blended+8'][1]:.1%}, lookup-table {table['lookup-table'][1]:.1%}"
+            )

@@ -422,3 +422,6 @@ def test_evaluate_prints_every_method_and_the_misses(tmp_path: Path) -> None:
     assert [line.split(":")[0] for line in lines if line.startswith("t")] == ["t1-b32-s1", "t2-b32-s1"]
     assert sum("blended+8 missed ±10 % on" in line for line in lines) == 2
     assert any(line.split() == ["lookup-table", "100.0%", "100.0%"] for line in lines)
+    # 4 rounds: inputs from 1 or 2 windows against the other 2; the table exact on equal windows.
+    device = [line.split(":")[0].strip() for line in lines if "lookup-table 100.0%" in line]
+    assert device == ["k=1", "k=2"]
