@@ -154,8 +154,9 @@ def accuracy(results: dict[str, Any]) -> None:
     print(f"   {'held-out set':<22}" + "".join(f"{f'k={k}':>18}" for k in WINDOWS))
     for key, (_, name) in HELD_OUT.items():
         cells = ""
+        records = load_records(DATA / name)
         for k in WINDOWS:
-            table = fewer_windows(ours, load_records(DATA / name), k).mean()
+            table = fewer_windows(ours, records, k).mean()
             results[key][f"inputs from {k} windows"] = table
             pair = f"{table['blended+8'][1]:.1%} / {table['lookup-table'][1]:.1%}" if table else "-"
             cells += f"{pair:>18}"

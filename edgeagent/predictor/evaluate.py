@@ -84,6 +84,21 @@ def _layer_times(times: Mapping[Range, float], num_layers: int) -> list[float]:
     return [times[(j, j + 1)] for j in range(num_layers)]
 
 
+def _blended_guesses(
+    predicted: Mapping[Range, float],
+    num_layers: int,
+    tiles: Sequence[Range],
+    reps: Sequence[Range],
+    times: Mapping[Range, float],
+    test: Sequence[Range],
+) -> list[float]:
+    """blended+k's times of ``test``: the ``predicted`` table corrected by the ``times`` measured on the
+    ``tiles``, the blend weighed by those measured on the representatives ``reps``."""
+    table = [[predicted[(a, b)] for b in range(a + 1, num_layers + 1)] for a in range(num_layers)]
+    mixed, _ = blended(table, tiles, [times[r] for r in tiles], [(r, times[r]) for r in reps])
+    return [mixed[a][b - a - 1] for a, b in test]
+
+
 def _inside_one_tile(tiles: Sequence[Range], ranges: Sequence[Range]) -> int:
     """How many of ``ranges`` lie inside one of ``tiles``: no tile measures them, the predictor's shares
     of the tile decide."""
@@ -128,16 +143,14 @@ def evaluate(
             test = [r for r in ranges if r not in used]
             local.add(f"predictor+{k}", adapted.predict(test, h), [times[r] for r in test])
         singles = [predicted[(j, j + 1)] for j in range(n)]
-        table = [[predicted[(a, b)] for b in range(a + 1, n + 1)] for a in range(n)]
         misses: dict[str, dict[str, int]] = {}  # blended+k's sub-models outside ±10 %
         for k, tiles in tilings.items():
             fit = Correction.fit(singles, [(r, predicted[r], times[r]) for r in tiles])
             test = [r for r in ranges if r not in tiles]
             corrected = [predicted[r] * fit.factor(*r) for r in test]
             local.add(f"corrected+{k}", corrected, [times[r] for r in test])
-            mixed, _ = blended(table, tiles, [times[r] for r in tiles], [(r, times[r]) for r in reps])
             test = [r for r in test if r not in reps]  # the representatives chose the blend's weight
-            guesses = [mixed[a][b - a - 1] for a, b in test]
+            guesses = _blended_guesses(predicted, n, tiles, reps, times, test)
             local.add(f"blended+{k}", guesses, [times[r] for r in test])
             guessed = zip(test, guesses, strict=True)
             missed = [r for r, g in guessed if abs(g - times[r]) > BOUNDS[1] * times[r]]
@@ -185,10 +198,9 @@ def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, A
             inputs = _times(used)
             ranges = sorted(inputs)
             predicted = dict(zip(ranges, predictor.predict(ranges, record_h(used)), strict=True))
-            table = [[predicted[(a, b)] for b in range(a + 1, n + 1)] for a in range(n)]
-            mixed, _ = blended(table, tiles, [inputs[r] for r in tiles], [(r, inputs[r]) for r in reps])
             test = [r for r in ranges if r not in tiles and r not in reps]
-            scores.add("blended+8", [mixed[a][b - a - 1] for a, b in test], [truth[r] for r in test])
+            guesses = _blended_guesses(predicted, n, tiles, reps, inputs, test)
+            scores.add("blended+8", guesses, [truth[r] for r in test])
             singles = lookup_table(_layer_times(inputs, n), test)
             scores.add("lookup-table", singles, [truth[r] for r in test])
     return scores
