@@ -311,3 +311,46 @@ def test_transport_reconnects_after_broker_restart(cluster: str) -> None:
             if t is not None:
                 t.close()
         broker.stop()
+
+
+def test_embedded_broker_stops_under_load_and_frees_its_port(cluster: str) -> None:
+    """amqtt 0.12 on 3.11 can hang for good in its shutdown while QoS 1 packets are in flight (a reader
+    swallows its cancellation; ``asyncio.run`` then waits for it for ever). ``stop()`` is bounded anyway:
+    the thread ends, the clients see the broker go, and the port takes a new broker."""
+    broker = EmbeddedBroker(port=free_port()).start()
+    topic = Topics(cluster).fixed(Family.EVENTS)
+    gone = threading.Event()
+    flooding = threading.Event()
+    clients: list[mqtt.Client] = []
+
+    def flood(client: mqtt.Client) -> None:
+        while not gone.is_set():
+            client.publish(topic, b"x" * 20_000, qos=1)
+            flooding.set()
+            time.sleep(0.001)
+
+    try:
+        for i in range(3):
+            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"flood-{i}-{cluster}")
+            client.on_disconnect = lambda *_: gone.set()
+            client.connect("127.0.0.1", broker.port)
+            client.subscribe(topic, qos=1)
+            client.loop_start()
+            clients.append(client)
+            threading.Thread(target=flood, args=(client,), daemon=True).start()
+        assert flooding.wait(CONNECT_TIMEOUT)
+        time.sleep(0.3)  # packets in flight both ways
+        thread = broker._thread
+        broker.stop()
+        assert thread is not None and not thread.is_alive(), "the embedded broker's thread did not end"
+        assert gone.wait(CONNECT_TIMEOUT), "no client noticed the broker going"
+        broker.start()  # the same port
+        probe = MqttTransport(broker.url, f"probe-{cluster}")
+        assert probe.wait_connected(CONNECT_TIMEOUT)
+        probe.close()
+    finally:
+        gone.set()
+        for client in clients:
+            client.loop_stop()
+            client.disconnect()
+        broker.stop()

@@ -158,13 +158,15 @@ def test_worker_runs_in_its_quota_group() -> None:
 
 
 @pytest.mark.skipif(cgroup_problem() is not None, reason=f"needs {cgroup_problem()}")
-def test_terminated_demo_removes_its_groups() -> None:
+def test_terminated_demo_removes_its_groups(tmp_path: Path) -> None:
     """SIGTERM to ``edgeagent demo --worker-cpu`` unwinds it: the worker stops, its group is removed."""
     cluster = f"test-{uuid.uuid4().hex[:6]}"
     group = cgroup_root(cluster) / "worker-1"
     cmd = [sys.executable, "-m", "edgeagent", "demo", "--workers", "1", "--worker-cpu", "50"]
     cmd += ["--cluster", cluster, "--no-progress", "--epochs", "50", "--log-level", "WARNING"]
-    demo = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "demo.log"
+    with log.open("wb") as err:
+        demo = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 60
         while not (group / "cgroup.procs").exists() or not (group / "cgroup.procs").read_text().split():
@@ -172,7 +174,8 @@ def test_terminated_demo_removes_its_groups() -> None:
             time.sleep(0.1)
         worker = int((group / "cgroup.procs").read_text().split()[0])
         demo.send_signal(signal.SIGTERM)
-        assert demo.wait(timeout=30) == 128 + signal.SIGTERM
+        code = demo.wait(timeout=30)
+        assert code == 128 + signal.SIGTERM, f"exit {code}; the demo printed:\n{log.read_text()[-3000:]}"
         assert not cgroup_root(cluster).exists()
         with pytest.raises(ProcessLookupError):
             os.kill(worker, 0)
