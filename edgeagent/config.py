@@ -167,6 +167,8 @@ class CentralConfig(BrokerAccess):
     replicas: int = Field(1, ge=1, description="chain successors that hold a replica (ResPipe's z)")
     checkpoint: str | None = None  # write the central node's checkpoint here at every global replication
     resume: str | None = None  # continue the run of this checkpoint (after the central node failed)
+    # Fault injection (tests): SIGKILL this process right after it wrote its N-th checkpoint (1-based).
+    die_after_checkpoint: int | None = Field(None, ge=1)
     # AccEPT compression of activations and gradients (papers/004 Sec. 3.3-3.4): none; 2, 3 or 4 bits
     # forward with 8-bit gradients; adaptive (the paper's schedule); auto (bits from measured links).
     # --mode allreduce: none, 8 or 4 (stochastic k-bit gradients of the reduce direction only).

@@ -475,11 +475,17 @@ def _sigterm_unwinds() -> Iterator[None]:
     type=click.Path(exists=True, dir_okay=False),
     help="Continue the run of this checkpoint (written with --checkpoint) after a central failure.",
 )
+@click.option(
+    "--die-after-checkpoint",
+    type=click.IntRange(min=1),
+    hidden=True,
+    help="Fault injection: SIGKILL right after writing the N-th checkpoint.",
+)
 def central(**kw: Any) -> None:
     """The central node: holds the data, runs stage 0 and drives the run."""
     setup_logging(kw["log_level"], device=kw["device_id"] or "central")
     overrides = _central_overrides(kw)
-    for key in ("workers", "device_id", "slowdown", "threads", "resume"):
+    for key in ("workers", "device_id", "slowdown", "threads", "resume", "die_after_checkpoint"):
         if kw.get(key) is not None:
             overrides[key] = kw[key]
     config = load(CentralConfig, kw["config_file"], overrides)

@@ -64,17 +64,22 @@ def test_the_central_node_resumes_from_its_checkpoint_after_a_sigkill(
     assert spy.wait_connected(10)
     spy.subscribe(Topics(cluster).fixed(Family.COMMIT), on_message)
     local = LocalWorkers(2, mosquitto_url, cluster, [1.0, 1.0]).start_all()
-    first = subprocess.Popen([*central, "--epochs", "2", "--checkpoint", str(checkpoint)])
+    # SIGKILLed by itself right after its first checkpoint (fault injection): inside the run, however
+    # fast the run is.
+    kill = ("--die-after-checkpoint", "1")
+    first = subprocess.Popen([*central, "--epochs", "2", "--checkpoint", str(checkpoint), *kill])
     try:
-        deadline = time.monotonic() + 60
-        while not checkpoint.exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # waiting for the file (the event), not for time to pass
-        assert checkpoint.exists() and first.poll() is None, "no checkpoint while the run was on"
-        first.send_signal(signal.SIGKILL)
-        first.wait()
+        assert first.wait(timeout=120) == -signal.SIGKILL, "the central node was not killed at its checkpoint"
+        assert checkpoint.exists()
         state = torch.load(checkpoint, weights_only=True)  # the last one written before the kill
-        with lock:
-            before = len(steps)
+        deadline = time.monotonic() + 30
+        while True:  # the killed node's last step (sent before its checkpoint) has reached the spy
+            with lock:
+                if any(m.step == state["step"] for m in steps):
+                    before = len(steps)
+                    break
+            assert time.monotonic() < deadline, f"the spy never saw step {state['step']}"
+            time.sleep(0.05)
         resumed = subprocess.run(
             [*central, "--resume", str(checkpoint), "--report", str(report_path), "--save-model", str(saved)],
             timeout=120,

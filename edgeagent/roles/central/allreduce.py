@@ -274,7 +274,7 @@ class AllreduceRun:
             "events": self.events,
         }
         save_checkpoint(path, state)
-        log.info("checkpoint after step %d written to %s", step, path)
+        self.central.checkpoint_written(path, f"after step {step}")
 
     def _resume(self, report: RunReport) -> int:
         """The first step to run: 0, or the one after the checkpoint's (``--resume``), with its model."""

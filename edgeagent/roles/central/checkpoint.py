@@ -88,7 +88,7 @@ class Checkpoints(RunState):
             "history": {key: list(getattr(self.report, key)) for key in _HISTORY},
         }
         save_checkpoint(path, state)
-        log.info("checkpoint of version %d written to %s", version, path)
+        self.node.checkpoint_written(path, f"of version {version}")
 
     def collect_weights(self) -> dict[str, torch.Tensor]:
         """The whole model's state, gathered from every stage (keys ``<layer>.<name>``)."""

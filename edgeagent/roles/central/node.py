@@ -13,6 +13,8 @@ package:
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -109,6 +111,7 @@ class Central(Role):
         self.announced: dict[str, Announce] = {}  # what devices announced (joins, restarts)
         self.mode = mode(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
         self.active: CentralRun | None = None  # the mode's run, once its devices are known
+        self._checkpoints = 0  # written by this process (--die-after-checkpoint counts them)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -166,6 +169,16 @@ class Central(Role):
         if self._owns_transport:
             self.set_status("left")  # and the process leaves: monitors stop listing it as a live device
             self.transport.close()
+
+    def checkpoint_written(self, path: str, what: str) -> None:
+        """Log a checkpoint the run wrote; ``--die-after-checkpoint N`` (fault injection): SIGKILL this
+        process right after the N-th, what it sent before delivered first."""
+        log.info("checkpoint %s written to %s", what, path)
+        self._checkpoints += 1
+        if self.config.die_after_checkpoint == self._checkpoints:
+            log.warning("fault injection: SIGKILL after checkpoint %d (%s)", self._checkpoints, what)
+            self.transport.flush(5.0)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def attach(self, run: CentralRun) -> None:
         """The mode's run starts: its handlers take over the messages, its metrics are published."""

@@ -229,6 +229,7 @@ class SplitFedRun(SplitFedPlanning):
             "epochs": self.epochs,
         }
         save_checkpoint(path, state)
+        self.central.checkpoint_written(path, f"after epoch {epoch}")
 
     def _assign(self, device: str) -> None:
         self.central.probes.watch(device)  # echo the probes it measures its link to this node with
