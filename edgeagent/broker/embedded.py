@@ -108,7 +108,7 @@ def _make_broker(config: dict[str, Any], tls: BrokerTls | None) -> Any:
         async def stream_connected(
             self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener_name: str
         ) -> None:
-            self.connections.add(writer)  # for _close_connections: amqtt keeps no list we could use
+            self.connections.add(writer)  # for _shut_down: amqtt keeps no list we could use
             try:
                 await super().stream_connected(reader, writer, listener_name)
             finally:
@@ -147,10 +147,6 @@ async def _shut_down(broker: Any, port: int) -> None:
         for server in broker._servers.values():
             if server.instance is not None:
                 server.instance.close()
-    _close_connections(broker)
-
-
-def _close_connections(broker: Any) -> None:
     for writer in list(broker.connections):
         writer.transport.abort()  # the socket closes now; its reader ends with "connection lost"
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -49,7 +48,7 @@ def test_the_central_node_resumes_from_its_checkpoint_after_a_sigkill(
     ]  # fmt: skip
     central = [sys.executable, "-m", "edgeagent", "central", *flags]
     steps: list[AllreduceStep] = []
-    lock = threading.Lock()
+    lock = threading.Condition()  # on_message notifies: the test waits for steps, not for time
 
     def on_message(topic: str, payload: bytes) -> None:
         try:
@@ -59,6 +58,7 @@ def test_the_central_node_resumes_from_its_checkpoint_after_a_sigkill(
         if isinstance(msg, AllreduceStep):
             with lock:
                 steps.append(msg)
+                lock.notify_all()
 
     spy = MqttTransport(mosquitto_url, f"spy-{uuid.uuid4().hex[:6]}")
     assert spy.wait_connected(10)
@@ -72,14 +72,10 @@ def test_the_central_node_resumes_from_its_checkpoint_after_a_sigkill(
         assert first.wait(timeout=120) == -signal.SIGKILL, "the central node was not killed at its checkpoint"
         assert checkpoint.exists()
         state = torch.load(checkpoint, weights_only=True)  # the last one written before the kill
-        deadline = time.monotonic() + 30
-        while True:  # the killed node's last step (sent before its checkpoint) has reached the spy
-            with lock:
-                if any(m.step == state["step"] for m in steps):
-                    before = len(steps)
-                    break
-            assert time.monotonic() < deadline, f"the spy never saw step {state['step']}"
-            time.sleep(0.05)
+        with lock:  # the killed node's last step (sent before its checkpoint) has reached the spy
+            seen = lock.wait_for(lambda: any(m.step == state["step"] for m in steps), timeout=30)
+            assert seen, f"the spy never saw step {state['step']}"
+            before = len(steps)
         resumed = subprocess.run(
             [*central, "--resume", str(checkpoint), "--report", str(report_path), "--save-model", str(saved)],
             timeout=120,
