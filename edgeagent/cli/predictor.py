@@ -23,6 +23,7 @@ import click
 import torch
 
 from edgeagent.models import ModelSpec
+from edgeagent.ops.signals import sigterm_unwinds
 from edgeagent.predictor import collect as collection
 from edgeagent.predictor.evaluate import evaluate, fewer_windows
 from edgeagent.predictor.measure import model_key
@@ -96,7 +97,8 @@ def collect_command(
     """Measure every sub-model under many resource configurations (one process each; root for quotas)."""
     spec = _spec(model, in_shape, classes)
     configs = collection.config_set(which)
-    summary = collection.collect(spec, configs, out, reps=reps, rounds=rounds, resume=resume)
+    with sigterm_unwinds():  # a stopped collection stops its child and removes its cgroups
+        summary = collection.collect(spec, configs, out, reps=reps, rounds=rounds, resume=resume)
     click.echo(
         f"{out}: {len(summary.collected)} configurations measured, {len(summary.reused)} kept, "
         f"{len(summary.skipped)} skipped, {len(summary.failed)} failed; {summary.samples} samples in "

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import pickle
 import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from edgeagent.cli.options import ACCESS_KEYS, F, access_options
 from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
 from edgeagent.errors import ConfigError
 from edgeagent.ops.logs import console, setup_logging
+from edgeagent.ops.signals import sigterm_unwinds
 
 __all__ = ["central", "demo", "worker"]
 
@@ -429,7 +427,7 @@ def demo(**kw: Any) -> None:
         parse_worker_cpu(kw["worker_cpu"], workers),
         parse_worker_threads(kw["worker_threads"], workers),
     )
-    with _sigterm_unwinds():
+    with sigterm_unwinds():
         report = run_demo(
             config,
             workers=workers,
@@ -443,24 +441,6 @@ def demo(**kw: Any) -> None:
             worker_threads=threads,
         )
     _finish_report(report, config.report)
-
-
-@contextlib.contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM (kill, a timeout, systemd) unwinds the demo as Ctrl-C does, so that its workers stop and
-    their cpu groups (--worker-cpu) are removed; the previous handler is back afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def unwind(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, unwind)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command()

@@ -536,11 +536,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json_atomic(Path(args.out), json.dumps(record, sort_keys=True) + "\n")
         return 0
     from edgeagent.ops.logs import setup_logging
+    from edgeagent.ops.signals import sigterm_unwinds
 
     setup_logging()
     configs = config_set(args.set)
-    s = collect(spec, configs, args.out, reps=args.reps, rounds=args.rounds, progress=not args.no_progress,
-                resume=args.resume, timeout=args.timeout)  # fmt: skip
+    with sigterm_unwinds():
+        s = collect(spec, configs, args.out, reps=args.reps, rounds=args.rounds,
+                    progress=not args.no_progress, resume=args.resume, timeout=args.timeout)  # fmt: skip
     log.info(
         "%s: %d measured (%d of them noisy), %d kept, %d skipped, %d failed; %d samples; %.0f s",
         s.path, len(s.collected), len(s.noisy), len(s.reused), len(s.skipped), len(s.failed), s.samples,

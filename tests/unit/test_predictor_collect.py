@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from edgeagent.models import ModelSpec
+from edgeagent.ops import cgroups
 from edgeagent.predictor import collect as collect_mod
 from edgeagent.predictor.collect import (
     ResourceConfig,
@@ -425,3 +429,39 @@ def test_evaluate_prints_every_method_and_the_misses(tmp_path: Path) -> None:
     # 4 rounds: inputs from 1 or 2 windows against the other 2; the table exact on equal windows.
     device = [line.split(":")[0].strip() for line in lines if "lookup-table 100.0%" in line]
     assert device == ["k=1", "k=2"]
+
+
+@pytest.mark.skipif(collect_mod.cgroup_problem() is not None, reason=f"needs {collect_mod.cgroup_problem()}")
+def test_a_terminated_collection_stops_its_child_and_removes_its_group(tmp_path: Path) -> None:
+    """SIGTERM (kill, systemd, a timeout) to ``edgeagent predictor collect`` unwinds it as Ctrl-C does:
+    the child measuring under a quota is killed and the cgroup removed, not left running on its own."""
+    cfg = held_out_configs()[0]
+    assert cfg.cpu_quota is not None  # the first held-out configuration runs in a group
+    group = collect_mod.GROUP_ROOT / cfg.name
+    cmd = [sys.executable, "-m", "edgeagent", "predictor", "collect", "--model", "mlp", "--in-shape", "16"]
+    cmd += ["--classes", "4", "--set", "heldout", "--rounds", "1000", "--out", str(tmp_path / "data.json")]
+    log = tmp_path / "collect.log"
+    with log.open("wb") as err:
+        parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        procs = group / "cgroup.procs"
+        while child is None:
+            assert parent.poll() is None, f"the collection ended first:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the child never joined its group"
+            pids = procs.read_text().split() if procs.exists() else []
+            child = int(pids[0]) if pids else None
+            time.sleep(0.05)
+        parent.send_signal(signal.SIGTERM)
+        code = parent.wait(timeout=30)
+        assert code == 128 + signal.SIGTERM, f"exit {code}; it printed:\n{log.read_text()[-3000:]}"
+        assert not group.exists()
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        cgroups.remove_cgroups(group)  # kills a child left in it (the test failed), then removes it
+        collect_mod.remove_groups([])  # the collections' root, unless another collection is in it
