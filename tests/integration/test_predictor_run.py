@@ -8,6 +8,7 @@ capacity run (``--estimator capacity``) keeps until its first re-split.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -50,14 +51,10 @@ def test_a_workers_h_makes_the_first_split_differ_from_the_equal_split(
     assert first[-1] - first[-2] < equal[-1] - equal[-2]
 
 
-def test_a_device_measuring_h_again_mid_run_is_not_taken_for_dead(mosquitto_url: str, cluster: str) -> None:
-    """Worker-2 becomes 4x slower at batch 12; a plan check (every 10 batches; the drift check takes the
-    median of the last 30 gradients' stage times, so the one at batch 30) sees the drift and asks it to
-    measure h again, which holds its stage up for several seconds, longer than the batch timer (floor
-    1 s, 4x the step). The timers wait for the measurement (Deadlines.measurement): no fault, no
-    recovery, and the new h is taken mid-run."""
+def _late_drift(cluster: str, drift_rule: str) -> CentralConfig:
+    """Worker-2 becomes 4x slower at batch 12 of a 44-batch run; plan checks every 10 batches."""
     train = TrainConfig(model="mobilenetv2", dataset="digits", batch_size=32, epochs=1, max_batches=44)
-    config = CentralConfig(
+    return CentralConfig(
         cluster=cluster,
         train=train,
         progress=False,
@@ -66,9 +63,36 @@ def test_a_device_measuring_h_again_mid_run_is_not_taken_for_dead(mosquitto_url:
         repartition_first=10,
         repartition_every=10,
         slowdown_changes=["worker-2@12=4"],
+        drift_rule=drift_rule,
     )
+
+
+def test_a_device_measuring_h_again_mid_run_is_not_taken_for_dead(mosquitto_url: str, cluster: str) -> None:
+    """Worker-2 becomes 4x slower at batch 12; a plan check (every 10 batches; the drift check takes the
+    median of the last 30 gradients' stage times, so the one at batch 30) sees the drift and asks it to
+    measure h again, which holds its stage up for several seconds, longer than the batch timer (floor
+    1 s, 4x the step). The timers wait for the measurement (Deadlines.measurement): no fault, no
+    recovery, and the new h is taken mid-run. The paper's drift rule: ours would not stall a stage this
+    close to the end of a 44-batch run (Estimation._h_pays)."""
+    config = _late_drift(cluster, "paper")
     report = run_demo(config, workers=2, slowdowns=[1, 1, 1], broker=mosquitto_url, show_progress=False)
     again = [c for c in report.characterisations if c["device"] == "worker-2" and c["batch"] > 12]
     assert again, f"worker-2 was not asked to measure h again: {report.characterisations}"
     assert report.recoveries == [], f"a live device measuring h was taken for a fault: {report.recoveries}"
     assert report.batches == 44  # the whole epoch
+
+
+def test_a_drift_too_late_to_pay_for_a_new_h_is_not_measured(
+    mosquitto_url: str, cluster: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same late drift under our rule (``changed``): the check at batch 30 sees worker-2 4x slower,
+    but measuring h would stop its stage for seconds while a new split could save at most 75 % of the
+    14 batches left (Estimation._h_pays): logged as not asked, and the run goes on without measuring."""
+    caplog.set_level(logging.INFO, logger="edgeagent.roles.central")
+    config = _late_drift(cluster, "changed")
+    report = run_demo(config, workers=2, slowdowns=[1, 1, 1], broker=mosquitto_url, show_progress=False)
+    ignored = [r.getMessage() for r in caplog.records if "not asked" in r.getMessage()]
+    assert any(m.startswith("worker-2:") for m in ignored), f"no ignored drift of worker-2 in {ignored}"
+    again = [c for c in report.characterisations if c["batch"] > 0]
+    assert again == [], f"h was measured again mid-run: {again}"
+    assert report.batches == 44

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +20,8 @@ from edgeagent.predictor.correction import Correction, blended, even_tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import load, save
 from edgeagent.predictor.submodels import all_ranges, by_flops, encode, representative
-from edgeagent.predictor.tracker import DeviceTimes
+from edgeagent.predictor.tracker import DeviceTimes, Drift
+from edgeagent.roles.central.estimation import Estimation
 
 # -- sub-models ------------------------------------------------------------------------------------
 
@@ -325,3 +328,30 @@ def test_the_tiles_a_device_measured_correct_its_table(trained: LatencyPredictor
     assert mixed.blend_weights == {"w1": weight} and not corrected.blend_weights
     with pytest.raises(ValueError, match="correction 'tile': allowed 'blend', 'tiles', 'none'"):
         DeviceTimes(trained, correction="tile")  # type: ignore[arg-type]
+
+
+def test_a_late_drift_does_not_stop_a_stage_to_measure_h_again() -> None:
+    """Under the ``changed`` rule a new ``h`` is asked for only when a new split could save more of the
+    time left than the measurement stalls the stage (9.5 s here); the paper's rule always asks."""
+    slower = Drift("worker-1", 11, 20, measured=0.0698, predicted=0.0575)  # +21 %: 17.6 % recoverable
+    assert slower.recoverable == pytest.approx(0.0123 / 0.0698)
+    assert Drift("w", 0, 1, measured=0.1, predicted=0.4).recoverable == pytest.approx(0.75)
+    events: list[str] = []
+
+    def run(done: int, total: int, rule: str = "changed") -> Any:
+        return SimpleNamespace(
+            device_times=SimpleNamespace(drift=rule),
+            announced={"worker-1": SimpleNamespace(h_seconds=9.5)},
+            total=total,
+            batches_done=done,
+            event=lambda name, **_: events.append(name),
+        )
+
+    step = 0.087  # seconds per batch
+    assert not Estimation._h_pays(run(210, 225), slower, step)  # 1.3 s left: 0.2 s to save at most
+    assert events == ["drift_ignored"]
+    assert Estimation._h_pays(run(210, 225, rule="paper"), slower, step)  # the paper's rule: always
+    assert Estimation._h_pays(run(10, 1000), slower, step)  # 86 s left: up to 15 s to save
+    assert not Estimation._h_pays(run(10, 600), slower, step)  # 51 s left: up to 9.0 s, under 9.5 s
+    four_times = Drift("worker-1", 11, 20, measured=0.4, predicted=0.1)
+    assert Estimation._h_pays(run(60, 225), four_times, 0.4)  # 66 s left: up to 49.5 s
