@@ -61,7 +61,11 @@
    0.74x, 0.66x and 0.72x (h measured 4 times against 2). After the retraining on 32 configurations and
    the tiles by layer kind (one invocation): predictor 1.06x oracle and 4.95x uniform, its first split
    the oracle's; without the tiles 0.98x; FTPipeHD 0.78x. With the blend (one invocation): predictor
-   0.99x oracle and 4.59x uniform; without the tiles 0.97x; FTPipeHD 0.78x.
+   0.99x oracle and 4.59x uniform; without the tiles 0.97x; FTPipeHD 0.78x. On a noisy 2-core Intel Xeon
+   VM (2026-11-27, three invocations): 0.67x oracle and 2.90x uniform before the drift's payback rule (a
+   drift at batch 210 of 225 re-measured h, stopping a stage for 9.6 s of a 30 s run), then 1.06x / 4.08x
+   and 0.92x / 5.03x with it (first splits [0, 12, 20, 21] and [0, 9, 18, 21], the oracle's [0, 11, 18,
+   21]: h measured on a noisy machine); FTPipeHD 0.86x, 0.93x, 0.72x.
 3. **Drift**: three equal devices, worker-1 becomes 5x slower at batch 60; the predictor's dynamic
    prediction sees the drift, asks for a new h and re-splits.
 """
