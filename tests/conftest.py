@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -86,3 +88,25 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 def cluster() -> str:
     """A unique cluster name, so concurrent runs on one broker never see each other's topics."""
     return f"t{uuid.uuid4().hex[:8]}"
+
+
+def first_pid_in(group: Path, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+    """Wait until a process has joined the cgroup ``group`` while ``proc`` (which starts it) runs; its pid."""
+    procs = group / "cgroup.procs"
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = procs.read_text().split() if procs.exists() else []
+        if pids:
+            return int(pids[0])
+        assert proc.poll() is None, f"exited with {proc.returncode} before a process joined {group}"
+        assert time.monotonic() < deadline, f"no process joined {group} in {timeout:g} s"
+        time.sleep(0.05)
+
+
+def terminate_and_check_unwound(proc: subprocess.Popen[bytes], log: Path, child: int) -> None:
+    """SIGTERM ``proc``: it must unwind as on Ctrl-C (exit 143) and take its ``child`` process with it."""
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=30)
+    assert code == 128 + signal.SIGTERM, f"exit {code}; it printed:\n{log.read_text()[-3000:]}"
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)

@@ -3,8 +3,6 @@ and one real worker under a 50% quota (root and cgroup v1 only)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +30,7 @@ from edgeagent.config import CentralConfig
 from edgeagent.errors import ConfigError
 from edgeagent.ops import cgroups
 from edgeagent.ops.cgroups import CPU_ROOT, JOIN, cgroup_problem, joined
+from tests.conftest import first_pid_in, terminate_and_check_unwound
 
 
 def test_worker_cpu_parsing() -> None:
@@ -168,17 +167,8 @@ def test_terminated_demo_removes_its_groups(tmp_path: Path) -> None:
     with log.open("wb") as err:
         demo = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        deadline = time.monotonic() + 60
-        while not (group / "cgroup.procs").exists() or not (group / "cgroup.procs").read_text().split():
-            assert demo.poll() is None and time.monotonic() < deadline, "the worker never joined its group"
-            time.sleep(0.1)
-        worker = int((group / "cgroup.procs").read_text().split()[0])
-        demo.send_signal(signal.SIGTERM)
-        code = demo.wait(timeout=30)
-        assert code == 128 + signal.SIGTERM, f"exit {code}; the demo printed:\n{log.read_text()[-3000:]}"
+        terminate_and_check_unwound(demo, log, first_pid_in(group, demo))
         assert not cgroup_root(cluster).exists()
-        with pytest.raises(ProcessLookupError):
-            os.kill(worker, 0)
     finally:
         if demo.poll() is None:
             demo.kill()

@@ -4,11 +4,8 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +30,7 @@ from edgeagent.predictor.collect import (
 from edgeagent.predictor.configs import held_out_isa_configs
 from edgeagent.predictor.measure import model_key
 from edgeagent.predictor.submodels import all_ranges, representative
+from tests.conftest import first_pid_in, terminate_and_check_unwound
 
 TINY = ModelSpec("mlp", (16,), 4, (("hidden", (8, 8)),))  # 3 layers, 6 sub-models
 
@@ -443,22 +441,9 @@ def test_a_terminated_collection_stops_its_child_and_removes_its_group(tmp_path:
     log = tmp_path / "collect.log"
     with log.open("wb") as err:
         parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-    child = None
     try:
-        deadline = time.monotonic() + 60
-        procs = group / "cgroup.procs"
-        while child is None:
-            assert parent.poll() is None, f"the collection ended first:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the child never joined its group"
-            pids = procs.read_text().split() if procs.exists() else []
-            child = int(pids[0]) if pids else None
-            time.sleep(0.05)
-        parent.send_signal(signal.SIGTERM)
-        code = parent.wait(timeout=30)
-        assert code == 128 + signal.SIGTERM, f"exit {code}; it printed:\n{log.read_text()[-3000:]}"
+        terminate_and_check_unwound(parent, log, first_pid_in(group, parent))
         assert not group.exists()
-        with pytest.raises(ProcessLookupError):
-            os.kill(child, 0)
     finally:
         if parent.poll() is None:
             parent.kill()
