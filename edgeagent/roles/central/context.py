@@ -139,7 +139,6 @@ class RunState:
         self.per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
         total = self.per_epoch * self.train.epochs
         self.total = min(total, self.train.max_batches) if self.train.max_batches else total
-        self.batches_done = 0  # committed batches: what is left of the run decides if a new h can pay
         self.store = WeightStore(config.device_id)
         self.inbox = Inbox()
         self.status = 0  # Table I: 1 while recovering from a fault

@@ -176,9 +176,10 @@ class Estimation(Setup):
             return []
         return [statistics.median(row[k] for row in rows) for k in range(stages)]
 
-    def _observe_stage_times(self) -> None:
+    def _observe_stage_times(self, batches_left: int) -> None:
         """Dynamic prediction: compare every worker's steady stage time (:meth:`steady_stage_times`) with
-        its prediction; beyond epsilon (see :meth:`DeviceTimes.observe`), ask the device for a new ``h``."""
+        its prediction; beyond epsilon (see :meth:`DeviceTimes.observe`), ask the device for a new ``h``
+        where that can pay (:meth:`_h_pays`) in the ``batches_left`` of the run."""
         times = self.device_times
         steady = self.steady_stage_times()
         if times is None or not steady:
@@ -188,7 +189,7 @@ class Estimation(Setup):
         for k, device in enumerate(self.worker_list[1:], start=1):
             start, end = self.points[k], self.points[k + 1]
             drift = times.observe(device, start, end, steady[k - 1], scale=typical, load=load)
-            if drift is None or not self._h_pays(drift, max(steady)):
+            if drift is None or not self._h_pays(drift, max(0, batches_left) * max(steady)):
                 continue
             log.info(
                 "%s: stage time %.1f ms is %+.0f %% off the predicted %.1f ms (epsilon %.0f %%): asking "
@@ -202,18 +203,17 @@ class Estimation(Setup):
             self.event("drift", device=device, measured=drift.measured, predicted=drift.predicted)
             self.ask_h(device, slower=drift.measured / drift.predicted if drift.predicted > 0 else 1.0)
 
-    def _h_pays(self, drift: Drift, step: float) -> bool:
+    def _h_pays(self, drift: Drift, left: float) -> bool:
         """Whether measuring ``h`` again can pay for the stall it costs (ours, under the ``changed`` drift
         rule; the paper's rule always asks). The device's stage stops for about as long as its last
-        measurement took, and a re-plan can save at most :attr:`Drift.recoverable` of the time left at
-        the current ``step``. Late in a run that is less than the stall (seen: a drift at batch 210 of
-        225 stopped a stage for 9.6 s of a 30 s run, 0.67x the oracle's samples/s; without the stall
-        0.9x)."""
+        measurement took, and a re-plan can save at most :attr:`Drift.recoverable` of the ``left``
+        seconds of the run (the batches left at the current step). Late in a run that is less than the
+        stall (seen: a drift at batch 210 of 225 stopped a stage for 9.6 s of a 30 s run, 0.67x the
+        oracle's samples/s; without the stall 0.9x)."""
         times = self.device_times
         last = self.announced.get(drift.device)
         if times is None or times.drift != "changed" or last is None:
             return True
-        left = max(0, self.total - self.batches_done) * step
         saved = left * drift.recoverable
         if last.h_seconds <= saved:
             return True

@@ -226,8 +226,9 @@ class HybridRun(PipelineRun):
         if all(group_times):
             self.stage_times = group_times
 
-    def _start_planning(self) -> None:
-        """The hybrid DP over every device the run may use, from measured capacities where known."""
+    def _start_planning(self, done: int) -> None:
+        """The hybrid DP over every device the run may use, from measured capacities where known (after
+        ``done`` batches)."""
         caps = self._measured_capacities()
         if caps is None or self.plan_job is not None:
             return

@@ -131,12 +131,12 @@ class Planning(Estimation):
             raise PlanningError(f"{exc}; the split stays as it is") from None
         return Plan(choice.points, choice.predicted, choice.reason, workers)
 
-    def _start_planning(self) -> None:
+    def _start_planning(self, done: int) -> None:
         caps = self._measured_capacities()
         if caps is None or self.plan_job is not None:
             return
         if not self.h_changed:  # a re-plan for a new h: the stage times at hand were measured before it
-            self._observe_stage_times()
+            self._observe_stage_times(self.total - done)
         joiners = [d for d in self.joiners if d not in self.worker_list]
         workers = [*self.worker_list, *joiners]
         # A newcomer's speed is unknown until it has run: take the mean of the workers' capacities.

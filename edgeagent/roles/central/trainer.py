@@ -266,14 +266,13 @@ class PipelineRun(Recovery):
         """``done`` batches are committed: replicate, tell the user, apply slowdown changes, plan."""
         if any(every and done % every == 0 for every in (self.config.chain_every, self.config.global_every)):
             self.store.snapshot(self.stage)  # stage 0's own weights at this replication point
-        self.batches_done = done
         self.notify(batch=done, total=self.total, loss=loss, correct=correct)
         while self.changes and self.changes[0][1] <= done:
             device, at, factor = self.changes.pop(0)
             self._emulate(device, factor, at)
         # With the predictor a new h (a device measured again after a drift) is planned at once.
         if self.resplits and (self.policy.due(done) or self.h_changed) and done < self.total:
-            self._start_planning()
+            self._start_planning(done)
 
     def _finish_report(self, loop: Loop) -> None:
         report = self.report
