@@ -23,6 +23,7 @@ import click
 import torch
 
 from edgeagent.models import ModelSpec
+from edgeagent.ops.logs import setup_logging
 from edgeagent.ops.signals import sigterm_unwinds
 from edgeagent.predictor import collect as collection
 from edgeagent.predictor.evaluate import evaluate, fewer_windows
@@ -95,6 +96,7 @@ def collect_command(
     model: str, in_shape: str, classes: int, which: str, reps: int, rounds: int, out: str, resume: bool
 ) -> None:
     """Measure every sub-model under many resource configurations (one process each; root for quotas)."""
+    setup_logging()  # a line per configuration (its time, its split-half agreement) and every warning
     spec = _spec(model, in_shape, classes)
     configs = collection.config_set(which)
     with sigterm_unwinds():  # a stopped collection stops its child and removes its cgroups
@@ -110,6 +112,8 @@ def collect_command(
             f"noisy (windows agreeing within ±10 %, under {collection.NOISY:.0%}): {noisy}; a held-out set "
             "this noisy tests the machine, not a predictor: measure again on a quieter machine"
         )
+    if summary.failed:  # as `python -m edgeagent.predictor.collect` does: a script or unit sees it
+        raise SystemExit(1)
 
 
 # Training data, once per machine (a collection is of one machine; the paper pre-trains on three CPUs).

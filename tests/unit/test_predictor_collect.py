@@ -450,3 +450,48 @@ def test_a_terminated_collection_stops_its_child_and_removes_its_group(tmp_path:
             parent.wait()
         cgroups.remove_cgroups(group)  # kills a child left in it (the test failed), then removes it
         collect_mod.remove_groups([])  # the collections' root, unless another collection is in it
+
+
+@pytest.fixture
+def root_logging() -> Any:
+    """The root logger's handlers and level as they were: a command's ``setup_logging`` replaces them."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("no_cgroups", "root_logging")
+def test_the_collect_command_logs_each_configuration_and_fails_on_a_failed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``edgeagent predictor collect`` says how each configuration went as it goes (an hour-long collection
+    was silent until its last line), and exits 1 when one failed, as ``python -m ...collect`` does."""
+    from click.testing import CliRunner
+
+    from edgeagent.cli.main import main
+
+    spec = ModelSpec("mlp", (16,), 4)
+    configs = [c for c in collect_mod.config_set("training-short") if c.cpu_quota is None]
+    bad = configs[1]
+
+    def fake_measure(cfg: ResourceConfig, _: ModelSpec, timing: Timing, *_a: Any) -> dict[str, Any]:
+        if cfg == bad:
+            raise RuntimeError("exited with 1\nboom")
+        return fake_record(cfg, spec, reps=timing.reps, rounds=timing.rounds)
+
+    monkeypatch.setattr(collect_mod, "_measure_one", fake_measure)
+    args = ["predictor", "collect", "--model", "mlp", "--in-shape", "16", "--classes", "4"]
+    args += ["--set", "training-short", "--out", str(tmp_path / "d.json")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.stderr.split())  # rich wraps long lines
+    for cfg in configs:
+        if cfg != bad:
+            assert f"{cfg.name}: 6 sub-models in" in text, cfg.name
+    assert f"configuration {bad.name} failed, skipped: exited with 1" in text
+    assert "skipping" in text and "CPU quotas need root (test)" in text
+    assert f"{len(configs) - 1} configurations measured" in result.stdout and "1 failed" in result.stdout
