@@ -96,7 +96,7 @@ def collect_command(
     model: str, in_shape: str, classes: int, which: str, reps: int, rounds: int, out: str, resume: bool
 ) -> None:
     """Measure every sub-model under many resource configurations (one process each; root for quotas)."""
-    setup_logging()  # a line per configuration (its time, its split-half agreement) and every warning
+    setup_logging()  # a line per configuration (its time, its split-half agreement), formatted warnings
     spec = _spec(model, in_shape, classes)
     configs = collection.config_set(which)
     with sigterm_unwinds():  # a stopped collection stops its child and removes its cgroups
