@@ -162,13 +162,20 @@ def train_command(data: tuple[str, ...], variant: str, steps: int | None, seed: 
 @_DATA
 @click.option("--held-out", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False), help="Default: the shipped one.")
-def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None) -> None:
+@click.option(
+    "--adapt-steps",
+    default=300,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Training steps of the paper's adaptive update (predictor+k) per configuration and k.",
+)
+def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None, adapt_steps: int) -> None:
     """Share of sub-models within ±5 % / ±10 % on held-out configurations, against the baselines."""
     torch.set_num_threads(1)
     spec, training, _documents = _training(data)
     trained, _header = load(Path(weights) if weights else shipped_path(spec))
     records = collection.load_records(held_out)
-    scores, rows = evaluate(trained, records, training)
+    scores, rows = evaluate(trained, records, training, adapt_steps=adapt_steps)
     for row in rows:
         shares = ", ".join(
             f"{m} {v[0]:.0%}/{v[1]:.0%}" for m, v in row.items() if m not in ("config", "misses")
