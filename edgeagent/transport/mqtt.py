@@ -214,9 +214,12 @@ class MqttTransport(Transport):
             self._send_subscribe(pattern)
 
     def _send_subscribe(self, pattern: str) -> None:
-        _, mid = self._client.subscribe(pattern, qos=1)
-        if mid is not None:
-            with self._subs_lock:
+        # Under the lock: on a busy machine the SUBACK can reach _handle_subscribe before subscribe()
+        # returns its message id, and a refusal would then go unnoticed. paho's subscribe only queues the
+        # packet; the network thread takes no lock of its own that this waits for.
+        with self._subs_lock:
+            _, mid = self._client.subscribe(pattern, qos=1)
+            if mid is not None:
                 self._pending_subscriptions[mid] = pattern
 
     def _unsubscribe_remote(self, pattern: str) -> None:

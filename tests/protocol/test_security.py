@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -627,5 +628,44 @@ def test_a_refused_subscription_is_reported_by_the_transport(
                 time.sleep(0.02)
         assert t.refused_subscriptions == {forbidden}
         assert any("refused" in r.getMessage() and forbidden in r.getMessage() for r in caplog.records)
+    finally:
+        t.close()
+
+
+def test_a_refusal_acknowledged_before_subscribe_returns_is_still_reported(
+    broker: EmbeddedBroker, creds: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a busy machine the broker's SUBACK can be handled before paho's subscribe() has returned the
+    message id the transport files the filter under. Forced here: subscribe() returns only after the
+    network thread has started handling the SUBACK (and given it time to finish); the refusal must not
+    be lost."""
+    from edgeagent.transport.mqtt import MqttTransport
+
+    _, pw = creds
+    t = MqttTransport(f"mqtt://worker-1:{pw['worker-1']}@127.0.0.1:{broker.port}", "ea-site-worker-1")
+    forbidden = TOPICS.device(Family.CONTROL, "worker-2")
+    client = t._client
+    handling, handled = threading.Event(), threading.Event()
+    on_subscribe: Any = client.on_subscribe
+    subscribe: Any = client.subscribe
+
+    def handle(*args: Any) -> None:
+        handling.set()
+        on_subscribe(*args)
+        handled.set()
+
+    def late_subscribe(*args: Any, **kwargs: Any) -> Any:
+        sent = subscribe(*args, **kwargs)
+        assert handling.wait(TIMEOUT), "no SUBACK arrived"
+        handled.wait(0.5)  # without the transport's lock the SUBACK is handled (and dropped) by now
+        return sent
+
+    monkeypatch.setattr(client, "on_subscribe", handle)
+    monkeypatch.setattr(client, "subscribe", late_subscribe)
+    try:
+        assert t.wait_connected(TIMEOUT)
+        t.subscribe(forbidden, lambda topic, payload: None)
+        assert handled.wait(TIMEOUT)
+        assert t.refused_subscriptions == {forbidden}
     finally:
         t.close()
