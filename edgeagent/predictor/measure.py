@@ -159,6 +159,24 @@ class Characterisation:
         return len(self.h) == len(representative([1.0]))
 
 
+def characterise_ranges(model: ModelLayers, *, tiles: bool = True) -> tuple[list[Range], list[Range]]:
+    """What :func:`characterise` measures: the representative sub-models, and the model's tiling."""
+    return representative(model.flops), model_tiling(model.spec, model.flops) if tiles else []
+
+
+def characterise_bound(
+    step: float, ranges: int, *, reps: int = 3, rounds: int = 1, min_seconds: float = MIN_WINDOW
+) -> float:
+    """An upper bound of the seconds :func:`characterise` takes on a device where forward+backward of
+    the whole model takes ``step`` seconds: ``rounds`` windows of ``ranges`` sub-models, none slower than
+    the whole model, each a warm-up, then at least ``reps`` runs and ``min_seconds``, and the run that
+    crosses the window's end. Found from one step, where characterising itself would take seconds (and,
+    on the central node of a demo, the cores the workers measure on)."""
+    if not (step >= 0 and ranges >= 0 and reps >= 1 and rounds >= 1 and min_seconds >= 0):
+        raise ValueError(f"bad bound inputs: step {step}, ranges {ranges}, reps {reps}, rounds {rounds}")
+    return rounds * ranges * (step + max(reps * step, min_seconds) + step)
+
+
 def characterise(
     model: ModelLayers,
     *,
@@ -174,8 +192,7 @@ def characterise(
     only if every tile was reached). With ``rounds`` > 1 each time is the fastest of that many interleaved
     windows (see :func:`measure_rounds`, :func:`best_window`)."""
     started = time.perf_counter()
-    chosen = representative(model.flops)
-    tiled = model_tiling(model.spec, model.flops) if tiles else []
+    chosen, tiled = characterise_ranges(model, tiles=tiles)
     windows = measure_rounds(
         model,
         [*chosen, *tiled],
@@ -228,6 +245,8 @@ __all__ = [
     "ModelLayers",
     "best_window",
     "characterise",
+    "characterise_bound",
+    "characterise_ranges",
     "measure_rounds",
     "model_key",
     "time_range",

@@ -18,7 +18,13 @@ from edgeagent.config import CHARACTERISE_ROUNDS, WorkerConfig, build
 from edgeagent.errors import ConfigError, ProtocolError
 from edgeagent.models import ModelSpec
 from edgeagent.pipeline.stage import TrainOptions
-from edgeagent.predictor.measure import characterise, model_key
+from edgeagent.predictor.measure import (
+    ModelLayers,
+    characterise,
+    characterise_bound,
+    characterise_ranges,
+    model_key,
+)
 from edgeagent.predictor.submodels import REPRESENTATIVES
 from edgeagent.protocol.commands import COMMAND_TYPES, Characterise
 from edgeagent.protocol.limits import MALFORMED
@@ -324,3 +330,18 @@ def test_the_worker_measures_h_with_its_configured_rounds(monkeypatch: pytest.Mo
     assert rounds == [CHARACTERISE_ROUNDS, 3] and CHARACTERISE_ROUNDS == 2
     with pytest.raises(ConfigError, match=r"characterise_rounds: .*greater than or equal to 1"):
         build(WorkerConfig, {"characterise_rounds": 0})
+
+
+def test_the_bound_of_characterising_counts_every_window() -> None:
+    """The central node's wait for h comes from one step (Central._h_wait): rounds x sub-models, each a
+    warm-up, at least reps runs and the window's floor, and the run that crosses it."""
+    assert characterise_bound(0.01, 18, reps=3, rounds=2, min_seconds=0.2) == pytest.approx(2 * 18 * 0.22)
+    assert characterise_bound(0.5, 18, reps=3, rounds=2, min_seconds=0.2) == pytest.approx(2 * 18 * 2.5)
+    with pytest.raises(ValueError, match="rounds 0"):
+        characterise_bound(0.5, 18, rounds=0)
+    # What it counts is what characterise measures: the ten representatives and the tiling.
+    layers = ModelLayers.build(ModelSpec.from_dict(MODEL), 8)
+    chosen, tiled = characterise_ranges(layers)
+    measured = characterise(layers, min_seconds=0.0, reps=1)
+    assert (len(chosen), len(tiled)) == (len(measured.h), len(measured.tiles))
+    assert len(chosen) == REPRESENTATIVES and tiled

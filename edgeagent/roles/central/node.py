@@ -28,7 +28,13 @@ from edgeagent.models import ModelSpec, num_layers
 from edgeagent.modes import mode
 from edgeagent.modes.base import CentralRun, TrainingMode
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
-from edgeagent.predictor.measure import ModelLayers, characterise, model_key
+from edgeagent.predictor.measure import (
+    ModelLayers,
+    characterise_bound,
+    characterise_ranges,
+    model_key,
+    time_range,
+)
 from edgeagent.predictor.store import shipped_path
 from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.limits import InboxLimits
@@ -107,7 +113,7 @@ class Central(Role):
         self.progress = progress
         self.probes = LinkProbes(self)
         self.workers: dict[str, DeviceState] = {}  # the run's devices; liveness stamped on arrival
-        self._own_h_seconds: float | None = None  # measuring h here took this long (the h wait's unit)
+        self._own_h_seconds: float | None = None  # at most what measuring h here takes (the h wait's unit)
         self.announced: dict[str, Announce] = {}  # what devices announced (joins, restarts)
         self.mode = mode(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
         self.active: CentralRun | None = None  # the mode's run, once its devices are known
@@ -276,13 +282,16 @@ class Central(Role):
         return spec.to_dict(), config.train.batch_size
 
     def _h_wait(self, spec: ModelSpec) -> float:
-        """How long to wait for the workers' ``h`` once they answered: 60 times what measuring it takes on
-        the central node (a Pi is 10-50x slower), at least 20 s; measured once per run."""
+        """How long to wait for the workers' ``h`` once they answered: 60 times what measuring it would take
+        on the central node (a Pi is 10-50x slower), at least 20 s. That time is bounded from one
+        forward+backward of the whole model (:func:`characterise_bound`), once per run: measuring ``h``
+        here would hold up the discovery for as long as the workers take to measure theirs."""
         if self._own_h_seconds is None:
             model = ModelLayers.build(spec, self.config.train.batch_size)
-            self._own_h_seconds = characterise(
-                model, budget=60.0, slowdown=self.config.slowdown, rounds=CHARACTERISE_ROUNDS
-            ).seconds
+            slowdown = self.config.slowdown
+            step = time_range(model, 0, model.num_layers, reps=1, slowdown=slowdown, min_seconds=0)
+            ranges = sum(map(len, characterise_ranges(model)))
+            self._own_h_seconds = characterise_bound(step, ranges, rounds=CHARACTERISE_ROUNDS)
         return max(20.0, 60.0 * self._own_h_seconds)
 
     def remember(self, msg: Announce, *, keep: list[str]) -> None:
