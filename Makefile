@@ -22,8 +22,12 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check edgeagent tests bench
 	$(BIN)/mypy
 
+# Two processes share the tests (pytest-xdist), except those marked serial, which measure speed and run
+# alone afterwards. Exit code 5 is "no test selected" (ARGS picked only one kind).
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
 test: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 $(ARGS)
+	$(PYTEST) -n 2 --dist worksteal -m "not serial" $(ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) -m serial $(ARGS) || [ $$? -eq 5 ]
 
 unit: $(BIN)/.installed
 	$(BIN)/python -m pytest -q tests/unit

@@ -7,7 +7,7 @@ import pytest
 from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # what the split does follows measured speed
 
 
 def layers_of(points: list[int], stage: int) -> int:

@@ -19,7 +19,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.predictor.store import shipped_path
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # what the split does follows measured speed
 
 SPEC = ModelSpec("mobilenetv2", (1, 8, 8), 10)
 

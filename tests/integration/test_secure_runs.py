@@ -20,6 +20,7 @@ from tests.conftest import MosquittoProcess
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.serial  # the re-split away from the 4x slower worker is measured
 def test_secure_demo_survives_a_resplit_and_a_dead_worker(cluster: str) -> None:
     """The split moves (a re-split away from the slow worker-2, then recovery without it, which hands
     worker-2's stage index to another device): the broker must follow, or the run stalls on refused
