@@ -93,6 +93,9 @@ def test_a_drift_too_late_to_pay_for_a_new_h_is_not_measured(
     report = run_demo(config, workers=2, slowdowns=[1, 1, 1], broker=mosquitto_url, show_progress=False)
     ignored = [r.getMessage() for r in caplog.records if "not asked" in r.getMessage()]
     assert any(m.startswith("worker-2:") for m in ignored), f"no ignored drift of worker-2 in {ignored}"
+    # The plan checks kept the split without planning: they say nothing was predicted (it read "0.0").
+    checks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan check")]
+    assert checks and all("nothing predicted" in m for m in checks), checks
     again = [c for c in report.characterisations if c["batch"] > 0]
     assert again == [], f"h was measured again mid-run: {again}"
     assert report.batches == 44

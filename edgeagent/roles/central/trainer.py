@@ -165,11 +165,13 @@ class PipelineRun(Recovery):
             log.warning("re-partition skipped: %s", exc)
             return
         measured = (time.perf_counter() - loop.window_start) / max(1, loop.window_batches)
+        # A plan kept without planning (no device's h changed) predicts nothing: say so, not "0.0".
+        predicted = f"{1e3 * plan.predicted:.1f} predicted" if plan.predicted > 0 else "nothing predicted"
         log.info(
-            "plan check at batch %d: %.1f ms/batch measured, %.1f predicted for %s (%s)",
+            "plan check at batch %d: %.1f ms/batch measured, %s for %s (%s)",
             loop.committed + 1,
             1e3 * measured,
-            1e3 * plan.predicted,
+            predicted,
             plan.points,
             plan.reason,
         )
