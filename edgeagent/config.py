@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edgeagent.errors import ConfigError
 
@@ -17,6 +17,23 @@ from edgeagent.errors import ConfigError
 # inputs one and two at a time against the times of other windows, give blended+8 within ±10 % for 68.8 %
 # and 86.4 % of sub-models on the quietest machine (bench/predictor.py, "as a device measures").
 CHARACTERISE_ROUNDS = 2
+
+
+# Learning rates for the built-in models that do not train stably at TrainConfig's 0.05 under the
+# asynchronous pipeline's staleness (K - 1 updates old), taken when a pipelined run sets none (docs/design.md,
+# "Staleness and the defaults"). MobileNetV2 on digits, 5 epochs, 3 and 4 stages: at 0.05 the first epoch's
+# training loss is 4.1-5.4, above chance's 2.30, and the test accuracy falls back mid-run (81 -> 39 %); at
+# 0.03 it still reaches 3.25 on 4 stages; at 0.02 it stays at 2.3-2.4 and the accuracy only rises.
+PIPELINED_LEARNING_RATES: dict[str, float] = {"mobilenetv2": 0.02}
+ASYNCHRONOUS_MODES = ("pipeline", "hybrid")
+
+
+def pipelined_learning_rate(model: str, mode: str, in_flight: int) -> float | None:
+    """The learning rate a run of ``model`` takes when it sets none, or None for TrainConfig's default:
+    only asynchronous runs (pipeline and hybrid modes with more than one batch in flight) are stale."""
+    if mode not in ASYNCHRONOUS_MODES or in_flight == 1:
+        return None
+    return PIPELINED_LEARNING_RATES.get(model)
 
 
 class _Frozen(BaseModel):
@@ -176,6 +193,33 @@ class CentralConfig(BrokerAccess):
     # Emulation changes during the run, "DEVICE@BATCH=SLOWDOWN", e.g. "worker-2@300=5".
     slowdown_changes: list[str] = Field(default_factory=list)
     train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pipelined_learning_rate(cls, data: Any) -> Any:
+        """A learning rate not set (YAML, flag or ``TrainConfig(learning_rate=...)``) is the model's
+        rate under staleness, where it has one (:data:`PIPELINED_LEARNING_RATES`)."""
+        if not isinstance(data, dict):
+            return data
+        train = data.get("train", {})
+        if isinstance(train, TrainConfig):
+            if "learning_rate" in train.model_fields_set:
+                return data
+            model, in_flight = train.model, train.in_flight
+        elif isinstance(train, dict):
+            if "learning_rate" in train:
+                return data
+            model, in_flight = train.get("model", "mlp"), train.get("in_flight", 0)
+        else:
+            return data  # not a training section: validation says why
+        rate = pipelined_learning_rate(str(model), str(data.get("mode", "pipeline")), in_flight)
+        if rate is None:
+            return data
+        if isinstance(train, TrainConfig):
+            train = train.model_copy(update={"learning_rate": rate})
+        else:
+            train = {**train, "learning_rate": rate}
+        return {**data, "train": train}
 
 
 def parse_slowdown_change(text: str) -> tuple[str, int, float]:

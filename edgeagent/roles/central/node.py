@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from edgeagent.config import CHARACTERISE_ROUNDS, CentralConfig
+from edgeagent.config import CHARACTERISE_ROUNDS, CentralConfig, pipelined_learning_rate
 from edgeagent.data import Dataset, load_dataset
 from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
 from edgeagent.models import ModelSpec, num_layers
@@ -268,6 +268,14 @@ class Central(Role):
             )
             self.remember(found[d], keep=chosen)
         log.info("workers: %s", ", ".join(chosen))
+        train = self.config.train
+        if pipelined_learning_rate(train.model, self.config.mode, train.in_flight) == train.learning_rate:
+            log.info(
+                "learning rate %g: %s's under the pipeline's staleness (0.05 diverges there; --lr sets "
+                "another)",
+                train.learning_rate,
+                train.model,
+            )
         return chosen
 
     def _h_request(self, spec: ModelSpec) -> tuple[dict[str, Any], int] | None:

@@ -1,0 +1,74 @@
+"""A run that sets no learning rate takes its model's pipelined rate when the run is stale, else 0.05."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgeagent.config import (
+    PIPELINED_LEARNING_RATES,
+    CentralConfig,
+    DemoConfig,
+    TrainConfig,
+    build,
+    load,
+    pipelined_learning_rate,
+)
+from edgeagent.errors import ConfigError
+
+DEFAULT = TrainConfig().learning_rate
+RATE = PIPELINED_LEARNING_RATES["mobilenetv2"]
+
+
+def test_the_pipelined_rate_is_a_lower_one() -> None:
+    assert DEFAULT == 0.05
+    assert 0 < RATE < DEFAULT
+
+
+@pytest.mark.parametrize("mode", ["pipeline", "hybrid"])
+def test_a_stale_run_that_sets_no_rate_takes_the_models(mode: str, tmp_path: Path) -> None:
+    assert CentralConfig(mode=mode, train=TrainConfig(model="mobilenetv2")).train.learning_rate == RATE
+    assert build(CentralConfig, {"mode": mode, "train": {"model": "mobilenetv2"}}).train.learning_rate == RATE
+    path = tmp_path / "central.yaml"
+    path.write_text(f"mode: {mode}\ntrain:\n  model: mobilenetv2\n  in_flight: 3\n")
+    assert load(CentralConfig, path, {}).train.learning_rate == RATE
+    # The flag names the model over a YAML file that names another.
+    path.write_text("train:\n  model: mlp\n")
+    assert load(CentralConfig, path, {"train": {"model": "mobilenetv2"}}).train.learning_rate == RATE
+    nested = build(DemoConfig, {"central": {"mode": mode, "train": {"model": "mobilenetv2"}}})
+    assert nested.central.train.learning_rate == RATE
+
+
+def test_a_rate_that_is_set_is_kept_wherever_it_is_set(tmp_path: Path) -> None:
+    given = TrainConfig(model="mobilenetv2", learning_rate=0.05)
+    assert CentralConfig(train=given).train.learning_rate == 0.05
+    data = {"train": {"model": "mobilenetv2", "learning_rate": 0.1}}
+    assert build(CentralConfig, data).train.learning_rate == 0.1
+    path = tmp_path / "central.yaml"
+    path.write_text("train:\n  model: mobilenetv2\n  learning_rate: 0.05\n")
+    assert load(CentralConfig, path, {}).train.learning_rate == 0.05
+    path.write_text("train:\n  model: mobilenetv2\n")
+    assert load(CentralConfig, path, {"train": {"learning_rate": 0.07}}).train.learning_rate == 0.07
+
+
+@pytest.mark.parametrize(
+    ("mode", "in_flight"), [("pipeline", 1), ("hybrid", 1), ("allreduce", 0), ("split-federated", 0)]
+)
+def test_a_run_without_staleness_keeps_the_default(mode: str, in_flight: int) -> None:
+    train = TrainConfig(model="mobilenetv2", in_flight=in_flight)
+    assert CentralConfig(mode=mode, train=train).train.learning_rate == DEFAULT
+    assert pipelined_learning_rate("mobilenetv2", mode, in_flight) is None
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "vgg5", "mobilenetv3", "pkg.module:function"])
+def test_models_that_train_at_the_default_keep_it(model: str) -> None:
+    assert CentralConfig(train=TrainConfig(model=model)).train.learning_rate == DEFAULT
+    assert pipelined_learning_rate(model, "pipeline", 0) is None
+
+
+def test_a_bad_training_section_is_still_reported_by_validation() -> None:
+    with pytest.raises(ConfigError, match="train"):
+        build(CentralConfig, {"train": ["mobilenetv2"]})
+    with pytest.raises(ConfigError, match="in_flight"):
+        build(CentralConfig, {"train": {"model": "mobilenetv2", "in_flight": -1}})
