@@ -179,6 +179,10 @@ def test_a_stage_with_no_device_left_falls_back_to_the_pipelines_recovery(amqtt_
     assert report.epochs == 2
 
 
+# The first plan check keeps worker-1 only while its measured stage time is near the central node's: a
+# neighbour's load made it look slower (486 ms measured against 306 predicted for the central node alone, on
+# a 2-core AMD EPYC of family 25 model 1), so worker-1 left the split and the newcomer had no stage to join.
+@pytest.mark.serial
 def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
     """A model whose compute sits in one convolution with few parameters: a device that joins helps most
     as a second device on that convolution's stage, and the next re-split puts it there."""
