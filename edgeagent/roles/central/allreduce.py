@@ -190,6 +190,7 @@ class AllreduceRun:
             model=self.spec.name,
             dataset=self.train.dataset,
             workers=list(self.worker_list),
+            learning_rate=self.train.learning_rate,
             mode="allreduce",
             partition_mode="data-parallel",
             estimator="none",

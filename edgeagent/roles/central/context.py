@@ -291,6 +291,7 @@ class RunState:
             workers=self.worker_list[1:],
             in_flight=self.bound(),
             aggregation=self.train.aggregation,
+            learning_rate=self.train.learning_rate,
             layer_profile=self.profile.to_dict(),
             partition_mode=self.config.partition,
             mode=self.MODE,

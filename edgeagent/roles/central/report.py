@@ -38,6 +38,8 @@ class RunReport:
     tie_break: str = "latest"
     in_flight: int = 0
     aggregation: bool = True
+    # The rate every stage trained at: --lr, the YAML's, or the default (a pipelined mobilenetv2's is 0.02).
+    learning_rate: float = 0.0
     links: list[dict[str, float]] = field(default_factory=list)
     compression: str = "none"
     compression_ratio: float = 1.0  # uncompressed / sent bytes of stage 0's activation messages (envelope in)

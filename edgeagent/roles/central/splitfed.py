@@ -163,6 +163,7 @@ class SplitFedRun(SplitFedPlanning):
             model=self.spec.name,
             dataset=self.train.dataset,
             workers=list(self.worker_list),
+            learning_rate=self.train.learning_rate,
             mode="split-federated",
             partition_mode=self.config.splitfed_plan,
             estimator="none",
