@@ -146,9 +146,9 @@ class Role:
             log.warning("%s: %d messages dropped so far (%s)", self.device_id, self.dropped, reasons)
 
     def _dropped(self, verdict: Verdict) -> None:
-        self.dropped += 1
-        if verdict.log is not None:
+        if verdict.log is not None:  # logged first: whoever sees the count also finds the line
             log.warning("%s", verdict.log)
+        self.dropped += 1
 
     def on_arrival(self, sender: str, message: Message) -> None:
         """Called on the network thread for every well-formed message the limits accept (size, rate,

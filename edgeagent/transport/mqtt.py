@@ -307,7 +307,8 @@ class MqttTransport(Transport):
             pattern = self._pending_subscriptions.pop(mid, None)
         if pattern is None or not any(getattr(rc, "is_failure", False) for rc in codes):
             return
-        self.refused_subscriptions.add(pattern)
+        # Logged before it is recorded: whoever sees the refusal in refused_subscriptions also finds it
+        # in the log.
         log.error(
             "broker %s refused %s the subscription to %s: this login may not read it (check its role and "
             "cluster with `edgeagent credentials list` on the broker); nothing from there will arrive",
@@ -315,6 +316,7 @@ class MqttTransport(Transport):
             self.client_id,
             pattern,
         )
+        self.refused_subscriptions.add(pattern)
 
     def _handle_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         payload = bytes(message.payload)
