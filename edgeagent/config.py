@@ -209,10 +209,13 @@ class CentralConfig(BrokerAccess):
         elif isinstance(train, dict):
             if "learning_rate" in train:
                 return data
-            model, in_flight = train.get("model", "mlp"), train.get("in_flight", 0)
+            fields = TrainConfig.model_fields
+            model = train.get("model", fields["model"].default)
+            in_flight = train.get("in_flight", fields["in_flight"].default)
         else:
             return data  # not a training section: validation says why
-        rate = pipelined_learning_rate(str(model), str(data.get("mode", "pipeline")), in_flight)
+        mode = data.get("mode", cls.model_fields["mode"].default)
+        rate = pipelined_learning_rate(str(model), str(mode), in_flight)
         if rate is None:
             return data
         if isinstance(train, TrainConfig):
