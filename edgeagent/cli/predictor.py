@@ -27,6 +27,7 @@ from edgeagent.ops.logs import setup_logging
 from edgeagent.ops.signals import sigterm_unwinds
 from edgeagent.predictor import collect as collection
 from edgeagent.predictor.evaluate import evaluate, fewer_windows
+from edgeagent.predictor.machine import machine_info
 from edgeagent.predictor.measure import model_key
 from edgeagent.predictor.net import STEPS, VARIANTS, LatencyPredictor
 from edgeagent.predictor.store import load, samples_of, save, shipped_path
@@ -149,6 +150,8 @@ def train_command(data: tuple[str, ...], variant: str, steps: int | None, seed: 
         "variant": variant,
         "steps": STEPS[variant] if steps is None else steps,  # type: ignore[index]
         "seed": seed,
+        # training is repeatable on one machine, not across CPU kinds (its floating-point kernels differ)
+        "trained_on": machine_info(),
         "collections": [d.get("provenance", {}) for d in documents],
     }
     save(trained, path, model=spec, provenance=provenance)

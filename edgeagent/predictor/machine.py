@@ -71,7 +71,7 @@ def machine_info() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a TorchVersion: weights_only loads refuse the class
     }
 
 

@@ -369,6 +369,7 @@ def test_train_and_evaluate_take_one_data_set_per_machine(tmp_path: Path) -> Non
     assert len(predictor.data) == 24 and predictor.seed == 2
     assert header["provenance"]["data"] == ["one.json", "two.json"] and header["provenance"]["seed"] == 2
     assert [c["created_at"] for c in header["provenance"]["collections"]] == ["now", "now"]
+    assert header["provenance"]["trained_on"]["cpu_id"]  # which machine's kernels made these weights
     args = ["predictor", "evaluate", "--data", str(first), "--held-out", str(first)]
     # 3 layers: every sub-model is a tile or a representative
     result = runner.invoke(main, [*args, "--weights", str(weights)])
