@@ -1,6 +1,6 @@
 """AccEPT's latency predictor (papers/004 Sec. 3.2, 4.2): prediction accuracy and whole-run heterogeneity.
 
-    python bench/predictor.py [--only accuracy|runs|drift] [--epochs 5] [--json FILE]
+    python bench/predictor.py [--only accuracy|runs|drift] [--epochs 5] [--repeat 1] [--json FILE]
 
 1. **Prediction accuracy** on resource configurations held out of pre-training, four times: measured
    on a training machine (``edgeagent/predictor/data/mobilenetv2-digits-heldout.json``, by ``edgeagent
@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -146,9 +147,10 @@ HELD_OUT = {
 
 def accuracy(results: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    if not shipped_path(SPEC).exists():
+    weights = shipped_path(SPEC)
+    if not weights.exists():
         raise SystemExit("no shipped predictor: run `edgeagent predictor train --data ...` first")
-    ours, header = load(shipped_path(SPEC))
+    ours, header = load(weights)
     files = header["provenance"]["data"]  # what ours trained on; the first holds FTPipeHD's reference
     training = [r for name in files for r in load_records(DATA / name)]
     started = time.perf_counter()
@@ -258,30 +260,38 @@ def run(partition: str, estimator: str, slowdowns: list[float], epochs: int, **e
     return run_demo(config, workers=len(slowdowns) - 1, slowdowns=slowdowns, broker=None, show_progress=False)
 
 
-def runs(results: dict[str, Any], epochs: int) -> None:
+def runs(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
     slowdowns = [1.0, 1.0, 10.0]
     cases: dict[str, tuple[str, str, dict[str, Any]]] = {
         "uniform": ("uniform", "capacity", {}),
         "FTPipeHD (capacity)": ("dynamic", "capacity", {}),
         "AccEPT, DP ties latest": ("dynamic", "predictor", {"tie_break": "latest"}),
         "AccEPT, paper's drift": ("dynamic", "predictor", {"drift_rule": "paper"}),
+        "AccEPT, no rescale": ("dynamic", "predictor", {"drift_rule": "changed"}),
         "AccEPT, no tiles": ("dynamic", "predictor", {"correction": "none"}),
         "AccEPT (predictor)": ("dynamic", "predictor", {}),
         "oracle": ("oracle", "capacity", {}),
     }
-    reports = {name: run(p, e, slowdowns, epochs, **kw) for name, (p, e, kw) in cases.items()}
-    uni = reports["uniform"].samples_per_second
-    ora = reports["oracle"].samples_per_second
+    # Rounds, not one case ``repeat`` times in a row: a slow minute of the machine then costs every case
+    # one run, which the median drops, instead of every run of one case.
+    rounds = [
+        {name: run(p, e, slowdowns, epochs, **kw) for name, (p, e, kw) in cases.items()}
+        for _ in range(repeat)
+    ]
+    rates = {name: statistics.median(r[name].samples_per_second for r in rounds) for name in cases}
+    uni, ora = rates["uniform"], rates["oracle"]
+    shown = "" if repeat == 1 else f", the median of {repeat} rounds"
     print(
         f"\n2. Whole run: MobileNetV2 on digits, batch 32, {epochs} epochs, slowdowns 1,1,10 (central first)"
+        f"{shown}"
     )
     print(
         f"   {'split':<22}{'samples/s':>10}{'x uniform':>10}{'x oracle':>9}{'final acc':>10}"
-        "  first split -> last"
+        "  first split -> last (the last round's)"
     )
     out = {}
-    for name, r in reports.items():
-        rate = r.samples_per_second
+    for name, rate in rates.items():
+        r = rounds[-1][name]
         first = (
             r.partitions[1]["points"]
             if len(r.partitions) > 1 and r.partitions[1]["batch"] == 0
@@ -293,21 +303,28 @@ def runs(results: dict[str, Any], epochs: int) -> None:
         )
         out[name] = {
             "samples_per_second": rate,
+            "per_round": [rr[name].samples_per_second for rr in rounds],
             "final_accuracy": r.final_accuracy,
             "partitions": r.partitions,
         }
-    acc = reports["AccEPT (predictor)"].samples_per_second
-    latest = reports["AccEPT, DP ties latest"].samples_per_second
-    paper_drift = reports["AccEPT, paper's drift"].samples_per_second
-    untiled = reports["AccEPT, no tiles"].samples_per_second
+    acc = rates["AccEPT (predictor)"]
+    paper_drift = rates["AccEPT, paper's drift"]
     print(
         f"   predictor / oracle = {acc / ora:.2f} (goal >= 0.95); "
         f"predictor / uniform = {acc / uni:.2f} (goal >= 4); "
-        f"DP ties slack / latest (FTPipeHD's rule) = {acc / latest:.2f}; "
-        f"drift rule changed / paper = {acc / paper_drift:.2f}; "
-        f"tile correction / none = {acc / untiled:.2f}"
+        f"DP ties slack / latest (FTPipeHD's rule) = {acc / rates['AccEPT, DP ties latest']:.2f}; "
+        f"drift rule rescale / paper = {acc / paper_drift:.2f}; "
+        f"rescale / changed (no rescale) = {acc / rates['AccEPT, no rescale']:.2f}; "
+        f"tile correction / none = {acc / rates['AccEPT, no tiles']:.2f}"
     )
-    for name, r in reports.items():
+    if repeat > 1:
+        for i, rr in enumerate(rounds, 1):
+            a, o, u = (rr[n].samples_per_second for n in ("AccEPT (predictor)", "oracle", "uniform"))
+            print(
+                f"   round {i}: predictor / oracle {a / o:.2f}, / uniform {a / u:.2f}"
+                f" (oracle {o:.0f} samples/s)"
+            )
+    for name, r in rounds[-1].items():
         if r.characterisations:
             print(f"   {name}: h measured {len(r.characterisations)} times (at join included)")
     results["runs"] = out
@@ -341,6 +358,7 @@ def main() -> None:
     )
     parser.add_argument("--only", choices=["accuracy", "runs", "drift"])
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the whole runs; medians printed")
     parser.add_argument("--json")
     args = parser.parse_args()
     setup_logging("WARNING")
@@ -348,7 +366,7 @@ def main() -> None:
     if args.only in (None, "accuracy"):
         accuracy(results)
     if args.only in (None, "runs"):
-        runs(results, args.epochs)
+        runs(results, args.epochs, args.repeat)
     if args.only in (None, "drift"):
         drift(results, args.epochs)
     if args.json:

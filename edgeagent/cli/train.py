@@ -160,10 +160,11 @@ def train_options(f: F) -> F:
         ),
         click.option(
             "--drift-rule",
-            type=click.Choice(["paper", "changed"]),
+            type=click.Choice(["paper", "changed", "rescale"]),
             help="Predictor: a stage time --epsilon off its prediction asks the device for a new h: paper, "
-            "always; changed (default), only if the time also moved by --epsilon since the device's last "
-            "one on that range (a standing gap is the predictor's error, which its adaptive update closes).",
+            "always; changed, only if the time also moved by --epsilon since the device's last one on that "
+            "range; rescale (default), changed, and a standing gap adapts the predictor, rescales that "
+            "device's predicted times to its measured stage time and re-plans.",
         ),
         click.option(
             "--correction",

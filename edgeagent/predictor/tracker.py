@@ -47,7 +47,8 @@ def valid_h(h: Sequence[float]) -> bool:
     return len(h) == REPRESENTATIVES and all(math.isfinite(v) and v > 0 for v in h)
 
 
-DriftRule = Literal["paper", "changed"]
+DriftRule = Literal["paper", "changed", "rescale"]
+DRIFT_RULES: tuple[DriftRule, ...] = ("paper", "changed", "rescale")
 # How the tiles a device measured with its h correct its predicted table: blend (the per-layer correction
 # and the tiles taken as additive, weighed by h), tiles (the per-layer correction), none (the paper's).
 CorrectionMode = Literal["blend", "tiles", "none"]
@@ -63,7 +64,7 @@ class DeviceTimes:
         *,
         epsilon: float = 0.1,
         max_samples: int = 64,
-        drift: DriftRule = "changed",
+        drift: DriftRule = "rescale",
         correction: CorrectionMode = "blend",
         tiling: Sequence[Range] | None = None,
     ) -> None:
@@ -71,8 +72,8 @@ class DeviceTimes:
         :func:`~edgeagent.predictor.measure.model_tiling`; None: :func:`even_tiling`)."""
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise ValueError(f"epsilon {epsilon} must be a finite number > 0 (a share, e.g. 0.1 for 10 %)")
-        if drift not in ("paper", "changed"):
-            raise ValueError(f"drift rule {drift!r}: allowed 'paper', 'changed'")
+        if drift not in DRIFT_RULES:
+            raise ValueError(f"drift rule {drift!r}: allowed {', '.join(map(repr, DRIFT_RULES))}")
         if correction not in CORRECTIONS:
             raise ValueError(f"correction {correction!r}: allowed {', '.join(map(repr, CORRECTIONS))}")
         self.predictor = predictor
@@ -91,6 +92,11 @@ class DeviceTimes:
         # Per device and range under this h: how many times were observed, and the last as measured
         # (before ``load``).
         self._observed: dict[tuple[str, int, int], tuple[int, float]] = {}
+        # A standing gap (ours, rule ``changed``): per device, the range whose steady time in the pipeline
+        # stands beyond epsilon of the prediction while its h has not changed; :meth:`close_gaps` rescales
+        # the device's table to it before the next plan. ``scale``: that factor per device (1: none).
+        self.gaps: dict[str, tuple[int, int]] = {}
+        self.scale: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def set_h(self, device: str, h: Sequence[float], tiles: Sequence[float] = ()) -> bool:
@@ -114,6 +120,8 @@ class DeviceTimes:
                 del self.samples[key]  # measured under the old resources
             for key in [k for k in self._observed if k[0] == device]:
                 del self._observed[key]
+            self.gaps.pop(device, None)
+            self.scale.pop(device, None)
         return True
 
     def representative_samples(self, device: str) -> list[Sample]:
@@ -132,6 +140,7 @@ class DeviceTimes:
             h = self.h.get(device)
             tiles = self.tiles.get(device, ())
             predictor = self.predictor
+            factor = self.scale.get(device, 1.0)
         if cached is not None or h is None:
             return cached
         table = predictor.table(h)
@@ -141,8 +150,14 @@ class DeviceTimes:
         elif self.correction == "blend" and tiles:
             judges = list(zip(representative(predictor.layer_flops), h, strict=True))
             table, weight = blended(table, self.tiling, tiles, judges)
+        if factor != 1.0:
+            table = [[factor * t for t in row] for row in table]
         with self._lock:
-            if self.predictor is predictor and self.h.get(device) == h:
+            if (
+                self.predictor is predictor
+                and self.h.get(device) == h
+                and self.scale.get(device, 1.0) == factor
+            ):
                 self._tables[device] = table
                 if weight is not None:
                     self.blend_weights[device] = weight
@@ -191,13 +206,50 @@ class DeviceTimes:
             while len(self.samples) > self.max_samples:
                 del self.samples[next(iter(self.samples))]
         threshold = self.epsilon * max(predicted, scale)
-        if not seen or abs(alone - predicted) <= threshold:
+        off = abs(alone - predicted) > threshold
+        with self._lock:
+            if off and self.drift == "rescale":
+                self.gaps[device] = (start, end)
+            else:
+                self.gaps.pop(device, None)
+        if not seen or not off:
             return None
-        if self.drift == "changed" and (
+        if self.drift != "paper" and (
             last is None or windows < 3 or abs(measured - last) <= threshold * load
         ):
             return None
+        with self._lock:
+            self.gaps.pop(device, None)  # a changed device: its new h, not a rescale, answers it
         return Drift(device, start, end, alone, predicted)
+
+    def close_gaps(self) -> dict[str, tuple[float, float]]:
+        """Rescale every device with a standing gap (:meth:`observe`) so that its table predicts the range's
+        time as measured in the pipeline (over the load): per device, the factor applied now and its scale
+        in all (:attr:`scale`). Under rule ``rescale`` it replaces :meth:`adapt` (see the central node's
+        ``_adapt_predictor``); after it, it corrects the adapted tables.
+
+        Why not the adaptive update alone: the corrections (``tiles``, ``blend``) anchor a device's table
+        to the tiles it measured alone when it joined, so a net adapted on a stage time moves the shape of
+        the table within a tile but not the tile's own time, and a join measured on a bad minute (seen: a
+        two-thread worker under a 40 % quota measured at 0.33 s in one run and 0.45-0.85 s in the next
+        three at its slowest representative) kept its wrong split for the whole run."""
+        applied: dict[str, tuple[float, float]] = {}
+        with self._lock:
+            gaps = dict(self.gaps)
+            self.gaps.clear()
+        for device, (start, end) in gaps.items():
+            sample = self.samples.get((device, start, end))
+            predicted = self.predict(device, start, end)
+            if sample is None or predicted is None or predicted <= 0:
+                continue
+            factor = sample.seconds / predicted
+            if abs(factor - 1.0) <= self.epsilon:
+                continue  # the adaptive update closed it
+            with self._lock:
+                self.scale[device] = self.scale.get(device, 1.0) * factor
+                self._tables.pop(device, None)
+                applied[device] = (factor, self.scale[device])
+        return applied
 
     def news(self) -> bool:
         """Whether ``D^`` holds a sample the predictor has not been adapted on: a new device or range, or a
@@ -227,4 +279,4 @@ class DeviceTimes:
         return len(samples)
 
 
-__all__ = ["CORRECTIONS", "CorrectionMode", "DeviceTimes", "Drift", "DriftRule", "valid_h"]
+__all__ = ["CORRECTIONS", "DRIFT_RULES", "CorrectionMode", "DeviceTimes", "Drift", "DriftRule", "valid_h"]

@@ -99,3 +99,33 @@ def test_a_drift_too_late_to_pay_for_a_new_h_is_not_measured(
     again = [c for c in report.characterisations if c["batch"] > 0]
     assert again == [], f"h was measured again mid-run: {again}"
     assert report.batches == 44
+
+
+def test_a_worker_slower_than_its_h_from_the_start_is_rescaled_and_the_split_follows(
+    mosquitto_url: str, cluster: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Worker-2 measures its h at full speed and becomes 10x slower at batch 1, before any plan check:
+    its stage time never *changes* in the run, so rule ``changed`` sees a standing gap, the predictor's
+    error, and keeps the first split for good. Rule ``rescale`` (the default) scales worker-2's predicted
+    times to its measured stage time at the check at batch 10 and re-plans: its stage gets fewer layers,
+    without measuring h again."""
+    caplog.set_level(logging.INFO, logger="edgeagent.roles.central")
+    train = TrainConfig(model="mobilenetv2", dataset="digits", batch_size=32, epochs=1, max_batches=40)
+    config = CentralConfig(
+        cluster=cluster,
+        train=train,
+        progress=False,
+        estimator="predictor",
+        slowdown_changes=["worker-2@1=10"],
+    )
+    assert config.drift_rule == "rescale"
+    report = run_demo(config, workers=2, slowdowns=[1, 1, 1], broker=mosquitto_url, show_progress=False)
+    assert report.batches == 40
+    scaled = [r.getMessage() for r in caplog.records if "predicted times are scaled" in r.getMessage()]
+    assert any(m.startswith("worker-2:") for m in scaled), f"worker-2 was not rescaled: {scaled}"
+    first = report.partitions[0]["points"]
+    later = [p for p in report.partitions if p["batch"] > 0]
+    assert later, f"the split never changed: {report.partitions}"
+    last = later[-1]["points"]
+    assert last[-1] - last[-2] < first[-1] - first[-2], report.partitions  # worker-2 holds fewer layers
+    assert [c for c in report.characterisations if c["batch"] > 0] == []  # no h measured again

@@ -251,7 +251,7 @@ def test_a_standing_gap_is_the_predictors_error_but_a_change_is_a_drift(trained:
     device = _device(2.0, 1.0, 1e-3)
     h = [device(a, b) for a, b in representative(FLOPS)]
     flagged: dict[str, list[bool]] = {}
-    for rule in ("paper", "changed"):
+    for rule in ("paper", "changed", "rescale"):
         times = DeviceTimes(trained, epsilon=0.1, drift=rule)
         assert times.set_h("w1", h)
         predicted = times.predict("w1", 2, 5)
@@ -260,7 +260,11 @@ def test_a_standing_gap_is_the_predictors_error_but_a_change_is_a_drift(trained:
         flagged[rule] = [
             times.observe("w1", 2, 5, predicted * factor) is not None for factor in (1.6, 1.25, 1.26, 2.5)
         ]
-    assert flagged == {"paper": [False, True, True, True], "changed": [False, False, False, True]}
+    assert flagged == {
+        "paper": [False, True, True, True],
+        "changed": [False, False, False, True],
+        "rescale": [False, False, False, True],  # a standing gap is rescaled (close_gaps), not re-measured
+    }
     with pytest.raises(ValueError, match="drift rule 'often'"):
         DeviceTimes(trained, drift="often")  # type: ignore[arg-type]
 
@@ -353,3 +357,44 @@ def test_a_late_drift_does_not_stop_a_stage_to_measure_h_again() -> None:
     assert not Estimation._h_pays(run(), slower, 590 * step)  # 51 s left: up to 9.0 s, under 9.5 s
     four_times = Drift("worker-1", 11, 20, measured=0.4, predicted=0.1)
     assert Estimation._h_pays(run(), four_times, 165 * 0.4)  # 66 s left: up to 49.5 s
+
+
+def test_a_standing_gap_rescales_the_device_under_rule_rescale(trained: LatencyPredictor) -> None:
+    device = _device(2.0, 1.0, 1e-3)
+    h = [device(a, b) for a, b in representative(FLOPS)]
+    times = DeviceTimes(trained, epsilon=0.1, drift="rescale")
+    assert times.set_h("w1", h)
+    predicted, other = times.predict("w1", 2, 5), times.predict("w1", 5, 8)
+    assert predicted is not None and other is not None
+    assert times.observe("w1", 2, 5, predicted * 1.05) is None and times.gaps == {}  # within epsilon
+    assert times.close_gaps() == {}
+    assert times.observe("w1", 2, 5, predicted * 3.0, load=1.5) is None  # 2x alone: a gap, not a drift
+    assert times.gaps == {"w1": (2, 5)}
+    applied = times.close_gaps()
+    assert applied["w1"] == pytest.approx((2.0, 2.0))
+    assert times.gaps == {}
+    assert times.predict("w1", 2, 5) == pytest.approx(2.0 * predicted)  # the range as measured
+    assert times.predict("w1", 5, 8) == pytest.approx(2.0 * other)  # every range of the device alike
+    assert times.observe("w1", 2, 5, predicted * 3.0, load=1.5) is None and times.gaps == {}  # closed
+    assert times.set_h("w1", [2 * v for v in h])  # a new h: measured anew, the rescale is dropped
+    assert times.scale == {} and times.gaps == {}
+    changed = DeviceTimes(trained, epsilon=0.1, drift="changed")  # the rule before: a gap stays the net's
+    assert changed.set_h("w1", h)
+    assert changed.observe("w1", 2, 5, predicted * 3.0) is None and changed.gaps == {}
+
+
+def test_a_rescale_is_checked_soon_after_but_not_forever() -> None:
+    """After a re-plan for a standing gap the next plan check comes ``2 * repartition_first`` batches on,
+    not ``repartition_every``; at most GAP_RECHECKS in a row, and a check without a gap resets the count."""
+    from edgeagent.roles.central.estimation import GAP_RECHECKS
+
+    state = SimpleNamespace(recheck_at=None, rechecks=0, policy=SimpleNamespace(first=10))
+    at = []
+    for done in (10, 30, 50, 70):
+        Estimation._schedule_recheck(state, done, True)  # type: ignore[arg-type]
+        at.append(state.recheck_at)
+    assert GAP_RECHECKS == 3 and at == [30, 50, 70, None]
+    Estimation._schedule_recheck(state, 110, False)  # type: ignore[arg-type]
+    assert (state.recheck_at, state.rechecks) == (None, 0)
+    Estimation._schedule_recheck(state, 210, True)  # type: ignore[arg-type]
+    assert state.recheck_at == 230

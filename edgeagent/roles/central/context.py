@@ -176,6 +176,10 @@ class RunState:
         self.profile = self._profile(model)
         self.characterisations: list[dict[str, Any]] = []  # every h taken (copied into the report)
         self.h_changed = False  # with the predictor: a device's h changed since the last plan
+        # With the predictor: the batch of an extra plan check after a re-plan for a standing gap (None:
+        # none), and how many such checks came in a row (at most GAP_RECHECKS).
+        self.recheck_at: int | None = None
+        self.rechecks = 0
         self.device_times = self._device_times()  # the latency predictor (None: FTPipeHD's capacity)
         self.points = self.initial_points()
         if resume is not None and len(resume["points"]) == len(self.worker_list) + 1:

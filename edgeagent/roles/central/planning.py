@@ -142,7 +142,9 @@ class Planning(Estimation):
         # A newcomer's speed is unknown until it has run: take the mean of the workers' capacities.
         known = caps[1:] or caps
         caps = [*caps, *[sum(known) / len(known)] * len(joiners)]
+        gap = self.device_times is not None and bool(self.device_times.gaps)
         replan = self._replan_due(joiners)
+        self._schedule_recheck(done, gap)
         if self.device_times is not None:
             caps[0] = self.config.slowdown  # eq. 9: the central node's own profile is T^0
         job: Future[Plan] = Future()

@@ -273,7 +273,8 @@ class PipelineRun(Recovery):
             device, at, factor = self.changes.pop(0)
             self._emulate(device, factor, at)
         # With the predictor a new h (a device measured again after a drift) is planned at once.
-        if self.resplits and (self.policy.due(done) or self.h_changed) and done < self.total:
+        check = self.policy.due(done) or self.h_changed or done == self.recheck_at
+        if self.resplits and check and done < self.total:
             self._start_planning(done)
 
     def _finish_report(self, loop: Loop) -> None:
