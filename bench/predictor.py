@@ -267,7 +267,7 @@ def runs(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
         "FTPipeHD (capacity)": ("dynamic", "capacity", {}),
         "AccEPT, DP ties latest": ("dynamic", "predictor", {"tie_break": "latest"}),
         "AccEPT, paper's drift": ("dynamic", "predictor", {"drift_rule": "paper"}),
-        "AccEPT, no rescale": ("dynamic", "predictor", {"drift_rule": "changed"}),
+        "AccEPT, rescale gaps": ("dynamic", "predictor", {"drift_rule": "rescale"}),
         "AccEPT, no tiles": ("dynamic", "predictor", {"correction": "none"}),
         "AccEPT (predictor)": ("dynamic", "predictor", {}),
         "oracle": ("oracle", "capacity", {}),
@@ -313,8 +313,8 @@ def runs(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
         f"   predictor / oracle = {acc / ora:.2f} (goal >= 0.95); "
         f"predictor / uniform = {acc / uni:.2f} (goal >= 4); "
         f"DP ties slack / latest (FTPipeHD's rule) = {acc / rates['AccEPT, DP ties latest']:.2f}; "
-        f"drift rule rescale / paper = {acc / paper_drift:.2f}; "
-        f"rescale / changed (no rescale) = {acc / rates['AccEPT, no rescale']:.2f}; "
+        f"drift rule changed / paper = {acc / paper_drift:.2f}; "
+        f"changed / rescale = {acc / rates['AccEPT, rescale gaps']:.2f}; "
         f"tile correction / none = {acc / rates['AccEPT, no tiles']:.2f}"
     )
     if repeat > 1:

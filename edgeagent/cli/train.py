@@ -162,9 +162,10 @@ def train_options(f: F) -> F:
             "--drift-rule",
             type=click.Choice(["paper", "changed", "rescale"]),
             help="Predictor: a stage time --epsilon off its prediction asks the device for a new h: paper, "
-            "always; changed, only if the time also moved by --epsilon since the device's last one on that "
-            "range; rescale (default), changed, and a standing gap adapts the predictor, rescales that "
-            "device's predicted times to its measured stage time and re-plans.",
+            "always; changed (default), only if the time also moved by --epsilon since the device's last one "
+            "on that range; rescale, changed, and a standing gap rescales that device's predicted times to "
+            "its measured stage time and re-plans (for a device slower than its h from the start; it "
+            "re-plans on contention too).",
         ),
         click.option(
             "--correction",

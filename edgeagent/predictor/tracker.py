@@ -64,7 +64,7 @@ class DeviceTimes:
         *,
         epsilon: float = 0.1,
         max_samples: int = 64,
-        drift: DriftRule = "rescale",
+        drift: DriftRule = "changed",
         correction: CorrectionMode = "blend",
         tiling: Sequence[Range] | None = None,
     ) -> None:

@@ -105,8 +105,8 @@ def test_a_worker_slower_than_its_h_from_the_start_is_rescaled_and_the_split_fol
     mosquitto_url: str, cluster: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Worker-2 measures its h at full speed and becomes 10x slower at batch 1, before any plan check:
-    its stage time never *changes* in the run, so rule ``changed`` sees a standing gap, the predictor's
-    error, and keeps the first split for good. Rule ``rescale`` (the default) scales worker-2's predicted
+    its stage time never *changes* in the run, so rule ``changed`` (the default) sees a standing gap, the
+    predictor's error, and keeps the first split for good. Rule ``rescale`` scales worker-2's predicted
     times to its measured stage time at the check at batch 10 and re-plans: its stage gets fewer layers,
     without measuring h again."""
     caplog.set_level(logging.INFO, logger="edgeagent.roles.central")
@@ -117,8 +117,8 @@ def test_a_worker_slower_than_its_h_from_the_start_is_rescaled_and_the_split_fol
         progress=False,
         estimator="predictor",
         slowdown_changes=["worker-2@1=10"],
+        drift_rule="rescale",
     )
-    assert config.drift_rule == "rescale"
     report = run_demo(config, workers=2, slowdowns=[1, 1, 1], broker=mosquitto_url, show_progress=False)
     assert report.batches == 40
     scaled = [r.getMessage() for r in caplog.records if "predicted times are scaled" in r.getMessage()]

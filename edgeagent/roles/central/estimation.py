@@ -294,7 +294,7 @@ class Estimation(Setup):
         oracle's samples/s where the same split without it reached 0.95-1.03x. Drift detection does not
         need it under the ``changed`` rule, which compares a device with its own last time.)
 
-        Under the ``rescale`` rule (the default) a standing gap is closed by rescaling the device's times
+        Under the ``rescale`` rule (opt-in) a standing gap is closed by rescaling the device's times
         (:meth:`DeviceTimes.close_gaps`) instead: fine-tuned on a few stage times measured in a busy
         pipeline, the net moved other ranges' predictions by up to 6x from one plan to the next (a worker
         10x slower than its h: five re-plans and 195-220 samples/s, against three and 370 with the
