@@ -86,6 +86,11 @@
    21]: h measured on a noisy machine); FTPipeHD 0.86x, 0.93x, 0.72x.
    On a 2-core Intel Cascade Lake VM (2026-11-27, two invocations): 0.94x / 6.01x and 1.24x / 7.52x; the
    oracle's split [0, 11, 18, 21] ran at 286-339 samples/s over five runs, [0, 11, 20, 21] at 350-387.
+   ``--repeat N`` runs the cases in N rounds and prints each case's median (one run moves a ratio by up
+   to 30 % on these VMs) and every round's ratios; ``AccEPT, rescale gaps`` is ``--drift-rule rescale``.
+   On an AMD EPYC of family 25 model 17 (2026-11-28, ``--repeat 2``): predictor 0.96x oracle and 4.69x
+   uniform (rounds 0.98x / 5.22x and 0.94x / 4.19x), FTPipeHD 0.76x, rescale gaps 0.88x, the paper's
+   drift rule 0.54x; in an earlier invocation of the same day the default's row read 1.02x / 4.96x.
 3. **Drift**: three equal devices, worker-1 becomes 5x slower at batch 60; the predictor's dynamic
    prediction sees the drift, asks for a new h and re-splits.
 """
