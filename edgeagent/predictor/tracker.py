@@ -92,7 +92,7 @@ class DeviceTimes:
         # Per device and range under this h: how many times were observed, and the last as measured
         # (before ``load``).
         self._observed: dict[tuple[str, int, int], tuple[int, float]] = {}
-        # A standing gap (ours, rule ``changed``): per device, the range whose steady time in the pipeline
+        # A standing gap (ours, rule ``rescale``): per device, the range whose steady time in the pipeline
         # stands beyond epsilon of the prediction while its h has not changed; :meth:`close_gaps` rescales
         # the device's table to it before the next plan. ``scale``: that factor per device (1: none).
         self.gaps: dict[str, tuple[int, int]] = {}
@@ -244,7 +244,7 @@ class DeviceTimes:
                 continue
             factor = sample.seconds / predicted
             if abs(factor - 1.0) <= self.epsilon:
-                continue  # the adaptive update closed it
+                continue  # within epsilon of the table as it is now (an adaptation may have moved it)
             with self._lock:
                 self.scale[device] = self.scale.get(device, 1.0) * factor
                 self._tables.pop(device, None)
