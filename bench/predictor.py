@@ -369,7 +369,14 @@ def main() -> None:
     )
     parser.add_argument("--only", choices=["accuracy", "runs", "drift"])
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of the whole runs; medians printed")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        choices=range(1, 21),
+        metavar="1-20",
+        help="rounds of the whole runs; medians printed",
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     setup_logging("WARNING")

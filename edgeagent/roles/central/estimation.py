@@ -160,7 +160,8 @@ class Estimation(Setup):
             self.rechecks += 1
             self.recheck_at = done + 2 * self.policy.first
         else:
-            self.rechecks = 0 if not gap else self.rechecks
+            if not gap:
+                self.rechecks = 0
             self.recheck_at = None
 
     def measuring_until(self, now: float) -> float:
