@@ -96,6 +96,14 @@
    drift rule 0.54x; in an earlier invocation of the same day the default's row read 1.02x / 4.96x.
 3. **Drift**: three equal devices, worker-1 becomes 5x slower at batch 60; the predictor's dynamic
    prediction sees the drift, asks for a new h and re-splits.
+4. **Slower than its h from the start** (``--only slower``): worker-2 measures its h at full speed and
+   becomes 10x slower at batch 1, before any plan check (a device loaded or throttled right after it
+   joined), ``--slower-epochs`` epochs: samples/s of the predictor under each drift rule, FTPipeHD's
+   capacity split and the oracle (the DP fed slowdowns 1,1,10 before batch 0), side by side.
+   Figures (2026-11-28, AMD EPYC family 25 model 17, ``--repeat 2``): the default rule 454.5 samples/s,
+   1.01x FTPipeHD and 0.72x the oracle (one re-plan at batch 10, a gross gap); before the gross-gap rule
+   132.3, 0.27x FTPipeHD (one run); ``rescale`` 406.7; the paper's rule 110.1. The same morning's part 2
+   (``--only runs --repeat 2``): predictor 1.00x oracle, 5.35x uniform.
 """
 
 from __future__ import annotations
@@ -363,12 +371,60 @@ def drift(results: dict[str, Any], epochs: int) -> None:
     results["drift"] = {"partitions": r.partitions, "characterisations": r.characterisations}
 
 
+def slower(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
+    """Part 4: a device slower than its h from batch 1 (see the module's docstring)."""
+    change = ["worker-2@1=10"]
+    cases: dict[str, tuple[str, str, list[float], dict[str, Any]]] = {
+        "FTPipeHD (capacity)": ("dynamic", "capacity", [1.0, 1.0, 1.0], {"slowdown_changes": change}),
+        "AccEPT, paper's drift": (
+            "dynamic",
+            "predictor",
+            [1.0, 1.0, 1.0],
+            {"slowdown_changes": change, "drift_rule": "paper"},
+        ),
+        "AccEPT, rescale gaps": (
+            "dynamic",
+            "predictor",
+            [1.0, 1.0, 1.0],
+            {"slowdown_changes": change, "drift_rule": "rescale"},
+        ),
+        "AccEPT (predictor)": ("dynamic", "predictor", [1.0, 1.0, 1.0], {"slowdown_changes": change}),
+        "oracle": ("oracle", "capacity", [1.0, 1.0, 10.0], {}),
+    }
+    rounds = [
+        {name: run(p, e, sd, epochs, **kw) for name, (p, e, sd, kw) in cases.items()} for _ in range(repeat)
+    ]
+    rates = {name: statistics.median(r[name].samples_per_second for r in rounds) for name in cases}
+    ora, ftp = rates["oracle"], rates["FTPipeHD (capacity)"]
+    shown = "" if repeat == 1 else f", the median of {repeat} rounds"
+    print(
+        f"\n4. Slower than its h from the start: worker-2 measures h at full speed, 10x slower from batch 1, "
+        f"{epochs} epochs{shown}"
+    )
+    print(f"   {'split':<22}{'samples/s':>10}{'x oracle':>9}{'x FTPipeHD':>11}  splits (the last round's)")
+    out = {}
+    for name, rate in rates.items():
+        r = rounds[-1][name]
+        moves = " -> ".join(f"{p['points']}@{p['batch']}" for p in r.partitions)
+        print(f"   {name:<22}{rate:>10.1f}{rate / ora:>8.2f}x{rate / ftp:>10.2f}x  {moves}")
+        again = [c["batch"] for c in r.characterisations if c["batch"] > 0]
+        if again:
+            print(f"   {'':<22}h measured again at batches {again}")
+        out[name] = {
+            "samples_per_second": rate,
+            "per_round": [rr[name].samples_per_second for rr in rounds],
+            "partitions": r.partitions,
+        }
+    results["slower"] = out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", choices=["accuracy", "runs", "drift"])
+    parser.add_argument("--only", choices=["accuracy", "runs", "drift", "slower"])
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--slower-epochs", type=int, default=3, help="epochs of part 4's runs")
     parser.add_argument(
         "--repeat",
         type=int,
@@ -387,6 +443,8 @@ def main() -> None:
         runs(results, args.epochs, args.repeat)
     if args.only in (None, "drift"):
         drift(results, args.epochs)
+    if args.only in (None, "slower"):
+        slower(results, args.slower_epochs, args.repeat)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
 

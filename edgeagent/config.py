@@ -159,10 +159,11 @@ class CentralConfig(BrokerAccess):
     epsilon: float = Field(0.1, gt=0, le=10, description="drift share that triggers a new h")
     # When a stage time off its prediction by epsilon asks the device for a new h (predictor.tracker):
     # paper, whenever it is; changed (ours), only if it also moved by epsilon from the device's last time
-    # on that range (a standing gap is the predictor's error); rescale (ours, opt-in): changed, and a
-    # standing gap rescales that device's predicted times to the measured one and re-plans
-    # (DeviceTimes.close_gaps), then checks the new split soon after. Under real CPU quotas it re-planned
-    # at every check on the pipeline's contention (0.61-0.86x changed's samples/s): docs/design.md.
+    # on that range (a standing gap is the predictor's error), and a gross standing gap (2x or more off
+    # the prediction) rescales that device's predicted times to the measured one and re-plans
+    # (DeviceTimes.close_gaps), then checks the new split soon after; rescale (ours, opt-in): changed, and
+    # every standing gap beyond epsilon is rescaled. Under real CPU quotas rescale re-planned at every
+    # check on the pipeline's contention (0.61-0.86x changed's samples/s): docs/design.md.
     drift_rule: Literal["paper", "changed", "rescale"] = "changed"
     # Correction of the predictor from the tiling each worker measures with its h
     # (edgeagent.predictor.correction; ours): blend, the per-layer correction and the tiles taken as

@@ -163,9 +163,9 @@ def train_options(f: F) -> F:
             type=click.Choice(["paper", "changed", "rescale"]),
             help="Predictor: a stage time --epsilon off its prediction asks the device for a new h: paper, "
             "always; changed (default), only if the time also moved by --epsilon since the device's last one "
-            "on that range; rescale, changed, and a standing gap rescales that device's predicted times to "
-            "its measured stage time and re-plans (for a device slower than its h from the start; it "
-            "re-plans on contention too).",
+            "on that range, and a time standing 2x or more off its prediction (a device slower than its h "
+            "from the start) rescales that device's predicted times to it and re-plans; rescale, changed, "
+            "and every standing gap beyond --epsilon is rescaled (it re-plans on contention too).",
         ),
         click.option(
             "--correction",

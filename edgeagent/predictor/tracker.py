@@ -48,6 +48,9 @@ def valid_h(h: Sequence[float]) -> bool:
 
 
 DriftRule = Literal["paper", "changed", "rescale"]
+# Under rule changed, a standing gap is rescaled when the stage time is at least this many times the
+# prediction, or at most its inverse (DeviceTimes._gross).
+GROSS_GAP = 2.0
 DRIFT_RULES: tuple[DriftRule, ...] = ("paper", "changed", "rescale")
 # How the tiles a device measured with its h correct its predicted table: blend (the per-layer correction
 # and the tiles taken as additive, weighed by h), tiles (the per-layer correction), none (the paper's).
@@ -189,7 +192,10 @@ class DeviceTimes:
         ``h`` helps only when the device changed; a standing gap between prediction and measurement is the
         predictor's error, which the adaptive update closes. Under the paper's rule that gap asked for
         ``h`` again and again, each time stopping the device's stage while it measured (seen: 0.6-0.88x
-        the oracle's samples/s with the split the oracle chose). ``paper``: the prediction alone."""
+        the oracle's samples/s with the split the oracle chose), unless the gap is *gross* (``_gross``: a
+        device several times slower or faster than its ``h`` says, from the start): that is recorded in
+        :attr:`gaps` for :meth:`close_gaps`, as rule ``rescale`` records every gap beyond epsilon.
+        ``paper``: the prediction alone."""
         predicted = self.predict(device, start, end)
         if predicted is None or not (math.isfinite(measured) and measured > 0):
             return None
@@ -208,7 +214,10 @@ class DeviceTimes:
         threshold = self.epsilon * max(predicted, scale)
         off = abs(alone - predicted) > threshold
         with self._lock:
-            if off and self.drift == "rescale":
+            if off and (
+                self.drift == "rescale"
+                or (self.drift == "changed" and self._gross(device, alone, predicted, scale))
+            ):
                 self.gaps[device] = (start, end)
             else:
                 self.gaps.pop(device, None)
@@ -221,6 +230,23 @@ class DeviceTimes:
         with self._lock:
             self.gaps.pop(device, None)  # a changed device: its new h, not a rescale, answers it
         return Drift(device, start, end, alone, predicted)
+
+    def _gross(self, device: str, alone: float, predicted: float, scale: float) -> bool:
+        """Under rule ``changed``, whether a standing gap is *gross*: a time at least ``GROSS_GAP`` times
+        the prediction or at most its inverse, and by more than half the caller's typical stage time
+        (``scale``), or any gap beyond epsilon of a device already rescaled for one (its table is known to
+        be off, and one factor rarely closes it). Call with the lock held.
+
+        Why a factor of 2: a CPU quota's non-linearity and a stage's fixed overhead put a device's stage
+        time 24-33 % off its prediction from one range to the next (docs/design.md, "A standing gap,
+        rescaled"), which a rescale chases back and forth; a device that became several times slower or
+        faster after it measured its h is not that, and left alone it keeps the wrong split for the whole
+        run. Why half a typical stage: a one- or two-layer stage is mostly that overhead (seen +320 % on
+        2.7 ms predicted), and a few milliseconds there cannot move the pipeline's step."""
+        if device in self.scale:
+            return True
+        low, high = sorted((alone, predicted))
+        return high >= GROSS_GAP * low and high - low > 0.5 * scale
 
     def close_gaps(self) -> dict[str, tuple[float, float]]:
         """Rescale every device with a standing gap (:meth:`observe`) so that its table predicts the range's
@@ -258,8 +284,14 @@ class DeviceTimes:
             return any(
                 key not in self._adapted_on
                 or abs(s.seconds - self._adapted_on[key]) > 0.5 * self.epsilon * self._adapted_on[key]
-                for key, s in self.samples.items()
+                for key, s in self._adaptable().items()
             )
+
+    def _adaptable(self) -> dict[tuple[str, int, int], Sample]:
+        """The samples of ``D^`` the net is adapted on: not those of a rescaled device (:attr:`scale`), whose
+        table the factor already anchors to its measured times (the net learning them too would count
+        the gap twice). Call with the lock held."""
+        return {key: s for key, s in self.samples.items() if key[0] not in self.scale}
 
     def adapt(self, steps: int = 150) -> int:
         """Continue training on ``D`` plus every sample of ``D^`` (papers/004 "Adaptive update") when there
@@ -268,8 +300,9 @@ class DeviceTimes:
         if not self.news():
             return 0
         with self._lock:
-            samples = list(self.samples.values())
-            self._adapted_on = {key: s.seconds for key, s in self.samples.items()}
+            adaptable = self._adaptable()
+            samples = list(adaptable.values())
+            self._adapted_on = {key: s.seconds for key, s in adaptable.items()}
             base = self.predictor
         adapted = base.adapt(samples, steps=steps)
         with self._lock:

@@ -101,14 +101,15 @@ def test_a_drift_too_late_to_pay_for_a_new_h_is_not_measured(
     assert report.batches == 44
 
 
+@pytest.mark.parametrize("rule", ["changed", "rescale"])
 def test_a_worker_slower_than_its_h_from_the_start_is_rescaled_and_the_split_follows(
-    mosquitto_url: str, cluster: str, caplog: pytest.LogCaptureFixture
+    mosquitto_url: str, cluster: str, caplog: pytest.LogCaptureFixture, rule: str
 ) -> None:
     """Worker-2 measures its h at full speed and becomes 10x slower at batch 1, before any plan check:
-    its stage time never *changes* in the run, so rule ``changed`` (the default) sees a standing gap, the
-    predictor's error, and keeps the first split for good. Rule ``rescale`` scales worker-2's predicted
-    times to its measured stage time at the check at batch 10 and re-plans: its stage gets fewer layers,
-    without measuring h again."""
+    its stage time never *changes* in the run, so no drift asks for a new h: a standing gap. Rule
+    ``rescale`` rescales every standing gap beyond epsilon, rule ``changed`` (the default) a gross one
+    (10x is): worker-2's predicted times are scaled to its measured stage time at the check at batch 10
+    and the split re-planned, its stage gets fewer layers, without measuring h again."""
     caplog.set_level(logging.INFO, logger="edgeagent.roles.central")
     train = TrainConfig(model="mobilenetv2", dataset="digits", batch_size=32, epochs=1, max_batches=40)
     config = CentralConfig(
@@ -117,7 +118,7 @@ def test_a_worker_slower_than_its_h_from_the_start_is_rescaled_and_the_split_fol
         progress=False,
         estimator="predictor",
         slowdown_changes=["worker-2@1=10"],
-        drift_rule="rescale",
+        drift_rule=rule,
     )
     report = run_demo(config, workers=2, slowdowns=[1, 1, 1], broker=mosquitto_url, show_progress=False)
     assert report.batches == 40

@@ -378,9 +378,38 @@ def test_a_standing_gap_rescales_the_device_under_rule_rescale(trained: LatencyP
     assert times.observe("w1", 2, 5, predicted * 3.0, load=1.5) is None and times.gaps == {}  # closed
     assert times.set_h("w1", [2 * v for v in h])  # a new h: measured anew, the rescale is dropped
     assert times.scale == {} and times.gaps == {}
-    changed = DeviceTimes(trained, epsilon=0.1, drift="changed")  # the rule before: a gap stays the net's
-    assert changed.set_h("w1", h)
-    assert changed.observe("w1", 2, 5, predicted * 3.0) is None and changed.gaps == {}
+
+
+def test_rule_changed_rescales_a_gross_gap_only(trained: LatencyPredictor) -> None:
+    """Under the default rule a standing gap is the net's to close unless it is gross: at least GROSS_GAP
+    times the prediction (or at most its inverse) and more than half a typical stage. A device rescaled for
+    one is refined within epsilon after it, and its samples no longer fine-tune the net."""
+    from edgeagent.predictor.tracker import GROSS_GAP
+
+    device = _device(2.0, 1.0, 1e-3)
+    h = [device(a, b) for a, b in representative(FLOPS)]
+    times = DeviceTimes(trained, epsilon=0.1, drift="changed")
+    assert times.set_h("w1", h) and times.set_h("w2", h)
+    predicted = times.predict("w1", 2, 5)
+    assert predicted is not None and GROSS_GAP == 2.0
+    assert times.observe("w1", 2, 5, predicted * 1.9) is None and times.gaps == {}  # off, not gross
+    # 3x, but a tiny stage beside typical ones of 10x its prediction: its overhead, not the device.
+    assert times.observe("w1", 2, 5, predicted * 3.0, scale=10 * predicted) is None and times.gaps == {}
+    assert times.observe("w1", 2, 5, predicted * 3.0, scale=predicted) is None  # gross: a gap, no drift
+    assert times.observe("w2", 2, 5, predicted / 2.5, scale=predicted) is None  # gross the other way
+    assert times.gaps == {"w1": (2, 5), "w2": (2, 5)}
+    applied = times.close_gaps()
+    assert applied["w1"] == pytest.approx((3.0, 3.0)) and applied["w2"] == pytest.approx((0.4, 0.4))
+    # Rescaled: the next range is refined within epsilon, no longer only when gross.
+    later = times.predict("w1", 2, 6)
+    assert later is not None
+    assert times.observe("w1", 2, 6, later * 1.3) is None and times.gaps == {"w1": (2, 6)}
+    assert times.observe("w1", 2, 6, later * 1.05) is None and times.gaps == {}
+    # The net is not fine-tuned on rescaled devices' samples: nothing else is news.
+    assert times.adapt(steps=5) == 0
+    assert times.set_h("w3", h)
+    assert times.observe("w3", 2, 5, predicted * 1.5) is None
+    assert times.adapt(steps=5) == 1
 
 
 def test_a_rescale_is_checked_soon_after_but_not_forever() -> None:

@@ -304,7 +304,8 @@ class Estimation(Setup):
         if times is None:
             return
         started = time.perf_counter()
-        used = times.adapt() if times.drift != "rescale" else 0
+        # A standing gap is answered by its rescale alone (the net fine-tuned on it moved other ranges).
+        used = times.adapt() if times.drift != "rescale" and not times.gaps else 0
         if used:
             took = time.perf_counter() - started
             log.info("latency predictor adapted on %d measured samples in %.2f s", used, took)
