@@ -104,6 +104,16 @@
    1.01x FTPipeHD and 0.72x the oracle (one re-plan at batch 10, a gross gap); before the gross-gap rule
    132.3, 0.27x FTPipeHD (one run); ``rescale`` 406.7; the paper's rule 110.1. The same morning's part 2
    (``--only runs --repeat 2``): predictor 1.00x oracle, 5.35x uniform.
+5. **Deeper** (``--only deep``): ``--deep-devices`` devices (default 8: the central node and seven
+   workers), the last 10x slower, ``--deep-epochs`` epochs: uniform, FTPipeHD, the predictor and the
+   oracle. Every process shares this machine's cores, so a stage runs several times slower in the
+   pipeline than alone, and the workers measure their h at the same moment, each on a share of the cores.
+   Figures (2026-11-28, AMD EPYC family 25 model 17, two invocations of ``--only deep --repeat 2``):
+   predictor 0.87x and 0.91x the oracle, 1.10x and 1.10x FTPipeHD, 1.44x and 1.39x uniform (the oracle
+   itself 1.27x / 1.21x FTPipeHD: on 2 cores the eight processes' contention weighs more than the split).
+   The workers' h, measured together on 2 cores, came out 3-4x their alone value (worker-7's 10x only
+   2.7x theirs), so the first split gave the central node 10-12 of 21 layers; the default drift rule
+   rescaled them as gross gaps at batch 10-13 and re-planned.
 """
 
 from __future__ import annotations
@@ -371,36 +381,19 @@ def drift(results: dict[str, Any], epochs: int) -> None:
     results["drift"] = {"partitions": r.partitions, "characterisations": r.characterisations}
 
 
-def slower(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
-    """Part 4: a device slower than its h from batch 1 (see the module's docstring)."""
-    change = ["worker-2@1=10"]
-    cases: dict[str, tuple[str, str, list[float], dict[str, Any]]] = {
-        "FTPipeHD (capacity)": ("dynamic", "capacity", [1.0, 1.0, 1.0], {"slowdown_changes": change}),
-        "AccEPT, paper's drift": (
-            "dynamic",
-            "predictor",
-            [1.0, 1.0, 1.0],
-            {"slowdown_changes": change, "drift_rule": "paper"},
-        ),
-        "AccEPT, rescale gaps": (
-            "dynamic",
-            "predictor",
-            [1.0, 1.0, 1.0],
-            {"slowdown_changes": change, "drift_rule": "rescale"},
-        ),
-        "AccEPT (predictor)": ("dynamic", "predictor", [1.0, 1.0, 1.0], {"slowdown_changes": change}),
-        "oracle": ("oracle", "capacity", [1.0, 1.0, 10.0], {}),
-    }
+Case = tuple[str, str, list[float], dict[str, Any]]  # partition, estimator, slowdowns, CentralConfig fields
+
+
+def side_by_side(title: str, cases: dict[str, Case], epochs: int, repeat: int) -> dict[str, Any]:
+    """Run ``cases`` in ``repeat`` rounds and print each one's median samples/s against the oracle's and
+    FTPipeHD's (both must be among the cases), its splits and any h measured mid-run."""
     rounds = [
         {name: run(p, e, sd, epochs, **kw) for name, (p, e, sd, kw) in cases.items()} for _ in range(repeat)
     ]
     rates = {name: statistics.median(r[name].samples_per_second for r in rounds) for name in cases}
     ora, ftp = rates["oracle"], rates["FTPipeHD (capacity)"]
     shown = "" if repeat == 1 else f", the median of {repeat} rounds"
-    print(
-        f"\n4. Slower than its h from the start: worker-2 measures h at full speed, 10x slower from batch 1, "
-        f"{epochs} epochs{shown}"
-    )
+    print(f"\n{title}, {epochs} epochs{shown}")
     print(f"   {'split':<22}{'samples/s':>10}{'x oracle':>9}{'x FTPipeHD':>11}  splits (the last round's)")
     out = {}
     for name, rate in rates.items():
@@ -415,16 +408,49 @@ def slower(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
             "per_round": [rr[name].samples_per_second for rr in rounds],
             "partitions": r.partitions,
         }
-    results["slower"] = out
+    return out
+
+
+def slower(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
+    """Part 4: a device slower than its h from batch 1 (see the module's docstring)."""
+    change = {"slowdown_changes": ["worker-2@1=10"]}
+    equal = [1.0, 1.0, 1.0]
+    cases: dict[str, Case] = {
+        "FTPipeHD (capacity)": ("dynamic", "capacity", equal, change),
+        "AccEPT, paper's drift": ("dynamic", "predictor", equal, {**change, "drift_rule": "paper"}),
+        "AccEPT, rescale gaps": ("dynamic", "predictor", equal, {**change, "drift_rule": "rescale"}),
+        "AccEPT (predictor)": ("dynamic", "predictor", equal, change),
+        "oracle": ("oracle", "capacity", [1.0, 1.0, 10.0], {}),
+    }
+    title = "4. Slower than its h from the start: worker-2 measures h at full speed, 10x slower from batch 1"
+    results["slower"] = side_by_side(title, cases, epochs, repeat)
+
+
+def deep(results: dict[str, Any], devices: int, epochs: int, repeat: int = 1) -> None:
+    """Part 5: a deeper pipeline, the last worker 10x slower (see the module's docstring)."""
+    slowdowns = [1.0] * (devices - 1) + [10.0]
+    cases: dict[str, Case] = {
+        "uniform": ("uniform", "capacity", slowdowns, {}),
+        "FTPipeHD (capacity)": ("dynamic", "capacity", slowdowns, {}),
+        "AccEPT (predictor)": ("dynamic", "predictor", slowdowns, {}),
+        "oracle": ("oracle", "capacity", slowdowns, {}),
+    }
+    title = f"5. Deeper: {devices} devices (central first), the last 10x slower"
+    out = side_by_side(title, cases, epochs, repeat)
+    uni = out["uniform"]["samples_per_second"]
+    print(f"   predictor / uniform = {out['AccEPT (predictor)']['samples_per_second'] / uni:.2f}")
+    results["deep"] = out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", choices=["accuracy", "runs", "drift", "slower"])
+    parser.add_argument("--only", choices=["accuracy", "runs", "drift", "slower", "deep"])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--slower-epochs", type=int, default=3, help="epochs of part 4's runs")
+    parser.add_argument("--deep-devices", type=int, default=8, choices=range(4, 13), metavar="4-12")
+    parser.add_argument("--deep-epochs", type=int, default=2, help="epochs of part 5's runs")
     parser.add_argument(
         "--repeat",
         type=int,
@@ -445,6 +471,8 @@ def main() -> None:
         drift(results, args.epochs)
     if args.only in (None, "slower"):
         slower(results, args.slower_epochs, args.repeat)
+    if args.only in (None, "deep"):
+        deep(results, args.deep_devices, args.deep_epochs, args.repeat)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
 
