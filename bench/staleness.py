@@ -6,11 +6,11 @@ Asynchronous pipelining trains every stage on gradients K - 1 updates old (K bat
 stage). MobileNetV2 on digits at TrainConfig's 0.05 gets worse before it gets better: the first epoch's
 mean training loss rises above chance's ln 10 = 2.30 and the test accuracy falls back between epochs, so
 one run's final accuracy can be far below the next one's. This prints, for every run of three set-ups
-(the learning rate 0.05; none set, so the model's pipelined rate, config.PIPELINED_LEARNING_RATES; and
-0.05 with one batch in flight, no staleness, at the cost of the pipelining), the test accuracy after
-every epoch, the first epoch's training loss, the largest fall of the test accuracy from one epoch to a
-later one, and samples/s. No paper gives a figure for this: FTPipeHD (papers/000) trains at its own
-rates on other data; the synchronous run is the baseline without staleness.
+(the learning rate 0.05; none set, so the model's pipelined rate, config.PIPELINED_LEARNING_RATES, scaled
+by the staleness beyond 4 stages; and 0.05 with one batch in flight, no staleness, at the cost of the
+pipelining), the test accuracy after every epoch, the first epoch's training loss, the largest fall of the
+test accuracy from one epoch to a later one, and samples/s. No paper gives a figure for this: FTPipeHD
+(papers/000) trains at its own rates on other data; the synchronous run is the baseline without staleness.
 """
 
 from __future__ import annotations

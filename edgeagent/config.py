@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from edgeagent.errors import ConfigError
 
@@ -26,6 +26,19 @@ CHARACTERISE_ROUNDS = 2
 # (47.6 -> 39.3 %); at 0.03 it is still 3.1-3.3 on 4 stages; at 0.02 it stays at 2.26-2.42 on both.
 PIPELINED_LEARNING_RATES: dict[str, float] = {"mobilenetv2": 0.02}
 ASYNCHRONOUS_MODES = ("pipeline", "hybrid")
+# The staleness (updates old) those rates hold at: 4 stages. A deeper pipeline of the pipeline mode takes
+# the rate times this over its own staleness (staleness_scaled): MobileNetV2 on digits, 5 epochs, 8 stages,
+# at 0.02 the training loss rose to 3.4-5.4 in the second or third epoch and the runs ended at 36.8, 64.3
+# and 64.1 %; at 0.02 x 3/7 it stayed at or below chance's, 68.2 and 61.8 %; 6 stages 88.6 and 55.7 % at
+# 0.02, 74.9 and 81.9 % at 0.02 x 3/5 (docs/design.md, "Staleness and the defaults").
+PIPELINED_RATE_STALENESS = 3
+
+
+def staleness_scaled(rate: float, in_flight: int) -> float:
+    """A pipelined rate for ``in_flight`` batches in flight (gradients ``in_flight - 1`` updates old): as it
+    is up to :data:`PIPELINED_RATE_STALENESS`, scaled down in proportion beyond (staleness-aware SGD)."""
+    stale = in_flight - 1
+    return rate if stale <= PIPELINED_RATE_STALENESS else rate * PIPELINED_RATE_STALENESS / stale
 
 
 def pipelined_learning_rate(model: str, mode: str, in_flight: int) -> float | None:
@@ -198,11 +211,36 @@ class CentralConfig(BrokerAccess):
     slowdown_changes: list[str] = Field(default_factory=list)
     train: TrainConfig = Field(default_factory=TrainConfig)
 
-    @model_validator(mode="before")
+    # Whether train.learning_rate is the model's pipelined rate, taken because none was set (rate_for).
+    _model_rate: bool = PrivateAttr(False)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _pipelined_learning_rate(cls, data: Any) -> Any:
+    def _pipelined_learning_rate(cls, data: Any, handler: Any) -> Any:
         """A learning rate not set (YAML, flag or ``TrainConfig(learning_rate=...)``) is the model's
-        rate under staleness, where it has one (:data:`PIPELINED_LEARNING_RATES`)."""
+        rate under staleness, where it has one (:data:`PIPELINED_LEARNING_RATES`); :meth:`rate_for` scales
+        it to the run's depth once the devices are known."""
+        given = cls._model_learning_rate(data)
+        config = handler(given)
+        if given is not data:
+            config._model_rate = True
+        return config
+
+    @property
+    def model_rate(self) -> bool:
+        """Whether ``train.learning_rate`` is the model's pipelined rate, taken because none was set."""
+        return self._model_rate
+
+    def rate_for(self, devices: int) -> float:
+        """The learning rate of a run on ``devices`` devices (the central node included): the one set, or
+        the model's pipelined rate scaled to the pipeline mode's staleness (:func:`staleness_scaled`)."""
+        rate = self.train.learning_rate
+        if not self._model_rate or self.mode != "pipeline":
+            return rate
+        return staleness_scaled(rate, self.train.in_flight or devices)
+
+    @classmethod
+    def _model_learning_rate(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
         train = data.get("train", {})

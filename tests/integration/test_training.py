@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from edgeagent.cli.demo import run_demo
-from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.config import PIPELINED_LEARNING_RATES, CentralConfig, TrainConfig
 from edgeagent.data import batch_indices, load_dataset
 from edgeagent.models import ModelSpec, build_model
 
@@ -170,3 +170,18 @@ def test_compressed_run_learns_and_sends_a_sixteenth(amqtt_url: str, cluster: st
     # Whole messages (envelope, labels) shrink less: what the link really saves.
     assert 2 < report.compression_ratio < report.compression_ratio_tensors
     assert report.final_accuracy > 0.6
+
+
+def test_a_six_stage_pipeline_trains_at_the_models_rate_scaled_to_its_staleness(
+    mosquitto_url: str, cluster: str
+) -> None:
+    """No rate set: MobileNetV2's pipelined rate holds up to 4 stages; 6 stages (5 updates old) take
+    3/5 of it, and the stages get it with their options (the report's rate is the one they were sent)."""
+    train = TrainConfig(model="mobilenetv2", dataset="digits", batch_size=32, epochs=1, max_batches=3)
+    config = CentralConfig(
+        cluster=cluster, train=train, progress=False, partition="uniform", estimator="capacity"
+    )
+    assert config.model_rate
+    report = run_demo(config, workers=5, slowdowns=[], broker=mosquitto_url, show_progress=False)
+    assert report.batches == 3 and len(report.partitions[0]["points"]) == 7
+    assert report.learning_rate == pytest.approx(PIPELINED_LEARNING_RATES["mobilenetv2"] * 3 / 5)

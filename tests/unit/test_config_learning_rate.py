@@ -8,12 +8,14 @@ import pytest
 
 from edgeagent.config import (
     PIPELINED_LEARNING_RATES,
+    PIPELINED_RATE_STALENESS,
     CentralConfig,
     DemoConfig,
     TrainConfig,
     build,
     load,
     pipelined_learning_rate,
+    staleness_scaled,
 )
 from edgeagent.errors import ConfigError
 
@@ -72,3 +74,30 @@ def test_a_bad_training_section_is_still_reported_by_validation() -> None:
         build(CentralConfig, {"train": ["mobilenetv2"]})
     with pytest.raises(ConfigError, match="in_flight"):
         build(CentralConfig, {"train": {"model": "mobilenetv2", "in_flight": -1}})
+
+
+def test_a_deeper_pipeline_scales_the_models_rate_by_its_staleness() -> None:
+    """Up to 4 stages (3 updates old) the model's rate as measured; beyond, times 3 over the staleness."""
+    assert PIPELINED_RATE_STALENESS == 3
+    assert [staleness_scaled(RATE, k) for k in (1, 3, 4)] == [RATE] * 3
+    assert staleness_scaled(RATE, 5) == pytest.approx(RATE * 3 / 4)
+    assert staleness_scaled(RATE, 8) == pytest.approx(RATE * 3 / 7)
+    config = CentralConfig(train=TrainConfig(model="mobilenetv2"))
+    assert config.model_rate
+    assert config.rate_for(3) == RATE and config.rate_for(8) == pytest.approx(RATE * 3 / 7)
+    # The demo sets its workers by a copy: the mark survives it; in_flight bounds the staleness.
+    assert config.model_copy(update={"workers": 7}).rate_for(8) == pytest.approx(RATE * 3 / 7)
+    bounded = CentralConfig(train=TrainConfig(model="mobilenetv2", in_flight=4))
+    assert bounded.rate_for(8) == RATE
+    nested = build(DemoConfig, {"central": {"train": {"model": "mobilenetv2"}}})
+    assert nested.central.model_rate and nested.central.rate_for(6) == pytest.approx(RATE * 3 / 5)
+
+
+def test_a_rate_that_is_set_or_a_hybrid_run_is_not_scaled() -> None:
+    given = CentralConfig(train=TrainConfig(model="mobilenetv2", learning_rate=RATE))
+    assert not given.model_rate and given.rate_for(8) == RATE  # 0.02 set by hand: kept at any depth
+    assert not build(CentralConfig, {"train": {"model": "mobilenetv2", "learning_rate": 0.1}}).model_rate
+    hybrid = CentralConfig(mode="hybrid", train=TrainConfig(model="mobilenetv2"))
+    assert hybrid.model_rate and hybrid.rate_for(8) == RATE  # its stages are fewer than its devices
+    mlp = CentralConfig(train=TrainConfig(model="mlp"))
+    assert not mlp.model_rate and mlp.rate_for(8) == DEFAULT

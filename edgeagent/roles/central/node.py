@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from edgeagent.config import CHARACTERISE_ROUNDS, CentralConfig, pipelined_learning_rate
+from edgeagent.config import CHARACTERISE_ROUNDS, PIPELINED_RATE_STALENESS, CentralConfig
 from edgeagent.data import Dataset, load_dataset
 from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
 from edgeagent.models import ModelSpec, num_layers
@@ -268,15 +268,31 @@ class Central(Role):
             )
             self.remember(found[d], keep=chosen)
         log.info("workers: %s", ", ".join(chosen))
-        train = self.config.train
-        if pipelined_learning_rate(train.model, self.config.mode, train.in_flight) == train.learning_rate:
-            log.info(
-                "learning rate %g: %s's under the pipeline's staleness (0.05 diverges there; --lr sets "
-                "another)",
-                train.learning_rate,
-                train.model,
-            )
+        self._take_learning_rate(len(chosen) + 1)
         return chosen
+
+    def _take_learning_rate(self, devices: int) -> None:
+        """The model's pipelined rate, where no rate was set, scaled to the run's depth (``rate_for``)."""
+        config = self.config
+        if not config.model_rate:
+            return
+        train = config.train
+        rate = config.rate_for(devices)
+        deeper = ""
+        if rate != train.learning_rate:
+            deeper = f", x{rate / train.learning_rate:.2f} for {devices} stages' staleness"
+            self.config = config.model_copy(
+                update={"train": train.model_copy(update={"learning_rate": rate})}
+            )
+        log.info(
+            "learning rate %.3g: %s's under the pipeline's staleness (%g up to %d stages%s; 0.05 diverges "
+            "there; --lr sets another)",
+            rate,
+            train.model,
+            train.learning_rate,
+            PIPELINED_RATE_STALENESS + 1,
+            deeper,
+        )
 
     def _h_request(self, spec: ModelSpec) -> tuple[dict[str, Any], int] | None:
         """The model and batch size the workers measure ``h`` for, when the run uses the predictor."""
