@@ -54,7 +54,7 @@ def run(settings: dict[str, Any], *, epochs: int, workers: int, slowdowns: list[
     report = run_demo(config, workers=workers, slowdowns=slowdowns, broker=None, show_progress=False)
     accuracy = list(report.test_accuracy_per_epoch)
     return {
-        "learning_rate": config.train.learning_rate,
+        "learning_rate": report.learning_rate,  # the rate the stages trained at (scaled to the depth)
         "in_flight": report.in_flight,
         "accuracy": accuracy,
         "first_epoch_loss": report.train_loss_per_epoch[0],
@@ -89,7 +89,7 @@ def main() -> None:
             results[name].append(r)
             per_epoch = " ".join(f"{a:5.1%}"[:-1] for a in r["accuracy"])
             print(
-                f"{name:<22}{r['learning_rate']:>6g}{r['in_flight']:>3}  {per_epoch:<34}"
+                f"{name:<22}{r['learning_rate']:>6.3g}{r['in_flight']:>3}  {per_epoch:<34}"
                 f"{r['first_epoch_loss']:>7.2f}{r['largest_fall']:>7.1%}{r['accuracy'][-1]:>7.1%}"
                 f"{r['samples_per_second']:>10.0f}",
                 flush=True,
