@@ -239,6 +239,16 @@ class CentralConfig(BrokerAccess):
             return rate
         return staleness_scaled(rate, self.train.in_flight or devices)
 
+    def for_devices(self, devices: int) -> CentralConfig:
+        """This configuration for a run on ``devices`` devices: the learning rate :meth:`rate_for` gives,
+        which then counts as set (a second call keeps it as it is)."""
+        rate = self.rate_for(devices)
+        if rate == self.train.learning_rate:
+            return self
+        scaled = self.model_copy(update={"train": self.train.model_copy(update={"learning_rate": rate})})
+        scaled._model_rate = False
+        return scaled
+
     @classmethod
     def _model_learning_rate(cls, data: Any) -> Any:
         if not isinstance(data, dict):

@@ -91,6 +91,10 @@ def test_a_deeper_pipeline_scales_the_models_rate_by_its_staleness() -> None:
     assert bounded.rate_for(8) == RATE
     nested = build(DemoConfig, {"central": {"train": {"model": "mobilenetv2"}}})
     assert nested.central.model_rate and nested.central.rate_for(6) == pytest.approx(RATE * 3 / 5)
+    # Once taken for a run, the scaled rate counts as set: taken again, it is not scaled twice.
+    deep = config.for_devices(8)
+    assert deep.train.learning_rate == pytest.approx(RATE * 3 / 7) and not deep.model_rate
+    assert deep.for_devices(8) is deep and config.for_devices(3) is config
 
 
 def test_a_rate_that_is_set_or_a_hybrid_run_is_not_scaled() -> None:

@@ -272,18 +272,17 @@ class Central(Role):
         return chosen
 
     def _take_learning_rate(self, devices: int) -> None:
-        """The model's pipelined rate, where no rate was set, scaled to the run's depth (``rate_for``)."""
+        """The model's pipelined rate, where no rate was set, scaled to the run's depth (``for_devices``)."""
         config = self.config
         if not config.model_rate:
             return
         train = config.train
-        rate = config.rate_for(devices)
+        self.config = config.for_devices(devices)
+        rate = self.config.train.learning_rate
         deeper = ""
         if rate != train.learning_rate:
-            deeper = f", x{rate / train.learning_rate:.2f} for {devices} stages' staleness"
-            self.config = config.model_copy(
-                update={"train": train.model_copy(update={"learning_rate": rate})}
-            )
+            in_flight = train.in_flight or devices
+            deeper = f", x{rate / train.learning_rate:.2f} for {in_flight} batches in flight"
         log.info(
             "learning rate %.3g: %s's under the pipeline's staleness (%g up to %d stages%s; 0.05 diverges "
             "there; --lr sets another)",
