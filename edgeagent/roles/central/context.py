@@ -140,6 +140,7 @@ class RunState:
         total = self.per_epoch * self.train.epochs
         self.total = min(total, self.train.max_batches) if self.train.max_batches else total
         self.store = WeightStore(config.device_id)
+        self.checkpointed = -1  # the version of the last checkpoint written (Checkpoints._maybe_checkpoint)
         self.inbox = Inbox()
         self.status = 0  # Table I: 1 while recovering from a fault
         self.grace_until = 0.0

@@ -268,6 +268,7 @@ class PipelineRun(Recovery):
         """``done`` batches are committed: replicate, tell the user, apply slowdown changes, plan."""
         if any(every and done % every == 0 for every in (self.config.chain_every, self.config.global_every)):
             self.store.snapshot(self.stage)  # stage 0's own weights at this replication point
+            self._maybe_checkpoint(done)  # the workers' replicas of it may all be in already
         self.notify(batch=done, total=self.total, loss=loss, correct=correct)
         while self.changes and self.changes[0][1] <= done:
             device, at, factor = self.changes.pop(0)
