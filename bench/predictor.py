@@ -129,6 +129,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.ops.logs import setup_logging
 from edgeagent.predictor.collect import load_records
 from edgeagent.predictor.evaluate import evaluate, fewer_windows, repeatability
-from edgeagent.predictor.net import LatencyPredictor
+from edgeagent.predictor.net import LatencyPredictor, Variant
 from edgeagent.predictor.store import load, samples_of, shipped_path
 from edgeagent.roles.central import RunReport
 
@@ -194,10 +195,7 @@ def accuracy(results: dict[str, Any]) -> None:
         raise SystemExit("no shipped predictor: run `edgeagent predictor train --data ...` first")
     ours, header = load(weights)
     files = header["provenance"]["data"]  # what ours trained on; the first holds FTPipeHD's reference
-    training = [r for name in files for r in load_records(DATA / name)]
-    started = time.perf_counter()
-    paper = LatencyPredictor.fit(samples_of(training), training[0]["flops"], variant="paper", steps=3000)
-    fit = time.perf_counter() - started
+    training, (paper,), fit = _pretrained(files, "paper")
     print(
         f"1. Prediction accuracy: MobileNetV2's {len(training[0]['seconds'])} sub-models; pre-trained on "
         f"{len(samples_of(training))} samples from {len(training)} configurations in {', '.join(files)} "
@@ -243,11 +241,7 @@ def accuracy(results: dict[str, Any]) -> None:
 def unseen_kind(results: dict[str, Any]) -> None:
     """The paper's set-up: pre-trained on other CPU kinds (about its 5,000 samples), tested on a new one."""
     held_name, files = UNSEEN_KIND
-    training = [r for name in files for r in load_records(DATA / name)]
-    started = time.perf_counter()
-    ours = LatencyPredictor.fit(samples_of(training), training[0]["flops"], variant="features")
-    paper = LatencyPredictor.fit(samples_of(training), training[0]["flops"], variant="paper", steps=3000)
-    fit = time.perf_counter() - started
+    training, (ours, paper), fit = _pretrained(files, "features", "paper")
     print(
         f"\n   A CPU kind outside pre-training (the paper's test: three CPUs in training, a fourth tested): "
         f"both predictors trained\n   here on {len(samples_of(training))} samples of {', '.join(files)} only "
@@ -263,6 +257,18 @@ def unseen_kind(results: dict[str, Any]) -> None:
         + (f"; the shipped predictor (Zen 4's kind in its training) {shipped[1]:.1%}" if shipped else "")
     )
     results["accuracy_unseen_kind"] = table
+
+
+def _pretrained(
+    files: Sequence[str], *variants: Variant
+) -> tuple[list[dict[str, Any]], list[LatencyPredictor], float]:
+    """The records of ``files``, a predictor of each variant pre-trained on them (its default steps) and
+    the seconds that took."""
+    training = [r for name in files for r in load_records(DATA / name)]
+    samples = samples_of(training)
+    started = time.perf_counter()
+    fitted = [LatencyPredictor.fit(samples, training[0]["flops"], variant=v) for v in variants]
+    return training, fitted, time.perf_counter() - started
 
 
 def _accuracy_on(
