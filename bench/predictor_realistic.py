@@ -42,7 +42,7 @@ about 5 s each); ``--link-epochs 2`` (accuracies in part 2 above chance) about 1
 Per scenario:
 
 1. **LP vs FTPipeHD** on loopback links: ``--estimator predictor`` (every worker measures ``h`` when it
-   is discovered, with the tiling that corrects the predictor, ``--correction blend``, and the first
+   is discovered, with the tiling that corrects the predictor, ``--correction linear``, and the first
    split already uses predicted per-device times), the same without the tiles (``--correction none``:
    the paper's predictor), and ``--estimator capacity`` (FTPipeHD: the equal split, re-split from measured
    capacities after 10 batches, then every 100), and the predictor under ``--drift-rule rescale``
@@ -162,7 +162,7 @@ def run(
     compression: str = "none",
     link: float = 0.0,
     max_batches: int | None = None,
-    correction: str = "blend",
+    correction: str = "linear",
     drift_rule: str = "changed",
 ) -> RunReport:
     train = TrainConfig(

@@ -179,9 +179,11 @@ class CentralConfig(BrokerAccess):
     # check on the pipeline's contention (0.61-0.86x changed's samples/s): docs/design.md.
     drift_rule: Literal["paper", "changed", "rescale"] = "changed"
     # Correction of the predictor from the tiling each worker measures with its h
-    # (edgeagent.predictor.correction; ours): blend, the per-layer correction and the tiles taken as
-    # additive weighed by h; tiles, the per-layer correction alone; none: the predictor as the paper has it.
-    correction: Literal["blend", "tiles", "none"] = "blend"
+    # (edgeagent.predictor.correction; ours): linear, the tiles and h in one linear fit (a speed per tile,
+    # an overhead per sub-model; the predictor shares a tile among its layers); blend, the per-layer
+    # correction and the tiles taken as additive weighed by h (the default until 2026-11-28); tiles, the
+    # per-layer correction alone; none: the predictor as the paper has it.
+    correction: Literal["linear", "blend", "tiles", "none"] = "linear"
     # Which split the pipeline DP takes among those with the optimal bottleneck T* (planner/dp.py): latest,
     # FTPipeHD's rule (the latest cuts: early stages fill up to T* whatever their speed), or slack (the
     # least sum of stage times among the splits within T* x (1 + tie_tolerance): a slow device keeps as

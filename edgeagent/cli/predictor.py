@@ -198,5 +198,6 @@ def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None, 
     for k, table in device.items():
         if table:
             click.echo(
-                f"  k={k}: blended+8 {table['blended+8'][1]:.1%}, lookup-table {table['lookup-table'][1]:.1%}"
+                f"  k={k}: "
+                + ", ".join(f"{m} {table[m][1]:.1%}" for m in ("linear+8", "blended+8", "lookup-table"))
             )

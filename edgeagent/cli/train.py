@@ -169,9 +169,10 @@ def train_options(f: F) -> F:
         ),
         click.option(
             "--correction",
-            type=click.Choice(["blend", "tiles", "none"]),
+            type=click.Choice(["linear", "blend", "tiles", "none"]),
             help="Predictor: correct each device's predicted times by the 8 contiguous ranges it measures "
-            "with its h (ours): blend (the default), a per-layer correction and the ranges taken as "
+            "with its h (ours): linear (the default), the ranges and h in one linear fit, a speed per "
+            "range and an overhead per sub-model; blend, a per-layer correction and the ranges taken as "
             "additive, weighed by how well each predicts h; tiles, the per-layer correction alone; none, "
             "the paper's predictor.",
         ),

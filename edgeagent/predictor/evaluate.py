@@ -11,6 +11,9 @@ sub-models predicted within ±5 % and ±10 % by
   configuration (the ranges used are left out of the test set);
 * ours after 2, 4 and 8 samples, blended: that correction and the tiles taken as additive, weighed by
   the representatives (:func:`~.correction.blended`; the tiles and the representatives are left out);
+* ours after 2, 4 and 8 samples, linear (the default): the tiles and the representatives in one linear
+  fit, a per-tile speed and a per-sub-model overhead (:class:`~.correction.TileFit`; the tiles and the
+  representatives are left out);
 * FLOPs-linear, the per-layer look-up table and FTPipeHD's capacity ratio, on the same sub-models.
 """
 
@@ -23,7 +26,7 @@ from typing import Any
 from edgeagent.models import ModelSpec
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
-from edgeagent.predictor.correction import Correction, blended
+from edgeagent.predictor.correction import Correction, blended, fitted
 from edgeagent.predictor.measure import best_window, model_tiling
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import record_h
@@ -99,6 +102,21 @@ def _blended_guesses(
     return [mixed[a][b - a - 1] for a, b in test]
 
 
+def _linear_guesses(
+    predicted: Mapping[Range, float],
+    num_layers: int,
+    tiles: Sequence[Range],
+    reps: Sequence[Range],
+    times: Mapping[Range, float],
+    test: Sequence[Range],
+) -> list[float]:
+    """linear+k's times of ``test``: :class:`~.correction.TileFit` on the ``times`` measured on the
+    ``tiles`` and the representatives ``reps``, the shares within a tile the ``predicted`` single layers."""
+    table = [[predicted[(a, b)] for b in range(a + 1, num_layers + 1)] for a in range(num_layers)]
+    out, _ = fitted(table, tiles, [times[r] for r in tiles], [(r, times[r]) for r in reps])
+    return [out[a][b - a - 1] for a, b in test]
+
+
 def _inside_one_tile(tiles: Sequence[Range], ranges: Sequence[Range]) -> int:
     """How many of ``ranges`` lie inside one of ``tiles``: no tile measures them, the predictor's shares
     of the tile decide."""
@@ -113,8 +131,8 @@ def evaluate(
     adapt_steps: int = 300,
 ) -> tuple[Scores, list[dict[str, Any]]]:
     """Scores over ``held_out`` and one row per configuration (its name, every method's shares and, under
-    ``misses``, per ``blended+k`` how many sub-models it tested and predicted outside ±10 %, and how many of
-    each lie inside one tile)."""
+    ``misses``, per ``blended+k`` and ``linear+k`` how many sub-models it tested and predicted outside
+    ±10 %, and how many of each lie inside one tile)."""
     scores = Scores()
     per_config: list[dict[str, Any]] = []
     n = predictor.num_layers
@@ -152,14 +170,18 @@ def evaluate(
             test = [r for r in test if r not in reps]  # the representatives chose the blend's weight
             guesses = _blended_guesses(predicted, n, tiles, reps, times, test)
             local.add(f"blended+{k}", guesses, [times[r] for r in test])
-            guessed = zip(test, guesses, strict=True)
-            missed = [r for r, g in guessed if abs(g - times[r]) > BOUNDS[1] * times[r]]
-            misses[f"blended+{k}"] = {
-                "tested": len(test),
-                "tested inside one tile": _inside_one_tile(tiles, test),
-                "missed": len(missed),
-                "missed inside one tile": _inside_one_tile(tiles, missed),
-            }
+            lines = _linear_guesses(predicted, n, tiles, reps, times, test)
+            local.add(f"linear+{k}", lines, [times[r] for r in test])
+            for method, guessed in ((f"blended+{k}", guesses), (f"linear+{k}", lines)):
+                missed = [
+                    r for r, g in zip(test, guessed, strict=True) if abs(g - times[r]) > BOUNDS[1] * times[r]
+                ]
+                misses[method] = {
+                    "tested": len(test),
+                    "tested inside one tile": _inside_one_tile(tiles, test),
+                    "missed": len(missed),
+                    "missed inside one tile": _inside_one_tile(tiles, missed),
+                }
         local.add("flops-linear", flops_linear(predictor.layer_flops, h, ranges), measured)
         local.add("lookup-table", lookup_table(_layer_times(times, n), ranges), measured)
         reference = _times(reference_record(training, int(record["batch_size"])))
@@ -174,12 +196,12 @@ def evaluate(
 
 
 def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, Any]], k: int) -> Scores:
-    """blended+8 and the look-up table as a device measures its inputs (``h``, tiles, single layers):
-    each from the fastest of only ``k`` windows (a worker measures ``characterise_rounds`` of them), tested
-    against the times of *other* windows. A record of ``R`` rounds gives its last ``R // 2`` windows to
-    the times tested on and its first ``R // 2``, ``k`` at a time, to the inputs; a record with fewer than
-    ``2 k`` rounds is left out. With ``k`` = ``R // 2``: how much each method's inputs' own noise costs it
-    once they no longer share windows with what they are tested on."""
+    """linear+8, blended+8 and the look-up table as a device measures its inputs (``h``, tiles, single
+    layers): each from the fastest of only ``k`` windows (a worker measures ``characterise_rounds`` of
+    them), tested against the times of *other* windows. A record of ``R`` rounds gives its last ``R // 2``
+    windows to the times tested on and its first ``R // 2``, ``k`` at a time, to the inputs; a record with
+    fewer than ``2 k`` rounds is left out. With ``k`` = ``R // 2``: how much each method's inputs' own noise
+    costs it once they no longer share windows with what they are tested on."""
     if k < 1:
         raise ValueError(f"k must be >= 1 window, got {k}")
     scores = Scores()
@@ -201,6 +223,8 @@ def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, A
             test = [r for r in ranges if r not in tiles and r not in reps]
             guesses = _blended_guesses(predicted, n, tiles, reps, inputs, test)
             scores.add("blended+8", guesses, [truth[r] for r in test])
+            lines = _linear_guesses(predicted, n, tiles, reps, inputs, test)
+            scores.add("linear+8", lines, [truth[r] for r in test])
             singles = lookup_table(_layer_times(inputs, n), test)
             scores.add("lookup-table", singles, [truth[r] for r in test])
     return scores

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from edgeagent.predictor.correction import blended, even_tiling, per_layer
+from edgeagent.predictor.correction import TileFit, blended, even_tiling, fitted, per_layer
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.submodels import REPRESENTATIVES, Range, representative
 
@@ -52,10 +52,11 @@ DriftRule = Literal["paper", "changed", "rescale"]
 # prediction, or at most its inverse (DeviceTimes._gross).
 GROSS_GAP = 2.0
 DRIFT_RULES: tuple[DriftRule, ...] = ("paper", "changed", "rescale")
-# How the tiles a device measured with its h correct its predicted table: blend (the per-layer correction
-# and the tiles taken as additive, weighed by h), tiles (the per-layer correction), none (the paper's).
-CorrectionMode = Literal["blend", "tiles", "none"]
-CORRECTIONS: tuple[CorrectionMode, ...] = ("blend", "tiles", "none")
+# How the tiles a device measured with its h correct its predicted table: linear (the tiles and h in one
+# linear fit, a speed per tile and an overhead per sub-model), blend (the per-layer correction and the
+# tiles taken as additive, weighed by h), tiles (the per-layer correction), none (the paper's).
+CorrectionMode = Literal["linear", "blend", "tiles", "none"]
+CORRECTIONS: tuple[CorrectionMode, ...] = ("linear", "blend", "tiles", "none")
 
 
 class DeviceTimes:
@@ -68,7 +69,7 @@ class DeviceTimes:
         epsilon: float = 0.1,
         max_samples: int = 64,
         drift: DriftRule = "changed",
-        correction: CorrectionMode = "blend",
+        correction: CorrectionMode = "linear",
         tiling: Sequence[Range] | None = None,
     ) -> None:
         """``tiling``: the ranges the devices measure with their ``h`` (the model's
@@ -91,6 +92,7 @@ class DeviceTimes:
         self.adaptations = 0
         self._tables: dict[str, list[list[float]]] = {}
         self.blend_weights: dict[str, float] = {}  # per device: the blend's weight on the correction
+        self.fits: dict[str, TileFit] = {}  # per device: the linear fit (correction "linear")
         self._adapted_on: dict[tuple[str, int, int], float] = {}  # the D^ the predictor was adapted on
         # Per device and range under this h: how many times were observed, and the last as measured
         # (before ``load``).
@@ -119,6 +121,7 @@ class DeviceTimes:
             self.tiles[device] = tiled
             self._tables.pop(device, None)
             self.blend_weights.pop(device, None)  # the new table's, once it is computed
+            self.fits.pop(device, None)
             for key in [k for k in self.samples if k[0] == device]:
                 del self.samples[key]  # measured under the old resources
             for key in [k for k in self._observed if k[0] == device]:
@@ -147,12 +150,14 @@ class DeviceTimes:
         if cached is not None or h is None:
             return cached
         table = predictor.table(h)
-        weight = None
+        weight, fit = None, None
+        judges = list(zip(representative(predictor.layer_flops), h, strict=True))
         if self.correction == "tiles" and tiles:
             table = per_layer(table, self.tiling, tiles)
         elif self.correction == "blend" and tiles:
-            judges = list(zip(representative(predictor.layer_flops), h, strict=True))
             table, weight = blended(table, self.tiling, tiles, judges)
+        elif self.correction == "linear" and tiles:
+            table, fit = fitted(table, self.tiling, tiles, judges)
         if factor != 1.0:
             table = [[factor * t for t in row] for row in table]
         with self._lock:
@@ -164,6 +169,8 @@ class DeviceTimes:
                 self._tables[device] = table
                 if weight is not None:
                     self.blend_weights[device] = weight
+                if fit is not None:
+                    self.fits[device] = fit
         return table
 
     def predict(self, device: str, start: int, end: int) -> float | None:
@@ -254,11 +261,11 @@ class DeviceTimes:
         in all (:attr:`scale`). Under rule ``rescale`` it replaces :meth:`adapt` (see the central node's
         ``_adapt_predictor``); after it, it corrects the adapted tables.
 
-        Why not the adaptive update alone: the corrections (``tiles``, ``blend``) anchor a device's table
-        to the tiles it measured alone when it joined, so a net adapted on a stage time moves the shape of
-        the table within a tile but not the tile's own time, and a join measured on a bad minute (seen: a
-        two-thread worker under a 40 % quota measured at 0.33 s in one run and 0.45-0.85 s in the next
-        three at its slowest representative) kept its wrong split for the whole run."""
+        Why not the adaptive update alone: the corrections (``linear``, ``tiles``, ``blend``) anchor a
+        device's table to the tiles it measured alone when it joined, so a net adapted on a stage time moves
+        the shape of the table within a tile but not the tile's own time, and a join measured on a bad
+        minute (seen: a two-thread worker under a 40 % quota measured at 0.33 s in one run and 0.45-0.85 s
+        in the next three at its slowest representative) kept its wrong split for the whole run."""
         applied: dict[str, tuple[float, float]] = {}
         with self._lock:
             gaps = dict(self.gaps)

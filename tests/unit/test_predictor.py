@@ -16,7 +16,7 @@ import torch
 from edgeagent.models import ModelSpec
 from edgeagent.planner.dp import Link, Problem, brute_force, compute_time, predict, solve
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
-from edgeagent.predictor.correction import Correction, blended, even_tiling
+from edgeagent.predictor.correction import Correction, blended, even_tiling, fitted
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import load, save
 from edgeagent.predictor.submodels import all_ranges, by_flops, encode, representative
@@ -315,7 +315,8 @@ def test_the_tiles_a_device_measured_correct_its_table(trained: LatencyPredictor
     tiles = [1.5 * device(a, b) for a, b in even_tiling(LAYERS)]
     plain = DeviceTimes(trained, correction="none")
     corrected = DeviceTimes(trained, correction="tiles")
-    mixed = DeviceTimes(trained)  # blend, the default
+    mixed = DeviceTimes(trained, correction="blend")
+    fit = DeviceTimes(trained)  # linear, the default
     broken = DeviceTimes(trained)
     assert plain.set_h("w1", h, tiles) and corrected.set_h("w1", h, tiles)
     assert broken.set_h("w1", h, tiles[:-1]) and broken.tiles["w1"] == ()  # one tile short: not used
@@ -329,8 +330,12 @@ def test_the_tiles_a_device_measured_correct_its_table(trained: LatencyPredictor
     judges = list(zip(representative(FLOPS), h, strict=True))
     blend_table, weight = blended(table, even_tiling(LAYERS), tiles, judges)
     assert mixed.table("w1") == blend_table != table
-    assert mixed.blend_weights == {"w1": weight} and not corrected.blend_weights
-    with pytest.raises(ValueError, match="correction 'tile': allowed 'blend', 'tiles', 'none'"):
+    assert mixed.blend_weights == {"w1": weight} and not corrected.blend_weights and not mixed.fits
+    assert fit.set_h("w1", h, tiles)
+    fit_table, tile_fit = fitted(table, even_tiling(LAYERS), tiles, judges)
+    assert fit.table("w1") == fit_table != table
+    assert fit.fits == {"w1": tile_fit} and not fit.blend_weights
+    with pytest.raises(ValueError, match="correction 'tile': allowed 'linear', 'blend', 'tiles', 'none'"):
         DeviceTimes(trained, correction="tile")  # type: ignore[arg-type]
 
 

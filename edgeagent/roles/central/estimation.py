@@ -16,6 +16,7 @@ import logging
 import statistics
 import time
 
+from edgeagent.predictor.correction import TileFit
 from edgeagent.predictor.measure import model_key, model_tiling
 from edgeagent.predictor.store import shipped, shipped_path
 from edgeagent.predictor.tracker import DeviceTimes, Drift
@@ -29,6 +30,16 @@ log = logging.getLogger("edgeagent.roles.central")
 GAP_RECHECKS = 3  # extra plan checks in a row after re-plans for a standing gap (_schedule_recheck)
 
 RangeTables = tuple[tuple[tuple[float, ...], ...] | None, ...]
+
+
+def _correction_note(weight: float | None, fit: TileFit | None) -> str:
+    """What the log line of a device's ``h`` says of its correction."""
+    if fit is not None:
+        low, high = min(fit.scales), max(fit.scales)
+        return f"; fitted: {1e3 * fit.overhead:.2f} ms per sub-model, tiles {low:.2f}-{high:.2f}x predicted"
+    if weight is not None:
+        return f"; corrected {weight:.0%} per layer, {1 - weight:.0%} by tiles summed"
+    return ""
 
 
 class Estimation(Setup):
@@ -90,14 +101,17 @@ class Estimation(Setup):
                 len(msg.tiles),
                 len(times.tiling),
             )
-        times.table(msg.device_id)  # corrects it now: the blend's weight is known from here on
+        times.table(msg.device_id)  # corrects it now: the blend's weight or the fit is known from here on
         weight = times.blend_weights.get(msg.device_id)
+        fit = times.fits.get(msg.device_id)
         self.characterisations.append(
             {
                 "device": msg.device_id,
                 "h": [round(v, 6) for v in msg.h],
                 "tiles": [round(v, 6) for v in times.tiles.get(msg.device_id, ())],
                 "blend": weight,
+                "overhead": None if fit is None else round(fit.overhead, 6),
+                "tile_factors": None if fit is None else [round(v, 4) for v in fit.scales],
                 "seconds": round(msg.h_seconds, 3),
                 "batch": len(self.report.timeline) if self.train_started else 0,
             }
@@ -109,7 +123,7 @@ class Estimation(Setup):
             1e3 * max(msg.h),
             len(times.tiles.get(msg.device_id, ())),
             msg.h_seconds,
-            "" if weight is None else f"; corrected {weight:.0%} per layer, {1 - weight:.0%} by tiles summed",
+            _correction_note(weight, fit),
         )
         return True
 
