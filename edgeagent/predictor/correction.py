@@ -297,11 +297,7 @@ class TileFit:
 
     def seconds(self, start: int, end: int) -> float:
         """The fitted time of ``[start, end)``."""
-        return self.overhead + sum(
-            s * sum(self.layer_times[max(start, a) : min(end, b)])
-            for (a, b), s in zip(self.tiles, self.scales, strict=True)
-            if min(end, b) > max(start, a)
-        )
+        return float(np.dot(self._row(start, end), (self.overhead, *self.scales)))
 
     def table(self) -> Table:
         """``table[s][e - s - 1]``: the fitted seconds of every range (running sums, O(l^2))."""
