@@ -87,7 +87,8 @@ def _layer_times(times: Mapping[Range, float], num_layers: int) -> list[float]:
     return [times[(j, j + 1)] for j in range(num_layers)]
 
 
-def _blended_guesses(
+def _guesses(
+    method: str,
     predicted: Mapping[Range, float],
     num_layers: int,
     tiles: Sequence[Range],
@@ -95,25 +96,15 @@ def _blended_guesses(
     times: Mapping[Range, float],
     test: Sequence[Range],
 ) -> list[float]:
-    """blended+k's times of ``test``: the ``predicted`` table corrected by the ``times`` measured on the
-    ``tiles``, the blend weighed by those measured on the representatives ``reps``."""
+    """The times of ``test`` by ``method`` from the ``predicted`` table and the ``times`` measured on the
+    ``tiles`` and the representatives ``reps``: ``blended`` (the per-layer correction and the tiles added
+    up, weighed by the representatives) or ``linear`` (:class:`~.correction.TileFit` on both)."""
     table = [[predicted[(a, b)] for b in range(a + 1, num_layers + 1)] for a in range(num_layers)]
-    mixed, _ = blended(table, tiles, [times[r] for r in tiles], [(r, times[r]) for r in reps])
-    return [mixed[a][b - a - 1] for a, b in test]
-
-
-def _linear_guesses(
-    predicted: Mapping[Range, float],
-    num_layers: int,
-    tiles: Sequence[Range],
-    reps: Sequence[Range],
-    times: Mapping[Range, float],
-    test: Sequence[Range],
-) -> list[float]:
-    """linear+k's times of ``test``: :class:`~.correction.TileFit` on the ``times`` measured on the
-    ``tiles`` and the representatives ``reps``, the shares within a tile the ``predicted`` single layers."""
-    table = [[predicted[(a, b)] for b in range(a + 1, num_layers + 1)] for a in range(num_layers)]
-    out, _ = fitted(table, tiles, [times[r] for r in tiles], [(r, times[r]) for r in reps])
+    seconds, judges = [times[r] for r in tiles], [(r, times[r]) for r in reps]
+    if method == "linear":
+        out, _ = fitted(table, tiles, seconds, judges)
+    else:
+        out, _ = blended(table, tiles, seconds, judges)
     return [out[a][b - a - 1] for a, b in test]
 
 
@@ -168,9 +159,9 @@ def evaluate(
             corrected = [predicted[r] * fit.factor(*r) for r in test]
             local.add(f"corrected+{k}", corrected, [times[r] for r in test])
             test = [r for r in test if r not in reps]  # the representatives chose the blend's weight
-            guesses = _blended_guesses(predicted, n, tiles, reps, times, test)
+            guesses = _guesses("blended", predicted, n, tiles, reps, times, test)
             local.add(f"blended+{k}", guesses, [times[r] for r in test])
-            lines = _linear_guesses(predicted, n, tiles, reps, times, test)
+            lines = _guesses("linear", predicted, n, tiles, reps, times, test)
             local.add(f"linear+{k}", lines, [times[r] for r in test])
             for method, guessed in ((f"blended+{k}", guesses), (f"linear+{k}", lines)):
                 missed = [
@@ -221,9 +212,9 @@ def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, A
             ranges = sorted(inputs)
             predicted = dict(zip(ranges, predictor.predict(ranges, record_h(used)), strict=True))
             test = [r for r in ranges if r not in tiles and r not in reps]
-            guesses = _blended_guesses(predicted, n, tiles, reps, inputs, test)
+            guesses = _guesses("blended", predicted, n, tiles, reps, inputs, test)
             scores.add("blended+8", guesses, [truth[r] for r in test])
-            lines = _linear_guesses(predicted, n, tiles, reps, inputs, test)
+            lines = _guesses("linear", predicted, n, tiles, reps, inputs, test)
             scores.add("linear+8", lines, [truth[r] for r in test])
             singles = lookup_table(_layer_times(inputs, n), test)
             scores.add("lookup-table", singles, [truth[r] for r in test])

@@ -7,6 +7,7 @@ import logging
 import math
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -111,17 +112,20 @@ def test_the_ridge_shrinks_towards_the_prediction_and_bad_samples_are_left_out()
         Correction.fit(predicted, [], ridge=0.0)
 
 
+def _shipped_scores(held_out: str) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Every method's share within ±10 % on a shipped held-out set with the shipped weights, and the rows."""
+    predictor = shipped(ModelSpec("mobilenetv2", (1, 8, 8), 10))
+    assert predictor is not None
+    training = load_records(DATA / "mobilenetv2-digits.json")
+    scores, rows = evaluate(predictor, load_records(DATA / held_out), training, adapt_steps=1)
+    return {method: ten for method, (_five, ten) in scores.mean().items()}, rows
+
+
 def test_eight_tiles_beat_the_papers_eight_samples_on_the_unseen_machine() -> None:
     """On the held-out configurations measured on a machine unseen in training (shipped data), the
     shipped predictor corrected by a tiling of 8 is right more often than adapted on the representatives
     and more than the look-up table (numbers: bench/predictor.py)."""
-    spec = ModelSpec("mobilenetv2", (1, 8, 8), 10)
-    predictor = shipped(spec)
-    assert predictor is not None
-    held_out = load_records(DATA / "mobilenetv2-digits-heldout-unseen.json")
-    training = load_records(DATA / "mobilenetv2-digits.json")
-    scores, rows = evaluate(predictor, held_out, training, adapt_steps=1)
-    mean = {method: ten for method, (_five, ten) in scores.mean().items()}
+    mean, rows = _shipped_scores("mobilenetv2-digits-heldout-unseen.json")
     assert mean["corrected+8"] > mean["predictor"] + 0.03
     assert mean["corrected+8"] > mean["lookup-table"]
     assert mean["blended+8"] > mean["corrected+8"]  # 94.0 against 93.2 % (shipped data and weights)
@@ -137,12 +141,7 @@ def test_the_linear_fit_beats_the_blend_and_the_table_on_a_cpu_kind_with_its_own
     a fixed overhead the training machines did not pay, the tiles and h fitted with a per-sub-model
     overhead (linear+8, the default) are right far more often than blended+8 and than the look-up table
     (92.7 against 78.3 and 86.6 %; bench/predictor.py)."""
-    predictor = shipped(ModelSpec("mobilenetv2", (1, 8, 8), 10))
-    assert predictor is not None
-    held_out = load_records(DATA / "mobilenetv2-digits-heldout-cascade.json")
-    training = load_records(DATA / "mobilenetv2-digits.json")
-    scores, rows = evaluate(predictor, held_out, training, adapt_steps=1)
-    mean = {method: ten for method, (_five, ten) in scores.mean().items()}
+    mean, rows = _shipped_scores("mobilenetv2-digits-heldout-cascade.json")
     assert mean["linear+8"] > mean["blended+8"] + 0.08
     assert mean["linear+8"] > mean["lookup-table"] + 0.03
     for row in rows:
