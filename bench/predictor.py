@@ -244,13 +244,9 @@ def accuracy(results: dict[str, Any]) -> None:
     print(f"   {'held-out set':<22}" + "".join(f"{f'k={k}':>26}" for k in WINDOWS))
     for key, (_, name) in HELD_OUT.items():
         cells = ""
-        records = load_records(DATA / name)
-        for k in WINDOWS:
-            table = fewer_windows(ours, records, k).mean()
+        for k, table in _as_a_device_measures(ours, load_records(DATA / name)).items():
             results[key][f"inputs from {k} windows"] = table
-            methods = (OURS, "blended+8", "lookup-table")
-            pair = " / ".join(f"{table[m][1]:.1%}" for m in methods) if table else "-"
-            cells += f"{pair:>26}"
+            cells += f"{_device_cell(table):>26}"
         print(f"   {name.removeprefix('mobilenetv2-digits-').removesuffix('.json'):<22}{cells}")
     unseen_kind(results)
 
@@ -274,15 +270,23 @@ def unseen_kind(results: dict[str, Any]) -> None:
         f"{best} {table['mean'][best][1]:.1%}"
         + (f"; the shipped predictor (Zen 4's kind in its training) {shipped[1]:.1%}" if shipped else "")
     )
-    device = {k: fewer_windows(ours, held_out, k).mean() for k in WINDOWS}
-    cells = ", ".join(
-        f"k={k} " + " / ".join(f"{t[m][1]:.1%}" for m in (OURS, "blended+8", "lookup-table"))
-        for k, t in device.items()
-        if t
-    )
+    device = _as_a_device_measures(ours, held_out)
+    cells = ", ".join(f"k={k} {_device_cell(t)}" for k, t in device.items() if t)
     print(f"   as a device measures ({OURS} / blended+8 / look-up table within ±10 %): {cells}")
     table["as a device measures"] = device
     results["accuracy_unseen_kind"] = table
+
+
+def _as_a_device_measures(
+    predictor: LatencyPredictor, records: list[dict[str, Any]]
+) -> dict[int, dict[str, tuple[float, float]]]:
+    """Per k of :data:`WINDOWS`: every method's shares with its inputs from k windows (``fewer_windows``)."""
+    return {k: fewer_windows(predictor, records, k).mean() for k in WINDOWS}
+
+
+def _device_cell(table: dict[str, tuple[float, float]]) -> str:
+    """``ours / blended+8 / look-up table`` within ±10 % ("-": no record had the windows)."""
+    return " / ".join(f"{table[m][1]:.1%}" for m in (OURS, "blended+8", "lookup-table")) if table else "-"
 
 
 def _pretrained(

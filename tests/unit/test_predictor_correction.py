@@ -217,18 +217,13 @@ def test_blended_takes_the_tiles_when_the_device_adds_up_like_them() -> None:
     assert weight == 1.0  # a device that adds up like the prediction: the correction
 
 
-def _device(layers: list[float], overhead: float) -> list[list[float]]:
-    """A device whose sub-model ``[a, b)`` takes ``overhead`` plus its layers' times."""
-    return _table(layers, overhead)
-
-
 def test_the_linear_fit_finds_each_tiles_speed_and_the_overhead_per_sub_model() -> None:
     """Predicted: every layer 1 ms, no overhead. The device: 0.5 ms per sub-model, and the layers of the
     middle tile 2x slower. The tiles and a few other ranges measured there give both back exactly (no
     ridge) and every range's time; with the ridge (on 7 measured ranges), over 90 % of them within 10 %."""
     table = _table([1e-3] * 8)
     true = [1e-3, 1e-3, 2e-3, 2e-3, 2e-3, 1e-3, 1e-3, 1e-3]
-    device = _device(true, 5e-4)
+    device = _table(true, overhead=5e-4)  # 0.5 ms per sub-model on top of its layers
     tiles = [(0, 2), (2, 5), (5, 8)]
     seconds = [device[a][b - a - 1] for a, b in tiles]
     judges = [((a, b), device[a][b - a - 1]) for a, b in [(0, 8), (1, 4), (3, 7), (4, 5)]]
