@@ -16,11 +16,13 @@
    2, 4 and 8 adaptive samples (``predictor+k``: the paper's update on the representatives;
    ``corrected+k``: ours, the per-layer correction from a tiling of the model into k ranges by layer
    kind, measured on the configuration; ``blended+k``: ours, the default until 2026-11-28, that correction
-   and the tiles added up, weighed by the representatives, which are then left out of its test set as
-   well; ``linear+k``: ours, the default, the tiles and the representatives in one linear fit, a speed
-   per tile and an overhead per sub-model, both left out of its test set), the
+   and the tiles added up, weighed by the representatives; ``linear+k``: ours, the default, the tiles and
+   the representatives in one linear fit, a speed per tile and an overhead per sub-model), the
    paper's dual-stream variant trained here on the same data,
-   and the three baselines on the same sub-models (FLOPs-linear through the device's ten representative
+   and the three baselines, every method on the same sub-models: the 189 of 231 that no method measured
+   (``evaluate.scored``: not a single layer, a representative, a tile or the capacity stage; until
+   2026-11-28, evening, each of ours left out its own inputs only and the baselines none, the look-up
+   table scored on its 21 measured layers too) (FLOPs-linear through the device's ten representative
    points, the per-layer look-up table measured on that configuration, FTPipeHD's capacity ratio from
    the middle stage of the equal 3-way split). Paper (Fig. 7-8): about 88 % within ±5 % and over 95 %
    within ±10 %; the goal is >= 95 % within ±10 % after at most 8 samples and better than every baseline.
@@ -89,6 +91,19 @@
    table's 39.6 / 71.3 / 82.7 %. The goal: met on the training machine's and the Zen 4 sets; on the kind
    outside pre-training >= 95 % but 0.5 point under the table (docs/design.md, "The tiles and h in one
    linear fit").
+   Figures (2026-11-28, evening, the same VM kind and weights), every method on the same 189 sub-models
+   (the earlier figures: each scored on its own test set), linear+8 / blended+8 / look-up table within
+   ±10 %: training machine 98.4 / 97.5 / 94.7 %, unseen machine 95.0 (94.97) / 95.1 / 90.7 %, third VM
+   92.9 / 92.5 / 89.2 %, emulated CPUs 95.5 / 94.7 / 94.2 %, noisy Xeon 51.3 / 48.7 / 53.6 %, noisy EPYC
+   79.0 / 68.8 / 73.8 %, Cascade Lake 93.4 / 79.0 / 85.1 %, Zen 3 95.1 / 92.7 / 92.1 %, Zen 4 97.9 / 96.2
+   / 95.4 %. The kind outside pre-training: linear+8 97.2 % (±5 %: 83.3 %), blended+8 93.4 %, the
+   paper's update +8 78.0 %, its variant +8 77.6 %, capacity 64.9 %, FLOPs-linear 49.7 %, look-up table
+   95.4 % (±5 %: 73.1 %): the goal met there. On the single layers no method is scored on, linear+8
+   would miss ±10 % on 18 of 72 there (the table measures them); with them, ours 95.3 % against the
+   table's 95.8 %. The goal is met on four of the nine sets and on the kind outside pre-training; not on
+   the unseen machine (by 0.03 point, 4.3 above the table), the third VM (split-half 74.6 %), Cascade
+   Lake (split-half 60.7 %, 8.3 above the table) and the two noisy sets, where the table leads on one
+   (split-half 41.3 %) (docs/design.md, "Every method on the same sub-models").
 2. **Whole-run heterogeneity** (MobileNetV2, digits, batch 32, slowdowns 1,1,10, ``--epochs`` epochs):
    samples/s of the uniform split, FTPipeHD's dynamic split (``--estimator capacity``), AccEPT's
    (``--estimator predictor``, the DP's ties broken by ``--tie-break slack``; also with FTPipeHD's
@@ -346,10 +361,12 @@ def _accuracy_on(
         counts = [row["misses"][method] for row in rows]
         missed, inside = (sum(c[key] for c in counts) for key in ("missed", "missed inside one tile"))
         tested, tested_inside = (sum(c[key] for c in counts) for key in ("tested", "tested inside one tile"))
+        ones, ones_missed = (sum(c[key] for c in counts) for key in ("single layers", "single layers missed"))
         print(
             f"   {method} missed ±10 % on {missed} of {tested} sub-models; {inside} of them lie inside one "
             f"tile (the predictor's shares of the tile decide),\n   which are {tested_inside} of the "
-            f"{tested} tested"
+            f"{tested} tested; on the single layers (the look-up table's inputs, scored for no method) it "
+            f"would miss {ones_missed} of {ones}"
         )
     known = [c for c in ceilings if c is not None]
     if known:

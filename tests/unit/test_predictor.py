@@ -17,6 +17,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.planner.dp import Link, Problem, brute_force, compute_time, predict, solve
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
 from edgeagent.predictor.correction import Correction, blended, even_tiling, fitted
+from edgeagent.predictor.evaluate import scored
 from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import load, save
 from edgeagent.predictor.submodels import all_ranges, by_flops, encode, representative
@@ -75,6 +76,19 @@ def test_baselines_are_exact_on_their_own_assumptions() -> None:
     assert lookup_table([1.0, 2.0, 3.0, 4.0], [(1, 3)]) == [5.0]
     # Capacity: the stage [1, 3) took 3x its reference time, so every range is 3x.
     assert capacity_ratio([1.0, 2.0, 3.0, 4.0], (1, 3), 15.0, [(0, 4)]) == [30.0]
+
+
+def test_every_method_is_scored_on_the_sub_models_no_method_measured() -> None:
+    """``scored``: the single layers (the look-up table's inputs), the representatives and the tiles are
+    left out for every method alike; a model whose every sub-model is an input is an error."""
+    ranges = all_ranges(6)  # 21 sub-models
+    reps = [(0, 6), (1, 4)]
+    test = scored(ranges, 6, reps, [[(0, 2), (2, 6)], [(3, 5)]])
+    inputs = {(0, 6), (1, 4), (0, 2), (2, 6), (3, 5)}
+    assert test == [r for r in ranges if r[1] - r[0] > 1 and r not in inputs]
+    assert len(test) == 21 - 6 - 5
+    with pytest.raises(ValueError, match="3-layer model's 6 sub-models are all some method's inputs"):
+        scored(all_ranges(3), 3, [(0, 2), (1, 3), (0, 3)], [])
 
 
 # -- the DP over predicted tables (AccEPT eq. 9-10) ------------------------------------------------

@@ -371,9 +371,10 @@ def test_train_and_evaluate_take_one_data_set_per_machine(tmp_path: Path) -> Non
     assert [c["created_at"] for c in header["provenance"]["collections"]] == ["now", "now"]
     assert header["provenance"]["trained_on"]["cpu_id"]  # which machine's kernels made these weights
     args = ["predictor", "evaluate", "--data", str(first), "--held-out", str(first)]
-    # 3 layers: every sub-model is a tile or a representative
+    # 3 layers: every sub-model is a single layer, a tile or a representative
     result = runner.invoke(main, [*args, "--weights", str(weights)])
-    assert result.exit_code != 0 and "the 3-layer model's 6 sub-models are all samples" in result.output
+    assert result.exit_code != 0
+    assert "the 3-layer model's 6 sub-models are all some method's inputs" in result.output
     other = ModelSpec("mlp", (16,), 4, (("hidden", (8, 4)),))
     odd = write_doc(tmp_path / "odd.json", [fake_record(configs[0], spec=other)])
     refused = f"{odd}: measured model {model_key(other)}, but {first} measured {model_key(TINY)}"
