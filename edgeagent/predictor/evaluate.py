@@ -137,6 +137,16 @@ def scored(
     return test
 
 
+def _capacity_stage(
+    training: Sequence[Mapping[str, Any]], record: Mapping[str, Any], num_layers: int
+) -> tuple[list[float], Range]:
+    """FTPipeHD's reference per-layer times for ``record``'s batch size, and the stage it measures (the
+    middle one of the equal 3-way split)."""
+    ref_layers = _layer_times(_times(reference_record(training, int(record["batch_size"]))), num_layers)
+    points = balanced_partition(ref_layers, 3)
+    return ref_layers, (points[1], points[2])
+
+
 def evaluate(
     predictor: LatencyPredictor,
     held_out: Sequence[Mapping[str, Any]],
@@ -159,10 +169,7 @@ def evaluate(
         times = _times(record)
         ranges = sorted(times)
         h = record_h(record)
-        reference = _times(reference_record(training, int(record["batch_size"])))
-        ref_layers = _layer_times(reference, n)
-        points = balanced_partition(ref_layers, 3)
-        stage = (points[1], points[2])
+        ref_layers, stage = _capacity_stage(training, record, n)
         test = scored(ranges, n, reps, [*tilings.values(), [stage]])
         measured = [times[r] for r in test]
         local = Scores()
@@ -206,6 +213,42 @@ def evaluate(
     return scores, per_config
 
 
+LENGTHS: tuple[tuple[int, int], ...] = ((1, 1), (2, 3), (4, 7), (8, 10**9))  # sub-model lengths, in layers
+
+
+def by_length(
+    predictor: LatencyPredictor, held_out: Sequence[Mapping[str, Any]], training: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[tuple[int, int], tuple[int, int]]]:
+    """linear+8's and the look-up table's sub-models within ±10 % and tested, per band of :data:`LENGTHS`:
+    the :func:`scored` sub-models, and the single layers that are not linear+8's inputs (which no method
+    is scored on: the look-up table measured them, so it is exact there). A deep pipeline's stages are
+    short ranges; this says how far each method is to be trusted on them."""
+    n = predictor.num_layers
+    reps = representative(predictor.layer_flops)
+    spec = ModelSpec.from_dict(held_out[0]["model"]) if held_out else None
+    tilings = [model_tiling(spec, predictor.layer_flops, k) for k in ADAPT_SAMPLES] if spec else []
+    counts = {m: dict.fromkeys(LENGTHS, (0, 0)) for m in ("linear+8", "lookup-table")}
+    for record in held_out:
+        times = _times(record)
+        ranges = sorted(times)
+        _, stage = _capacity_stage(training, record, n)
+        tiles = tilings[ADAPT_SAMPLES.index(8)]  # linear+8's
+        ones = [(j, j + 1) for j in range(n) if (j, j + 1) not in {*tiles, *reps}]
+        test = [*scored(ranges, n, reps, [*tilings, [stage]]), *ones]
+        predicted = dict(zip(ranges, predictor.predict(ranges, record_h(record)), strict=True))
+        guesses = {
+            "linear+8": _guesses("linear", predicted, n, tiles, reps, times, test),
+            "lookup-table": lookup_table(_layer_times(times, n), test),
+        }
+        for method, guessed in guesses.items():
+            for (a, b), g in zip(test, guessed, strict=True):
+                band = next(band for band in LENGTHS if band[0] <= b - a <= band[1])
+                hit = abs(g - times[(a, b)]) <= BOUNDS[1] * times[(a, b)]
+                hits, tested = counts[method][band]
+                counts[method][band] = (hits + hit, tested + 1)
+    return counts
+
+
 def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, Any]], k: int) -> Scores:
     """linear+8, blended+8 and the look-up table as a device measures its inputs (``h``, tiles, single
     layers): each from the fastest of only ``k`` windows (a worker measures ``characterise_rounds`` of
@@ -244,7 +287,9 @@ def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, A
 __all__ = [
     "ADAPT_SAMPLES",
     "BOUNDS",
+    "LENGTHS",
     "Scores",
+    "by_length",
     "evaluate",
     "fewer_windows",
     "reference_record",

@@ -25,7 +25,7 @@ from edgeagent.predictor.correction import (
     tiling,
 )
 from edgeagent.predictor.dataset import load_records
-from edgeagent.predictor.evaluate import evaluate, fewer_windows
+from edgeagent.predictor.evaluate import LENGTHS, by_length, evaluate, fewer_windows
 from edgeagent.predictor.measure import ModelLayers, model_key, model_tiling
 from edgeagent.predictor.store import shipped
 from edgeagent.predictor.submodels import all_ranges
@@ -151,6 +151,21 @@ def test_the_linear_fit_beats_the_blend_and_the_table_on_a_cpu_kind_with_its_own
     for row in rows:
         count = row["misses"]["linear+8"]
         assert 1 - count["missed"] / count["tested"] == pytest.approx(row["linear+8"][1])
+
+
+def test_by_length_counts_every_scored_sub_model_and_the_single_layers_once() -> None:
+    """``by_length`` on the unseen machine's set: every scored sub-model (189 a configuration) and single
+    layer that is not linear+8's input (18) falls in one band, for both methods; the look-up table is exact
+    on the single layers it measured, ours is not."""
+    predictor = shipped(ModelSpec("mobilenetv2", (1, 8, 8), 10))
+    assert predictor is not None
+    held_out = load_records(DATA / "mobilenetv2-digits-heldout-unseen.json")
+    counts = by_length(predictor, held_out, load_records(DATA / "mobilenetv2-digits.json"))
+    for method in ("linear+8", "lookup-table"):
+        assert sum(tested for _, tested in counts[method].values()) == 4 * (189 + 18)
+        assert counts[method][LENGTHS[0]][1] == 4 * 18
+    assert counts["lookup-table"][LENGTHS[0]] == (72, 72)
+    assert counts["linear+8"][LENGTHS[0]][0] < 72  # 54: the net's shares of a tile (shipped weights)
 
 
 def test_inputs_from_fewer_windows_are_tested_on_other_windows() -> None:
