@@ -137,6 +137,13 @@ def scored(
     return test
 
 
+def _single_layers(num_layers: int, tiles: Sequence[Range], reps: Sequence[Range]) -> list[Range]:
+    """The single layers that are neither a tile nor a representative: no method is scored on them (the
+    look-up table measured them), but ours predicts them from the net's share of their tile."""
+    inputs = {*tiles, *reps}
+    return [(j, j + 1) for j in range(num_layers) if (j, j + 1) not in inputs]
+
+
 def _capacity_stage(
     training: Sequence[Mapping[str, Any]], record: Mapping[str, Any], num_layers: int
 ) -> tuple[list[float], Range]:
@@ -184,9 +191,7 @@ def evaluate(
         for k, tiles in tilings.items():
             fit = Correction.fit(singles, [(r, predicted[r], times[r]) for r in tiles])
             local.add(f"corrected+{k}", [predicted[r] * fit.factor(*r) for r in test], measured)
-            # Also the single layers no method is scored on, as ours would predict them (the table
-            # measures them).
-            ones = [(j, j + 1) for j in range(n) if (j, j + 1) not in {*tiles, *reps}]
+            ones = _single_layers(n, tiles, reps)
             for method in ("blended", "linear"):
                 guessed = _guesses(method, predicted, n, tiles, reps, times, [*test, *ones])
                 local.add(f"{method}+{k}", guessed[: len(test)], measured)
@@ -227,14 +232,13 @@ def by_length(
     reps = representative(predictor.layer_flops)
     spec = ModelSpec.from_dict(held_out[0]["model"]) if held_out else None
     tilings = [model_tiling(spec, predictor.layer_flops, k) for k in ADAPT_SAMPLES] if spec else []
+    tiles = tilings[ADAPT_SAMPLES.index(8)] if tilings else []  # linear+8's
     counts = {m: dict.fromkeys(LENGTHS, (0, 0)) for m in ("linear+8", "lookup-table")}
     for record in held_out:
         times = _times(record)
         ranges = sorted(times)
         _, stage = _capacity_stage(training, record, n)
-        tiles = tilings[ADAPT_SAMPLES.index(8)]  # linear+8's
-        ones = [(j, j + 1) for j in range(n) if (j, j + 1) not in {*tiles, *reps}]
-        test = [*scored(ranges, n, reps, [*tilings, [stage]]), *ones]
+        test = [*scored(ranges, n, reps, [*tilings, [stage]]), *_single_layers(n, tiles, reps)]
         predicted = dict(zip(ranges, predictor.predict(ranges, record_h(record)), strict=True))
         guesses = {
             "linear+8": _guesses("linear", predicted, n, tiles, reps, times, test),
