@@ -29,7 +29,7 @@ where it stopped.
 
     python -m edgeagent.predictor.collect --set SET --out data.json [--resume]      (root for quotas)
 
-SET is one of training, training-short, heldout, heldout-isa (:data:`SETS`).
+SET is one of training, training-short, heldout, heldout-isa, heldout-full (:data:`SETS`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from edgeagent.predictor.collect import (
     parse_cpus,
     training_configs,
 )
-from edgeagent.predictor.configs import held_out_isa_configs
+from edgeagent.predictor.configs import held_out_full_configs, held_out_isa_configs
 from edgeagent.predictor.measure import model_key
 from edgeagent.predictor.submodels import all_ranges, representative
 from tests.conftest import first_pid_in, terminate_and_check_unwound
@@ -85,7 +85,7 @@ def test_invalid_configs_raise_with_the_numbers(changes: dict[str, Any], message
 
 
 def test_round_trip_through_json() -> None:
-    for cfg in [*training_configs(), *held_out_configs(), *held_out_isa_configs()]:
+    for cfg in [*training_configs(), *held_out_configs(), *held_out_isa_configs(), *held_out_full_configs()]:
         assert ResourceConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
@@ -113,13 +113,18 @@ def test_names_and_cpus() -> None:
 
 def test_training_and_held_out_sets() -> None:
     training, held_out, held_out_isa = training_configs(), held_out_configs(), held_out_isa_configs()
+    held_out_full = held_out_full_configs()
     assert 16 <= len(training) <= 40
-    assert len(held_out) == 4 and len(held_out_isa) == 2
-    names = [c.name for c in [*training, *held_out, *held_out_isa]]
+    assert len(held_out) == 4 and len(held_out_isa) == 2 and len(held_out_full) == 4
+    names = [c.name for c in [*training, *held_out, *held_out_isa, *held_out_full]]
     assert len(set(names)) == len(names)
     seen = {c.resources for c in training}
-    assert not any(c.resources in seen for c in [*held_out, *held_out_isa])
+    assert not any(c.resources in seen for c in [*held_out, *held_out_isa, *held_out_full])
     assert {c.isa for c in held_out} == {None} and {c.isa for c in held_out_isa} == {"avx2", "sse"}
+    # The full-speed set: no quota, no emulated CPU or slowdown, a batch size training never had.
+    assert {(c.cpu_quota, c.isa, c.slowdown) for c in held_out_full} == {(None, None, 1)}
+    assert all(c.batch_size not in {16, 32, 64} for c in held_out_full)
+    assert config_set("heldout-full") == held_out_full
     # Three kinds of CPU, as the paper's three: this machine's and two emulated ones.
     assert {c.isa for c in training} == {None, "avx2", "sse"}
     assert config_set("heldout-isa") == held_out_isa_configs()
