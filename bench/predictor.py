@@ -253,7 +253,7 @@ def accuracy(results: dict[str, Any]) -> None:
         ours_ten = table[OURS][1]
         best = max(BASELINES, key=lambda m: table[m][1])
         met = ours_ten >= PAPER["±10%"] and all(ours_ten > table[m][1] for m in BASELINES)
-        where = name.removeprefix("mobilenetv2-digits-").removesuffix(".json")
+        where = _set_name(name)
         repeat = f"{table['measurement repeat'][1]:.1%}" if "measurement repeat" in table else "-"
         print(
             f"   {where:<18}{ours_ten:>10.1%}{table['blended+8'][1]:>10.1%}{best:>22}{table[best][1]:>8.1%}"
@@ -274,7 +274,7 @@ def accuracy(results: dict[str, Any]) -> None:
         for k, table in _as_a_device_measures(ours, load_records(DATA / name)).items():
             results[key][f"inputs from {k} windows"] = table
             cells += f"{_device_cell(table):>26}"
-        print(f"   {name.removeprefix('mobilenetv2-digits-').removesuffix('.json'):<22}{cells}")
+        print(f"   {_set_name(name):<22}{cells}")
     print(
         f"\n   By sub-model length (a deep pipeline's stages are short ranges): {OURS} / look-up table "
         "within ±10 %, the scored sub-models\n   and the single layers that are not ours' inputs (scored for "
@@ -283,9 +283,8 @@ def accuracy(results: dict[str, Any]) -> None:
     print(f"   {'held-out set':<22}" + "".join(f"{_band(band):>20}" for band in LENGTHS))
     for key, (_, name) in HELD_OUT.items():
         counts = by_length(ours, load_records(DATA / name), training)
-        results[key]["by length"] = {_band(b): {m: c[b] for m, c in counts.items()} for b in LENGTHS}
-        where = name.removeprefix("mobilenetv2-digits-").removesuffix(".json")
-        print(f"   {where:<22}{_length_cells(counts)}")
+        results[key]["by length"] = _by_band(counts)
+        print(f"   {_set_name(name):<22}{_length_cells(counts)}")
     unseen_kind(results)
 
 
@@ -296,7 +295,20 @@ def _band(band: tuple[int, int]) -> str:
     return f"{low}-{high} layers" if high < 10**9 else f">= {low} layers"
 
 
-def _length_cells(counts: dict[str, dict[tuple[int, int], tuple[int, int]]]) -> str:
+def _set_name(name: str) -> str:
+    """A held-out file's short name (``heldout-zen4``)."""
+    return name.removeprefix("mobilenetv2-digits-").removesuffix(".json")
+
+
+LengthCounts = dict[str, dict[tuple[int, int], tuple[int, int]]]  # evaluate.by_length's
+
+
+def _by_band(counts: LengthCounts) -> dict[str, dict[str, tuple[int, int]]]:
+    """``by_length``'s counts keyed by band name, for the JSON results."""
+    return {_band(b): {m: c[b] for m, c in counts.items()} for b in LENGTHS}
+
+
+def _length_cells(counts: LengthCounts) -> str:
     cells = ""
     for band in LENGTHS:
         (ours_hits, tested), (table_hits, _) = counts[OURS][band], counts["lookup-table"][band]
@@ -331,7 +343,7 @@ def unseen_kind(results: dict[str, Any]) -> None:
     heads = "".join(f"{_band(band):>20}" for band in LENGTHS)
     print(f"   by sub-model length ({OURS} / look-up table within ±10 %):\n   {'':<22}{heads}\n   {'':<22}"
           f"{_length_cells(counts)}")  # fmt: skip
-    table["by length"] = {_band(b): {m: c[b] for m, c in counts.items()} for b in LENGTHS}
+    table["by length"] = _by_band(counts)
     results["accuracy_unseen_kind"] = table
 
 
