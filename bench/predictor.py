@@ -136,6 +136,10 @@
    drift rule 0.54x; in an earlier invocation of the same day the default's row read 1.02x / 4.96x.
    With the linear fit as the default (2026-11-28, afternoon, an Intel Xeon of family 6 model 207, one
    invocation): predictor 1.01x oracle and 4.95x uniform, FTPipeHD 0.76x, without the tiles 1.02x.
+   On an AMD EPYC of family 25 model 17 (2026-11-28, evening, the linear fit): one invocation 0.89x
+   oracle and 4.33x uniform, with the same split as ``DP ties latest``, which read 1.10x (the noise of one
+   run); ``--repeat 3`` 1.03x oracle and 5.14x uniform (rounds 1.02x, 1.03x, 0.96x), FTPipeHD 0.78x, the
+   paper's drift rule 0.60x, without the tiles 1.03x. The title says when a figure is one round.
 3. **Drift**: three equal devices, worker-1 becomes 5x slower at batch 60; the predictor's dynamic
    prediction sees the drift, asks for a new h and re-splits.
 4. **Slower than its h from the start** (``--only slower``): worker-2 measures its h at full speed and
@@ -440,6 +444,15 @@ def run(partition: str, estimator: str, slowdowns: list[float], epochs: int, **e
     return run_demo(config, workers=len(slowdowns) - 1, slowdowns=slowdowns, broker=None, show_progress=False)
 
 
+def _rounds_shown(repeat: int) -> str:
+    """The title's note on how many rounds a figure is: one run moves a ratio by up to 30 % on a 2-core
+    machine (on 2026-11-28 the default's row read 0.89x the oracle in one run, 1.03x as the median of three
+    rounds of 1.02x, 1.03x and 0.96x)."""
+    if repeat == 1:
+        return ", one round (a single run moves a ratio by up to 30 %: --repeat 3 prints medians)"
+    return f", the median of {repeat} rounds"
+
+
 def runs(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
     slowdowns = [1.0, 1.0, 10.0]
     cases: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -460,7 +473,7 @@ def runs(results: dict[str, Any], epochs: int, repeat: int = 1) -> None:
     ]
     rates = {name: statistics.median(r[name].samples_per_second for r in rounds) for name in cases}
     uni, ora = rates["uniform"], rates["oracle"]
-    shown = "" if repeat == 1 else f", the median of {repeat} rounds"
+    shown = _rounds_shown(repeat)
     print(
         f"\n2. Whole run: MobileNetV2 on digits, batch 32, {epochs} epochs, slowdowns 1,1,10 (central first)"
         f"{shown}"
@@ -543,7 +556,7 @@ def side_by_side(title: str, cases: dict[str, Case], epochs: int, repeat: int) -
     ]
     rates = {name: statistics.median(r[name].samples_per_second for r in rounds) for name in cases}
     ora, ftp = rates["oracle"], rates["FTPipeHD (capacity)"]
-    shown = "" if repeat == 1 else f", the median of {repeat} rounds"
+    shown = _rounds_shown(repeat)
     print(f"\n{title}, {epochs} epochs{shown}")
     print(f"   {'split':<22}{'samples/s':>10}{'x oracle':>9}{'x FTPipeHD':>11}  splits (the last round's)")
     out = {}
