@@ -81,9 +81,12 @@ def test_more_workers_than_cut_points_train_to_the_end(mosquitto_url: str) -> No
     report = run(mosquitto_url, workers=5, train=train, slowdowns=[PI] * 5, slowdown=PI)
     assert report.mode == "hybrid"
     assert report.epochs == 1 and report.batches == len(report.timeline) == 15  # 480 samples in batches of 32
-    final = report.partitions[-1]  # planned again over the measured links before batch 0 if that differs
-    assert final["batch"] == 0
-    assert [g for g in final["groups"] if len(g) > 1], final
+    # The plan batch 0 ran: planned again over the measured links before batch 0 if that differs. A later
+    # re-split from measured capacities (FTPipeHD's, at batch 10) may follow when the machine is loaded:
+    # under CI's other tests one did, so this asserts on the first plan trained, not on the last.
+    first = [p for p in report.partitions if p["batch"] == 0][-1]
+    assert [g for g in first["groups"] if len(g) > 1], report.partitions
+    assert all("groups" in p for p in report.partitions), report.partitions
     assert report.recoveries == [] and report.failovers == []
 
 
