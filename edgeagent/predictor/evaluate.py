@@ -154,6 +154,18 @@ def _capacity_stage(
     return ref_layers, (points[1], points[2])
 
 
+def _inputs(
+    predictor: LatencyPredictor, held_out: Sequence[Mapping[str, Any]]
+) -> tuple[list[Range], dict[int, list[Range]]]:
+    """The representatives of ``h`` and the tiling of every :data:`ADAPT_SAMPLES` count (none without
+    records). Every record is of the predictor's model: they are the same for all of them."""
+    reps = representative(predictor.layer_flops)
+    if not held_out:
+        return reps, {}
+    spec = ModelSpec.from_dict(held_out[0]["model"])
+    return reps, {k: model_tiling(spec, predictor.layer_flops, k) for k in ADAPT_SAMPLES}
+
+
 def evaluate(
     predictor: LatencyPredictor,
     held_out: Sequence[Mapping[str, Any]],
@@ -168,10 +180,7 @@ def evaluate(
     scores = Scores()
     per_config: list[dict[str, Any]] = []
     n = predictor.num_layers
-    reps = representative(predictor.layer_flops)
-    # Every record is of the predictor's model: its tilings are the same for all of them.
-    spec = ModelSpec.from_dict(held_out[0]["model"]) if held_out else None
-    tilings = {k: model_tiling(spec, predictor.layer_flops, k) for k in ADAPT_SAMPLES} if spec else {}
+    reps, tilings = _inputs(predictor, held_out)
     for record in held_out:
         times = _times(record)
         ranges = sorted(times)
@@ -229,16 +238,14 @@ def by_length(
     is scored on: the look-up table measured them, so it is exact there). A deep pipeline's stages are
     short ranges; this says how far each method is to be trusted on them."""
     n = predictor.num_layers
-    reps = representative(predictor.layer_flops)
-    spec = ModelSpec.from_dict(held_out[0]["model"]) if held_out else None
-    tilings = [model_tiling(spec, predictor.layer_flops, k) for k in ADAPT_SAMPLES] if spec else []
-    tiles = tilings[ADAPT_SAMPLES.index(8)] if tilings else []  # linear+8's
+    reps, tilings = _inputs(predictor, held_out)
+    tiles = tilings.get(8, [])  # linear+8's
     counts = {m: dict.fromkeys(LENGTHS, (0, 0)) for m in ("linear+8", "lookup-table")}
     for record in held_out:
         times = _times(record)
         ranges = sorted(times)
         _, stage = _capacity_stage(training, record, n)
-        test = [*scored(ranges, n, reps, [*tilings, [stage]]), *_single_layers(n, tiles, reps)]
+        test = [*scored(ranges, n, reps, [*tilings.values(), [stage]]), *_single_layers(n, tiles, reps)]
         predicted = dict(zip(ranges, predictor.predict(ranges, record_h(record)), strict=True))
         guesses = {
             "linear+8": _guesses("linear", predicted, n, tiles, reps, times, test),
@@ -264,9 +271,8 @@ def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, A
         raise ValueError(f"k must be >= 1 window, got {k}")
     scores = Scores()
     n = predictor.num_layers
-    reps = representative(predictor.layer_flops)
-    # Every record is of the predictor's model: one tiling for all of them.
-    tiles = model_tiling(ModelSpec.from_dict(held_out[0]["model"]), predictor.layer_flops) if held_out else []
+    reps, tilings = _inputs(predictor, held_out)
+    tiles = tilings.get(8, [])  # linear+8's and blended+8's
     for record in held_out:
         windows = record.get("round_seconds") or [[]]
         half = len(windows[0]) // 2
