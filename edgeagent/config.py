@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from edgeagent.errors import ConfigError
+from edgeagent.pipeline.staleness import DEFAULT_STALENESS, Staleness
 
 # h and the tiles from the fastest of two windows, not one: the held-out sets' windows, used as a device's
 # inputs one and two at a time against the times of other windows, give blended+8 within ±10 % for 68.8 %
@@ -19,18 +20,13 @@ from edgeagent.errors import ConfigError
 CHARACTERISE_ROUNDS = 2
 
 
-# Learning rates for the built-in models that do not train stably at TrainConfig's 0.05 under the
-# asynchronous pipeline's staleness (K - 1 updates old), taken when a pipelined run sets none (docs/design.md,
-# "Staleness and the defaults"). MobileNetV2 on digits, 5 epochs: at 0.05 the first epoch's training loss is
-# 4.0-4.6 on 3 stages and 5.4-5.9 on 4, above chance's 2.30, and the test accuracy can fall back mid-run
-# (47.6 -> 39.3 %); at 0.03 it is still 3.1-3.3 on 4 stages; at 0.02 it stays at 2.26-2.42 on both.
+# The per-model, per-depth rate patch of 2026-11-27/28, kept as an option to compare against
+# (``TrainConfig.pipelined_rate``): before staleness compensation a pipelined MobileNetV2 diverged at 0.05
+# (docs/design.md, "Staleness compensation"), so a run that set no rate took 0.02, scaled by 3 over its
+# staleness beyond 4 stages (staleness-aware SGD). With the default compensation a run trains at the rate
+# a single device would use.
 PIPELINED_LEARNING_RATES: dict[str, float] = {"mobilenetv2": 0.02}
 ASYNCHRONOUS_MODES = ("pipeline", "hybrid")
-# The staleness (updates old) those rates hold at: 4 stages. A deeper pipeline of the pipeline mode takes
-# the rate times this over its own staleness (staleness_scaled): MobileNetV2 on digits, 5 epochs, 8 stages,
-# at 0.02 the training loss rose to 3.4-5.4 in the second or third epoch and the runs ended at 36.8, 64.3
-# and 64.1 %; at 0.02 x 3/7 it stayed at or below chance's, 68.2 and 61.8 %; 6 stages 88.6 and 55.7 % at
-# 0.02, 74.9 and 81.9 % at 0.02 x 3/5 (docs/design.md, "Staleness and the defaults").
 PIPELINED_RATE_STALENESS = 3
 
 
@@ -42,8 +38,9 @@ def staleness_scaled(rate: float, in_flight: int) -> float:
 
 
 def pipelined_learning_rate(model: str, mode: str, in_flight: int) -> float | None:
-    """The learning rate a run of ``model`` takes when it sets none, or None for TrainConfig's default:
-    only asynchronous runs (pipeline and hybrid modes with more than one batch in flight) are stale."""
+    """The learning rate a run of ``model`` takes under ``pipelined_rate`` when it sets none, or None for
+    TrainConfig's default: only asynchronous runs (pipeline and hybrid modes with more than one batch in
+    flight) are stale."""
     if mode not in ASYNCHRONOUS_MODES or in_flight == 1:
         return None
     return PIPELINED_LEARNING_RATES.get(model)
@@ -63,20 +60,47 @@ class TrainConfig(_Frozen):
     epochs: int = Field(5, ge=1)
     batch_size: int = Field(32, ge=1)
     eval_batch_size: int = Field(256, ge=1)
+    # What a single device would train with: the pipeline compensates its staleness (``staleness``).
     learning_rate: float = Field(0.05, gt=0)
-    # 0.5, not the paper's 0.9: with K - 1 stale updates, momentum 0.9 diverges on the small demo models
-    # (docs/design.md, "Staleness and the defaults").
-    momentum: float = Field(0.5, ge=0, lt=1)
+    # constant, or cosine: from learning_rate down to 0 over the run's batches (pipeline.sgd.rate_factor).
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(4e-5, ge=0)
     seed: int = 0
     # Batches between forward and backward on stage 0; 0 means "the number of stages" (PipeDream's NOAM).
     in_flight: int = Field(0, ge=0)
-    aggregation: bool = True
+    # How each stage compensates the staleness of its gradients (edgeagent.pipeline.staleness): lookahead
+    # (ours), predict, nesterov, 2bw; none and aggregate are FTPipeHD's (vertical sync, without and with its
+    # weight aggregation).
+    staleness: Staleness = DEFAULT_STALENESS
     aggregation_interval: int = Field(1, ge=1)
+    # async: the asynchronous pipeline; sync: micro_batches micro-batches per update and a flush, exact
+    # SGD with a bubble (PipeDream-flush, GPipe), the baseline every compensation is measured against.
+    schedule: Literal["async", "sync"] = "async"
+    micro_batches: int = Field(0, ge=0, description="sync schedule: micro-batches per batch; 0: the stages")
+    # The per-model rate patch of earlier versions, to compare: a pipelined MobileNetV2 that sets no rate
+    # takes 0.02, scaled by 3 over its staleness beyond 4 stages (PIPELINED_LEARNING_RATES).
+    pipelined_rate: bool = False
+    # A run whose epoch's mean training loss is not finite or above chance's has diverged
+    # (pipeline.divergence): stop it with one line saying what to change, or warn and go on (benchmarks).
+    divergence: Literal["stop", "warn"] = "stop"
     # Stop after this many training batches in all (tests and benchmarks); None: run every epoch.
     max_batches: int | None = Field(None, ge=1)
     # Pre-trained weights for continuous learning (a state_dict file of the whole model).
     init_weights: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aggregation_alias(cls, data: Any) -> Any:
+        """``aggregation: true|false`` (before 2026-11-29) is ``staleness: aggregate|none``."""
+        if isinstance(data, dict) and "aggregation" in data:
+            data = dict(data)
+            flag = data.pop("aggregation")
+            if "staleness" not in data and isinstance(flag, bool):
+                data["staleness"] = "aggregate" if flag else "none"
+            elif not isinstance(flag, bool):
+                data["aggregation"] = flag  # extra key: validation names it
+        return data
 
 
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
@@ -219,9 +243,10 @@ class CentralConfig(BrokerAccess):
     @model_validator(mode="wrap")
     @classmethod
     def _pipelined_learning_rate(cls, data: Any, handler: Any) -> Any:
-        """A learning rate not set (YAML, flag or ``TrainConfig(learning_rate=...)``) is the model's
-        rate under staleness, where it has one (:data:`PIPELINED_LEARNING_RATES`); :meth:`rate_for` scales
-        it to the run's depth once the devices are known."""
+        """Under ``train.pipelined_rate``, a learning rate not set (YAML, flag or
+        ``TrainConfig(learning_rate=...)``) is the model's rate under staleness, where it has one
+        (:data:`PIPELINED_LEARNING_RATES`); :meth:`rate_for` scales it to the run's depth once the devices
+        are known."""
         given = cls._model_learning_rate(data)
         config = handler(given)
         if given is not data:
@@ -257,11 +282,11 @@ class CentralConfig(BrokerAccess):
             return data
         train = data.get("train", {})
         if isinstance(train, TrainConfig):
-            if "learning_rate" in train.model_fields_set:
+            if "learning_rate" in train.model_fields_set or not train.pipelined_rate:
                 return data
             model, in_flight = train.model, train.in_flight
         elif isinstance(train, dict):
-            if "learning_rate" in train:
+            if "learning_rate" in train or train.get("pipelined_rate") is not True:
                 return data
             fields = TrainConfig.model_fields
             model = train.get("model", fields["model"].default)

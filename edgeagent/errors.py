@@ -25,6 +25,11 @@ class TrainingError(EdgeAgentError):
     """Training cannot go on (for example no worker answered within the start-up timeout)."""
 
 
+class DivergedError(TrainingError):
+    """The training loss is not finite, or stayed above chance's (``pipeline.divergence``): the message
+    gives the batch or epoch, the figures and what to change."""
+
+
 class PlanningError(EdgeAgentError):
     """No split of the model fits the devices (too few layers, or memory limits no split can meet).
 

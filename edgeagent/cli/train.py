@@ -54,11 +54,47 @@ def train_options(f: F) -> F:
             "--lr",
             "learning_rate",
             type=float,
-            help="Learning rate (default 0.05; a pipelined mobilenetv2 0.02, as 0.05 diverges there).",
+            help="Learning rate (default 0.05: what one device would use; the pipeline compensates).",
+        ),
+        click.option("--momentum", type=float, help="SGD momentum (default 0.9)."),
+        click.option(
+            "--lr-schedule",
+            type=click.Choice(["constant", "cosine"]),
+            help="constant (default) or cosine: from --lr down to 0 over the run.",
         ),
         click.option("--seed", type=int),
         click.option("--in-flight", type=int, help="Batches in flight (0: one per stage; 1: no pipelining)."),
-        click.option("--aggregation/--no-aggregation", default=None, help="FTPipeHD weight aggregation."),
+        click.option(
+            "--staleness",
+            type=click.Choice(["lookahead", "predict", "nesterov", "2bw", "aggregate", "none"]),
+            help="How stages compensate stale gradients (default lookahead: the delay-aware Nesterov step "
+            "with the forward's weights predicted for the stage's delay); predict (weight prediction), "
+            "nesterov (Ajanthan et al.'s rule), 2bw (PipeDream-2BW), aggregate (FTPipeHD's weight "
+            "aggregation), none (vertical sync, plain SGD).",
+        ),
+        click.option(
+            "--schedule",
+            type=click.Choice(["async", "sync"]),
+            help="async (the asynchronous pipeline, default) or sync (--micro-batches per update and a "
+            "flush: exact SGD with a bubble).",
+        ),
+        click.option(
+            "--micro-batches",
+            type=click.IntRange(min=0),
+            help="--schedule sync: micro-batches a batch is split into (default 0: one per stage).",
+        ),
+        click.option(
+            "--pipelined-rate/--no-pipelined-rate",
+            default=None,
+            help="The rate patch of earlier versions, to compare: a pipelined mobilenetv2 with no --lr takes "
+            "0.02, scaled down beyond 4 stages.",
+        ),
+        click.option(
+            "--aggregation/--no-aggregation",
+            default=None,
+            hidden=True,
+            help="Deprecated: --staleness aggregate / --staleness none.",
+        ),
         click.option("--max-batches", type=int, help="Stop after this many batches."),
         click.option(
             "--init-weights",
@@ -255,8 +291,14 @@ _TRAIN_KEYS = (
     "dataset",
     "batch_size",
     "learning_rate",
+    "lr_schedule",
+    "momentum",
     "seed",
     "in_flight",
+    "staleness",
+    "schedule",
+    "micro_batches",
+    "pipelined_rate",
     "aggregation",
     "max_batches",
     "init_weights",

@@ -8,7 +8,9 @@ import torch
 
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec, build_layers
+from edgeagent.pipeline.schedule import stage_bound
 from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
+from edgeagent.pipeline.staleness import stage_delay
 
 
 def build_stage(
@@ -21,9 +23,12 @@ def build_stage(
     weights: dict[str, torch.Tensor] | None = None,
     momentum_buffers: dict[str, torch.Tensor] | None = None,
     version: int = 0,
+    in_flight: int = 0,
+    replicated: bool = False,
 ) -> Stage:
     """Stage ``index`` of the split ``points``; of ``weights`` and ``momentum_buffers`` (whole-model or
-    partial state, keys ``layers.<j>.<name>``) it takes the layers it owns."""
+    partial state, keys ``layers.<j>.<name>``) it takes the layers it owns. ``in_flight``: the run's bound
+    on batches in flight (0: the number of stages); ``replicated``: the stage is held by several devices."""
     start, end = points[index], points[index + 1]
     return make_stage(
         spec,
@@ -36,6 +41,8 @@ def build_stage(
         weights=layer_slice(weights, start, end) or None,
         momentum_buffers=layer_slice(momentum_buffers, start, end) or None,
         version=version,
+        in_flight=in_flight,
+        replicated=replicated,
     )
 
 
@@ -60,6 +67,8 @@ def make_stage(
     weights: dict[str, torch.Tensor] | None = None,
     momentum_buffers: dict[str, torch.Tensor] | None = None,
     version: int = 0,
+    in_flight: int = 0,
+    replicated: bool = False,
 ) -> Stage:
     """Stage ``index`` of ``num_stages`` owning layers ``[start, end)``.
 
@@ -73,13 +82,17 @@ def make_stage(
             module.load_state_dict(weights, strict=True)
         except RuntimeError as exc:
             raise TrainingError(f"weights for layers [{start}, {end}) do not fit: {exc}") from exc
+    depth = in_flight or num_stages
     stage = Stage(
         module,
         options,
         is_first=index == 0,
         is_last=index == num_stages - 1,
         version=version,
-        aggregation_window=num_stages - index,
+        # FTPipeHD's window, n - i versions (papers/000 Sec. III-C), with the run's batches in flight.
+        aggregation_window=stage_bound(depth, index),
+        delay=stage_delay(depth, index, num_stages, replicated=replicated),
+        depth=depth,
     )
     if momentum_buffers:
         stage.load_momentum(momentum_buffers)

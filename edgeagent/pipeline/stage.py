@@ -14,6 +14,7 @@ Note: weight stashing and vertical sync.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -24,7 +25,8 @@ from torch.func import functional_call
 
 from edgeagent.errors import TrainingError
 from edgeagent.pipeline.backward import backward_with
-from edgeagent.pipeline.sgd import SGD
+from edgeagent.pipeline.sgd import SGD, LrSchedule, rate_factor
+from edgeagent.pipeline.staleness import Staleness, forward_version, predicted, step_rule
 
 
 class StageModule(nn.Module):
@@ -71,19 +73,38 @@ class BackwardResult:
 @dataclass(frozen=True)
 class TrainOptions:
     """The optimizer settings every stage of a run shares: the one type for them, from the run's
-    ``TrainConfig`` (:meth:`of`) to ``Assign`` and every stage built."""
+    ``TrainConfig`` (:meth:`of`) to ``Assign`` and every stage built. ``staleness`` is the rule a stage
+    compensates its delay with (:mod:`edgeagent.pipeline.staleness`); ``none`` here, the plain rule, while
+    a run takes ``TrainConfig``'s default."""
 
     learning_rate: float
     momentum: float = 0.0
     weight_decay: float = 0.0
-    aggregation: bool = False
+    staleness: Staleness = "none"
     # Aggregate every window * interval updates (the paper: "an interval which is a multiple of n - i").
     aggregation_interval: int = 1
+    # The learning rate over the run (pipeline.sgd.rate_factor) and the run's updates in all (the central
+    # node's; 0: constant).
+    lr_schedule: LrSchedule = "constant"
+    total_batches: int = 0
+    # The synchronous schedule (``--schedule sync``): every batch is this many micro-batches, numbered
+    # ``batch * micro_batches + j`` on the wire, whose gradients make one update; 0: the asynchronous one.
+    micro_batches: int = 0
+
+    def batch_of(self, item: int) -> int:
+        """The batch a training message's id belongs to (its micro-batch's, under the sync schedule)."""
+        return item // self.micro_batches if self.micro_batches else item
+
+    def first_item(self, batch_id: int) -> int:
+        """The id of batch ``batch_id``'s first message (its first micro-batch's, under the sync schedule)."""
+        return batch_id * self.micro_batches if self.micro_batches else batch_id
 
     @classmethod
     def of(cls, source: object) -> TrainOptions:
         """The options of a run's training settings (``TrainConfig``) or of an ``Assign``."""
-        return cls(**{name: getattr(source, name) for name in cls.__dataclass_fields__})
+        return cls(
+            **{name: getattr(source, name) for name in cls.__dataclass_fields__ if hasattr(source, name)}
+        )
 
 
 class Stage:
@@ -98,6 +119,8 @@ class Stage:
         is_last: bool,
         version: int = 0,
         aggregation_window: int = 1,
+        delay: int = 0,
+        depth: int = 1,
     ) -> None:
         self.module = module
         self.options = options
@@ -105,21 +128,68 @@ class Stage:
         self.aggregation_window = aggregation_window
         self.is_first = is_first
         self.is_last = is_last
-        params = list(module.parameters())
-        self.optimizer = SGD(params, options) if params else None
         self.version = version
+        self.base = version  # no version before this one was ever here (a rebuilt stage starts anew)
+        # The compensation of this stage's delay (pipeline.staleness): its step and its forward's version.
+        self.depth = max(1, depth)
+        self._params = list(module.parameters())
+        self.delay = 0
+        self.optimizer: SGD | None = None
+        self.set_delay(delay)
         self._stash: dict[int, dict[str, torch.Tensor]] = {version: self._snapshot()}
+        # The momentum buffers of every stashed version, where the forward predicts from them.
+        self._momenta: dict[int, dict[str, torch.Tensor]] = {}
+        if self.rule.predict:
+            self._momenta[version] = self._momentum_snapshot()
         self._in_flight: dict[int, _InFlight] = {}
         self._floor = version  # no future batch asks for a version below this
         self._recent: list[dict[str, torch.Tensor]] = []  # last versions, for aggregation
+        # PipeDream-2BW: the gradients of the window so far (summed) and how many batches they are.
+        self._window_grads: dict[str, torch.Tensor] = {}
+        self._window_count = 0
+        # The synchronous schedule: the parameter gradients of the batch's micro-batches so far (summed).
+        self._micro_grads: dict[str, torch.Tensor] = {}
         # Hybrid stages: the version of every batch not yet updated here, kept stashed so the batch can
         # be computed again (a replica of the stage died with some of its rows).
         self._pinned: dict[int, int] = {}
+
+    def _rate_factor(self, step: int) -> float:
+        return rate_factor(self.options.lr_schedule, step, self.options.total_batches)
+
+    def set_delay(self, delay: int) -> None:
+        """This stage is ``delay`` updates stale (``staleness.stage_delay``): its step rule follows; the
+        momentum buffers stay. The synchronous schedule is never stale: plain SGD."""
+        options = self.options
+        self.delay = 0 if options.micro_batches else max(0, delay)
+        self.rule = step_rule(
+            "none" if options.micro_batches else options.staleness,
+            learning_rate=options.learning_rate,
+            momentum=options.momentum,
+            weight_decay=options.weight_decay,
+            delay=self.delay,
+            depth=1 if options.micro_batches else self.depth,
+        )
+        if self.optimizer is None:
+            self.optimizer = SGD(self._params, self.rule) if self._params else None
+        else:
+            state = self.optimizer.state
+            self.optimizer = SGD(self._params, self.rule)
+            self.optimizer.state = state
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {name: p.detach().clone() for name, p in self.module.named_parameters()}
+
+    def _momentum_snapshot(self) -> dict[str, torch.Tensor]:
+        if self.optimizer is None:
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        for name, p in self.module.named_parameters():
+            buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                out[name] = buf.detach().clone()
+        return out
 
     @property
     def stashed_versions(self) -> list[int]:
@@ -128,6 +198,20 @@ class Stage:
     def has_version(self, version: int) -> bool:
         """Whether weight version ``version`` is stashed here (a forward may ask for it)."""
         return version in self._stash
+
+    def version_for(self, batch_id: int, asked: int | None = None) -> int:
+        """The version :meth:`forward` takes for ``batch_id`` (``asked``: the one its message names)."""
+        if self.options.micro_batches:
+            return self.version if asked is None else asked  # the batch's: nothing is stale
+        return forward_version(
+            self.options.staleness,
+            batch_id,
+            asked=asked,
+            base=self.base,
+            newest=self.version,
+            delay=self.delay,
+            window=self.depth,
+        )
 
     @property
     def in_flight(self) -> list[int]:
@@ -138,11 +222,13 @@ class Stage:
         for version in list(self._stash):
             if version < self._floor and version not in keep:
                 del self._stash[version]
+                self._momenta.pop(version, None)
 
     def drop_in_flight(self) -> None:
         """Forget batches in flight (after a fault or a re-split); their updates never happen."""
         self._in_flight.clear()
         self._pinned.clear()
+        self._micro_grads = {}
         self._floor = self.version
         self._prune()
 
@@ -161,11 +247,13 @@ class Stage:
     # -- compute -------------------------------------------------------------------------------
 
     def forward(self, batch_id: int, x: torch.Tensor, version: int | None = None) -> tuple[torch.Tensor, int]:
-        """Forward a training batch with weight version ``version`` (``None``: the newest).
+        """Forward a training batch; ``version`` is the one its message names (``None`` on stage 0).
 
-        Returns the output (detached, to send on) and the version used.
+        The version used follows the staleness rule (:meth:`version_for`): the named one under vertical
+        sync, else the stage's own delay; a predicting rule forwards the weights predicted from it for
+        the batch's update. Returns the output (detached, to send on) and the version used.
         """
-        version = self.version if version is None else version
+        version = self.version_for(batch_id, version)
         if version not in self._stash:
             raise TrainingError(
                 f"batch {batch_id} asks for weight version {version}, stashed: {self.stashed_versions}"
@@ -173,7 +261,13 @@ class Stage:
         if batch_id in self._in_flight:
             raise TrainingError(f"batch {batch_id} forwarded twice")
         self._floor = max(self._floor, version)
-        params = {name: t.detach().requires_grad_(True) for name, t in self._stash[version].items()}
+        weights = self._stash[version]
+        if self.rule.predict and batch_id > version:
+            rule = dataclasses.replace(
+                self.rule, learning_rate=self.rule.learning_rate * self._rate_factor(version)
+            )
+            weights = predicted(weights, self._momenta.get(version, {}), rule, batch_id - version)
+        params = {name: t.detach().requires_grad_(True) for name, t in weights.items()}
         inputs = x if self.is_first else x.detach().requires_grad_(True)
         self.module.train()
         output = functional_call(self.module, params, (inputs,))  # (B, ...)
@@ -233,8 +327,28 @@ class Stage:
                 for name, t in entry.params.items()
             }
             return BackwardResult(grad_input, loss_value, correct, row_loss, row_correct, grads)
-        self._apply_update({name: t.grad for name, t in entry.params.items()})
+        if self.options.micro_batches:
+            self._micro_batch_done(batch_id, entry.params)
+        else:
+            self._apply_update({name: t.grad for name, t in entry.params.items()})
         return BackwardResult(grad_input, loss_value, correct, row_loss, row_correct)
+
+    def _micro_batch_done(self, item: int, params: dict[str, torch.Tensor]) -> None:
+        """The synchronous schedule: add a micro-batch's gradients to its batch's (each micro-batch's loss
+        is over the whole batch's rows, so they add up to the batch's gradient); the last one applies them."""
+        for name, t in params.items():
+            if t.grad is None:
+                continue
+            acc = self._micro_grads.get(name)
+            self._micro_grads[name] = t.grad if acc is None else acc.add_(t.grad)
+        if (item + 1) % self.options.micro_batches:
+            return
+        summed, self._micro_grads = self._micro_grads, {}
+        self._apply_update({name: summed.get(name) for name in params})
+
+    def micro_pending(self) -> bool:
+        """Whether some micro-batches of a batch have been backwarded here and its update is still due."""
+        return bool(self._micro_grads)
 
     def apply_gradients(self, grads: dict[str, torch.Tensor]) -> None:
         """Apply one batch's parameter gradients (a replicated stage's sum over its members)."""
@@ -244,19 +358,40 @@ class Stage:
         self._apply_update(dict(grads))
 
     def _apply_update(self, used: dict[str, torch.Tensor | None]) -> None:
-        if self.optimizer is not None:
+        if self.options.staleness == "2bw":
+            used = self._windowed(used)
+        if self.optimizer is not None and used:
             for name, p in self.module.named_parameters():
                 p.grad = used[name]
+            self.optimizer.lr = self.rule.learning_rate * self._rate_factor(self.version)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         self._maybe_aggregate()
         self._stash[self.version] = self._snapshot()
+        if self.rule.predict:
+            self._momenta[self.version] = self._momentum_snapshot()
         self._prune()
+
+    def _windowed(self, grads: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
+        """PipeDream-2BW: add this batch's gradients to its window's; at the window's last batch, their
+        mean (the update), else nothing (the weights stay; the version still counts the batch). A stage
+        rebuilt mid-window (a re-split, a recovery) averages the batches it saw."""
+        for name, g in grads.items():
+            if g is None:
+                continue
+            acc = self._window_grads.get(name)
+            self._window_grads[name] = g.detach().clone() if acc is None else acc.add_(g)
+        self._window_count += 1
+        if (self.version + 1) % self.depth:
+            return {}
+        count, summed = self._window_count, self._window_grads
+        self._window_grads, self._window_count = {}, 0
+        return {name: (summed[name] / count if name in summed else None) for name in grads}
 
     def _maybe_aggregate(self) -> None:
         window = self.aggregation_window
-        if not self.options.aggregation or window <= 1:
+        if self.options.staleness != "aggregate" or window <= 1:
             return
         self._recent.append(self._snapshot())
         del self._recent[:-window]
@@ -314,6 +449,8 @@ class Stage:
                         f"momentum for {name} has shape {tuple(buf.shape)}, expected {tuple(p.shape)}"
                     )
                 self.optimizer.state[p]["momentum_buffer"] = buf.clone()
+        if self.rule.predict:
+            self._momenta[self.version] = self._momentum_snapshot()
 
     def named_layers(self) -> Iterator[tuple[int, nn.Module]]:
         for key, layer in self.module.layers.items():

@@ -75,9 +75,12 @@ ReadyPhase = Literal["built", "fetched", "alive"]
 answer to a ping (with the weight versions it holds)."""
 WeightsPurpose = Literal["collect", "chain", "global", "redistribute"]
 """``Weights.purpose``: the answer to ``collect``, a chain or global replica, or layers moving owner."""
-ErrorCode = Literal["message", "compute", "busy", "assign", "repartition", "profile", "command", "probe"]
+ErrorCode = Literal[
+    "message", "compute", "busy", "assign", "repartition", "profile", "command", "probe", "diverged"
+]
 """``ErrorReport.code``: what a role rejected (a message it could not take, a failed computation, an
-assignment while busy or one it cannot build, a re-partition, a profile, a command, a link probe)."""
+assignment while busy or one it cannot build, a re-partition, a profile, a command, a link probe), or
+``diverged``: the last stage's training loss is not finite (the run cannot go on)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -154,6 +154,8 @@ class Switch:
             weights=self.weights,
             momentum_buffers=self.momentum,
             version=self.order.version,
+            in_flight=self.order.in_flight,
+            replicated=bool(self.order.groups) and len(self.order.groups[plan.stage]) > 1,
         )
 
 

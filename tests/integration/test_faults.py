@@ -133,7 +133,7 @@ def test_sigkill_one_worker_recovers_and_matches_the_fault_free_accuracy(amqtt_u
 def test_no_update_is_lost_or_applied_twice(amqtt_url: str, tmp_path: Path) -> None:
     """Without staleness (in_flight=1) the split does not change the arithmetic, so a run with a fault,
     its rollback and its replay must end with the same weights as a run without one."""
-    train = TrainConfig(epochs=2, in_flight=1, aggregation=False)
+    train = TrainConfig(epochs=2, in_flight=1, staleness="none")
     run(amqtt_url, train=train, save=tmp_path / "clean.pt")
     faulty = run(amqtt_url, train=train, kills={"worker-2": 60}, save=tmp_path / "faulty.pt")
     assert faulty.recoveries and faulty.recoveries[0]["batches_replayed"] == 10

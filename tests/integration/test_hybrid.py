@@ -115,7 +115,7 @@ def test_replicas_match_the_unreplicated_pipeline_and_a_killed_one_loses_no_upda
     the unreplicated pipeline without the fault: no update lost or applied twice."""
     # The compute sits in the second layer (not the central node's): every plan over equal devices
     # replicates its stage, whatever the profiled layer times.
-    train = TrainConfig(epochs=2, in_flight=1, aggregation=False, model=HEAVY_MODEL, dataset=HEAVY_DATA)
+    train = TrainConfig(epochs=2, in_flight=1, staleness="none", model=HEAVY_MODEL, dataset=HEAVY_DATA)
     clean = run(amqtt_url, workers=2, train=train, save=tmp_path / "clean.pt", partition="uniform")
     on_batch, killed = kill_a_replica(20, primary=False)
     faulty = run(

@@ -29,7 +29,7 @@ def test_three_stage_gradients_match_unsplit_reference(amqtt_url: str, cluster: 
         momentum=0.0,
         weight_decay=0.0,
         in_flight=1,
-        aggregation=False,
+        staleness="none",
         max_batches=1,
         epochs=1,
     )
@@ -175,9 +175,12 @@ def test_compressed_run_learns_and_sends_a_sixteenth(amqtt_url: str, cluster: st
 def test_a_six_stage_pipeline_trains_at_the_models_rate_scaled_to_its_staleness(
     mosquitto_url: str, cluster: str
 ) -> None:
-    """No rate set: MobileNetV2's pipelined rate holds up to 4 stages; 6 stages (5 updates old) take
-    3/5 of it, and the stages get it with their options (the report's rate is the one they were sent)."""
-    train = TrainConfig(model="mobilenetv2", dataset="digits", batch_size=32, epochs=1, max_batches=3)
+    """The rate patch of earlier versions, asked for (``pipelined_rate``): MobileNetV2's pipelined rate
+    holds up to 4 stages; 6 stages (5 updates old) take 3/5 of it, and the stages get it with their options
+    (the report's rate is the one they were sent)."""
+    train = TrainConfig(
+        model="mobilenetv2", dataset="digits", batch_size=32, epochs=1, max_batches=3, pipelined_rate=True
+    )
     config = CentralConfig(
         cluster=cluster, train=train, progress=False, partition="uniform", estimator="capacity"
     )

@@ -158,7 +158,7 @@ def test_aggregation_averages_the_window() -> None:
     torch.manual_seed(0)
     xs, ys = torch.randn(6, 4, 1, 8, 8), torch.randint(0, 10, (6, 4))
     plain = make_stages(TrainOptions(learning_rate=0.1), [0, 8])[0]
-    agg = make_stages(TrainOptions(learning_rate=0.1, aggregation=True), [0, 8], window=3)[0]
+    agg = make_stages(TrainOptions(learning_rate=0.1, staleness="aggregate"), [0, 8], window=3)[0]
     snapshots = []
     for b in range(3):
         for stage in (plain, agg):
@@ -175,7 +175,7 @@ def test_aggregation_off_or_window_one_changes_nothing() -> None:
     torch.manual_seed(0)
     xs, ys = torch.randn(4, 4, 1, 8, 8), torch.randint(0, 10, (4, 4))
     a = make_stages(TrainOptions(learning_rate=0.1), [0, 8])[0]
-    b = make_stages(TrainOptions(learning_rate=0.1, aggregation=True), [0, 8], window=1)[0]
+    b = make_stages(TrainOptions(learning_rate=0.1, staleness="aggregate"), [0, 8], window=1)[0]
     for i in range(4):
         for stage in (a, b):
             stage.forward(i, xs[i])

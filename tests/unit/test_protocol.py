@@ -285,7 +285,7 @@ HAND_SAMPLES: dict[MessageKind, Message] = {
         committed_backward_id=9,
         status=1,
         options=TrainOptions(
-            learning_rate=0.05, momentum=0.9, weight_decay=1e-4, aggregation=False, aggregation_interval=2
+            learning_rate=0.05, momentum=0.9, weight_decay=1e-4, staleness="none", aggregation_interval=2
         ),
         epochs=2,
         batches_per_epoch=30,

@@ -9,6 +9,7 @@ runtime (transport, inbox, heartbeats) and hands it to the run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -104,6 +105,7 @@ class Inbox:
     alive: dict[str, Ready] = field(default_factory=dict)  # answers to a recovery's ping
     eval_ids: set[int] = field(default_factory=set)  # evaluation batches whose results are due
     error: str = ""  # the latest error a worker of the run reported ("" for none)
+    diverged: str = ""  # the last stage says the loss is not finite (why; "" while it is)
 
 
 class RunState:
@@ -152,6 +154,13 @@ class RunState:
         self.batch_deadline = config.batch_timeout  # from the measured step: see refresh_deadline
         self.known_caps: dict[str, float] = {}  # the latest measured capacity of every device
         self.options = TrainOptions.of(self.train)
+        self.options = dataclasses.replace(self.options, total_batches=self.total)
+        if self.train.schedule == "sync":
+            # One micro-batch per stage unless set, never more than the batch has rows.
+            micro = min(self.train.micro_batches or len(self.worker_list), self.train.batch_size)
+            self.options = dataclasses.replace(self.options, micro_batches=micro)
+        else:
+            self.options = dataclasses.replace(self.options, micro_batches=0)
         self.changes = sorted((parse_slowdown_change(c) for c in config.slowdown_changes), key=lambda c: c[1])
         self.sent_at: dict[int, float] = {}
         # device -> monotonic time until which its stage may be stalled measuring h (ask_h, on_h):
@@ -196,6 +205,7 @@ class RunState:
             weights=self.initial,
             momentum_buffers=self.initial_momentum,
             version=self.start_version,
+            in_flight=self.bound(),
         )
         self.runner = StageRunner(stage, 0, codecs=self.codecs)  # stage 0's data path (pipeline/runner.py)
 
@@ -295,7 +305,10 @@ class RunState:
             dataset=self.data.name,
             workers=self.worker_list[1:],
             in_flight=self.bound(),
-            aggregation=self.train.aggregation,
+            staleness=self.train.staleness,
+            schedule=self.train.schedule,
+            micro_batches=max(1, self.options.micro_batches),
+            momentum=self.train.momentum,
             learning_rate=self.train.learning_rate,
             layer_profile=self.profile.to_dict(),
             partition_mode=self.config.partition,

@@ -7,6 +7,8 @@ import time
 
 import torch
 
+from edgeagent.errors import DivergedError
+from edgeagent.pipeline.divergence import DIVERGED_EPOCHS, divergence, ends_run
 from edgeagent.roles.central.context import Fault
 from edgeagent.roles.central.switching import Switching
 from edgeagent.runtime.compute import Clock, emulate_slowdown
@@ -83,6 +85,32 @@ class Evaluation(Switching):
         )
         self.codecs.message_sent(self.send(self.topics.activations(0), activation))
 
+    def _check_divergence(self, epoch: int, mean_loss: float) -> None:
+        """End the run (``divergence: stop``, the default) or say so (``warn``) when the epoch's training
+        loss says it blew up (pipeline.divergence)."""
+        why = divergence(
+            epoch,
+            mean_loss,
+            num_classes=self.spec.num_classes,
+            learning_rate=self.train.learning_rate,
+            staleness=self.train.staleness,
+            in_flight=self.bound(),
+        )
+        if why is None:
+            return
+        self.report.diverged = why
+        if self.train.divergence == "stop" and ends_run(
+            self.report.train_loss_per_epoch, self.spec.num_classes
+        ):
+            raise DivergedError(
+                f"{why}; the run stops (not finite, or above chance's {DIVERGED_EPOCHS} epochs in a row)"
+            )
+        log.error(
+            "%s (the run goes on; it stops when the loss is not finite or above chance's %d epochs in a row)",
+            why,
+            DIVERGED_EPOCHS,
+        )
+
     def _end_epoch(self, committed_b: int, losses: list[float]) -> Fault | None:
         """Evaluate at the end of an epoch and record its figures; a fault meanwhile is returned."""
         per_epoch, report = self.per_epoch, self.report
@@ -99,6 +127,7 @@ class Evaluation(Switching):
         report.test_loss_per_epoch.append(test_loss)
         report.train_loss_per_epoch.append(sum(tail) / max(1, len(tail)))
         log.info("epoch %d: test accuracy %.2f%%, test loss %.4f", epoch, 100 * acc, test_loss)
+        self._check_divergence(epoch, report.train_loss_per_epoch[-1])
         self.node.notifier.status(f"run {self.run_id}: epoch {epoch} test accuracy {100 * acc:.1f}%")
         if self.codecs.sent_bytes:
             log.info(

@@ -152,5 +152,7 @@ class Handlers(Checkpoints):
         msg = item.message
         assert isinstance(msg, ErrorReport)
         log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
-        if self._ours(msg):
+        if self._ours(msg) and msg.code == "diverged" and msg.device_id in self.worker_list:
+            self.inbox.diverged = msg.reason
+        elif self._ours(msg):
             self.inbox.error = f"worker {msg.device_id} failed: {msg.reason}"

@@ -23,7 +23,7 @@ import torch
 
 from edgeagent.config import CHARACTERISE_ROUNDS, PIPELINED_RATE_STALENESS, CentralConfig
 from edgeagent.data import Dataset, load_dataset
-from edgeagent.errors import EdgeAgentError, PlanningError, TrainingError
+from edgeagent.errors import ConfigError, EdgeAgentError, PlanningError, TrainingError
 from edgeagent.models import ModelSpec, num_layers
 from edgeagent.modes import mode
 from edgeagent.modes.base import CentralRun, TrainingMode
@@ -82,6 +82,12 @@ def load_run(config: CentralConfig, *, quiet: bool = False) -> tuple[Dataset, Mo
                 config.workers,
                 num_layers(spec),
             )
+    if train.schedule == "sync" and chosen.name != "pipeline":
+        raise ConfigError(
+            f"--schedule sync runs in the pipeline mode (one device per stage); this run is {chosen.name} "
+            f"({config.workers} workers for a model of {num_layers(spec)} layers): use --schedule async, or "
+            "fewer workers"
+        )
     return data, spec, chosen
 
 
@@ -284,8 +290,8 @@ class Central(Role):
             in_flight = train.in_flight or devices
             deeper = f", x{rate / train.learning_rate:.2f} for {in_flight} batches in flight"
         log.info(
-            "learning rate %.3g: %s's under the pipeline's staleness (%g up to %d stages%s; 0.05 diverges "
-            "there; --lr sets another)",
+            "learning rate %.3g: %s's pipelined rate (--pipelined-rate: %g up to %d stages%s; --lr sets "
+            "another)",
             rate,
             train.model,
             train.learning_rate,

@@ -37,9 +37,16 @@ class RunReport:
     # The pipeline DP's rule among splits with the optimal bottleneck: "latest" or "slack" (--tie-break).
     tie_break: str = "latest"
     in_flight: int = 0
-    aggregation: bool = True
-    # The rate every stage trained at: --lr, the YAML's, or the default (a pipelined mobilenetv2's is 0.02).
+    # How the stages compensated their staleness (pipeline.staleness), the schedule (async or sync) and its
+    # micro-batches per update (sync), the momentum.
+    staleness: str = "none"
+    schedule: str = "async"
+    micro_batches: int = 1
+    momentum: float = 0.0
+    # The rate every stage trained at: --lr, the YAML's, or the default (the rate patch, pipelined_rate, may
+    # have lowered a mobilenetv2's).
     learning_rate: float = 0.0
+    diverged: str = ""  # why the training loss says the run blew up (pipeline.divergence), "" if it did not
     links: list[dict[str, float]] = field(default_factory=list)
     compression: str = "none"
     compression_ratio: float = 1.0  # uncompressed / sent bytes of stage 0's activation messages (envelope in)

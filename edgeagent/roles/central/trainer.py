@@ -4,14 +4,17 @@ recovery when a fault is returned (faults are values: every step returns one or 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from edgeagent.data import batch_indices
-from edgeagent.errors import EdgeAgentError, TrainingError
+from edgeagent.errors import DivergedError, EdgeAgentError, TrainingError
+from edgeagent.pipeline.rows import split_rows
 from edgeagent.pipeline.schedule import admit
 from edgeagent.protocol.messages import Gradient
 from edgeagent.roles.central.context import Fault, Plan
@@ -33,6 +36,16 @@ class Loop:
     pending: Plan | None = None  # a new split, applied once the pipeline is drained
     window_batches: int = 0  # batches since the split changed (the measured step of a plan check)
     eval_due: int | None = None  # the committed id whose epoch-end evaluation is due
+    # The synchronous schedule: micro-batches of batch committed + 1 forwarded and backwarded here, and
+    # the loss and correct predictions of those backwarded.
+    micro_f: int = 0
+    micro_b: int = 0
+    micro_loss: float = 0.0
+    micro_correct: int = 0
+
+    def reset_micro(self) -> None:
+        self.micro_f = self.micro_b = self.micro_correct = 0
+        self.micro_loss = 0.0
 
     def restart_window(self) -> None:
         self.window_start, self.window_batches = time.perf_counter(), 0
@@ -95,13 +108,22 @@ class PipelineRun(Recovery):
         self.eval_seconds = 0.0
         self.train_started = time.perf_counter()
         self._refresh_deadline()
-        while (fault := self._run_until_fault(loop)) is not None:
-            loop.committed = self._recover_until_done(fault, loop.committed)
-            loop.next_f = loop.committed + 1
-            loop.pending = None
-            self.plan_job = None
-            loop.eval_due = loop.committed if self._evaluation_missing(loop.committed) else None
-            loop.restart_window()
+        try:
+            while (fault := self._run_until_fault(loop)) is not None:
+                loop.committed = self._recover_until_done(fault, loop.committed)
+                loop.next_f = loop.committed + 1
+                loop.reset_micro()
+                loop.pending = None
+                self.plan_job = None
+                loop.eval_due = loop.committed if self._evaluation_missing(loop.committed) else None
+                loop.restart_window()
+        except DivergedError as exc:
+            # The loss is not finite (or stayed above chance's): nothing more to learn from this run.
+            self.report.diverged = str(exc)
+            if self.train.divergence == "stop":
+                raise
+            log.error("%s; the run ends here (divergence: warn)", exc)
+            loop.eval_due = None
         self._finish_report(loop)
 
     def _run_until_fault(self, loop: Loop) -> Fault | None:
@@ -114,8 +136,12 @@ class PipelineRun(Recovery):
 
     def _tick(self, loop: Loop) -> Fault | None:
         """One step: an evaluation that is due, a new split, a backward, a forward, or a wait."""
+        if self.inbox.diverged:
+            raise DivergedError(self.inbox.diverged)
         if loop.eval_due is not None:
             return self._evaluate_due(loop)
+        if self.options.micro_batches:
+            return self._tick_sync(loop)
         in_flight = loop.next_f - loop.committed - 1
         if loop.pending is not None and in_flight == 0:
             return self._apply_pending(loop)
@@ -129,6 +155,94 @@ class PipelineRun(Recovery):
             self._forward(loop)
             return None
         return self._wait_for_messages(next_batch=loop.committed + 1)
+
+    def _tick_sync(self, loop: Loop) -> Fault | None:
+        """The synchronous schedule (PipeDream-flush): the micro-batches of batch ``committed + 1`` in
+        1F1B order, at most ``bound()`` in flight; every stage applies the batch's update at its last
+        micro-batch, and the next batch starts only when stage 0 has (the flush): exact SGD."""
+        micro = self.options.micro_batches
+        bid = loop.committed + 1
+        if loop.micro_f == 0:
+            if loop.pending is not None:
+                return self._apply_pending(loop)
+            self._take_plan(loop)
+            if loop.pending is not None:
+                return None
+        item = bid * micro + loop.micro_b
+        if loop.micro_b < loop.micro_f:
+            grad = self.inbox.gradients.pop(item, None)
+            if grad is not None or self.stage.is_last:
+                self._backward_micro(loop, grad)
+                return None
+        if loop.micro_f < micro and admit(loop.micro_f - loop.micro_b, self.bound()):
+            self._forward_micro(loop)
+            return None
+        return self._wait_for_messages(next_batch=item)
+
+    def _micro_rows(self, bid: int, j: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Micro-batch ``j`` of batch ``bid``: its inputs, labels and rows ``[lo, hi)`` of the batch."""
+        x, y = self._batch(bid)
+        lo, hi = split_rows(int(y.shape[0]), [1.0] * self.options.micro_batches)[j]
+        return x[lo:hi], y[lo:hi], lo, hi
+
+    def _forward_micro(self, loop: Loop) -> None:
+        bid, j = loop.committed + 1, loop.micro_f
+        item = bid * self.options.micro_batches + j
+        started = Clock()
+        x, y, lo, hi = self._micro_rows(bid, j)
+        out, version = self.stage.forward(item, x)
+        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
+        if not self.stage.is_last:
+            activation = self.runner.activation(
+                out,
+                y,
+                run_id=self.run_id,
+                plan_id=self.plan_id,
+                batch_id=item,
+                version=version,
+                mode="train",
+                epoch=bid // self.per_epoch,
+            )
+            activation = dataclasses.replace(
+                activation, rows=[lo, hi], total=int(self._batch(bid)[1].shape[0])
+            )
+            self.codecs.message_sent(self.send(self.topics.activations(0), activation))
+        if j == 0:
+            self.sent_at[bid] = time.monotonic()
+        loop.micro_f += 1
+        loop.next_f = bid + 1 if loop.micro_f == self.options.micro_batches else bid
+
+    def _backward_micro(self, loop: Loop, grad: Gradient | None) -> None:
+        """Backward of the oldest micro-batch in flight; at the batch's last, its update and commit."""
+        micro = self.options.micro_batches
+        bid, j = loop.committed + 1, loop.micro_b
+        item = bid * micro + j
+        started = Clock()
+        if self.stage.is_last:
+            _, y, _, _ = self._micro_rows(bid, j)
+            result = self.stage.backward(item, labels=y, total=int(self._batch(bid)[1].shape[0]))
+            loss, correct = result.loss, result.correct
+            if not math.isfinite(loss):
+                raise DivergedError(f"loss diverged at batch {bid}: the training loss is {loss}; lower --lr")
+        else:
+            assert grad is not None
+            self.stage.backward(item, grad_output=grad.tensor)
+            loss, correct = grad.loss, grad.correct
+            self.stage_times = list(grad.stage_times)
+        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
+        self.runner.gradient_arrived(item)
+        loop.micro_b += 1
+        loop.micro_loss += loss
+        loop.micro_correct += correct
+        if loop.micro_b < micro:
+            return
+        if not self.stage.is_last:
+            self.stage_history.append(tuple(self.stage_times))
+            self._refresh_deadline()
+        self.runner.batch_done()
+        loss, correct = loop.micro_loss, loop.micro_correct
+        loop.reset_micro()
+        self._commit(loop, bid, loss, correct)
 
     def _evaluate_due(self, loop: Loop) -> Fault | None:
         assert loop.eval_due is not None
@@ -243,6 +357,8 @@ class PipelineRun(Recovery):
             _, y = self._batch(bid)
             result = self.stage.backward(bid, labels=y)
             loss, correct = result.loss, result.correct
+            if not math.isfinite(loss):
+                raise DivergedError(f"loss diverged at batch {bid}: the training loss is {loss}; lower --lr")
         else:
             assert grad is not None
             self.stage.backward(bid, grad_output=grad.tensor)
@@ -252,9 +368,14 @@ class PipelineRun(Recovery):
             self._refresh_deadline()
         self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
         self.runner.batch_done()
+        self.runner.gradient_arrived(bid)
+        self._commit(loop, bid, loss, correct)
+
+    def _commit(self, loop: Loop, bid: int, loss: float, correct: int) -> None:
+        """Batch ``bid``'s update is applied on stage 0 (and so on every stage): Table I's committed id,
+        the timeline, replication, progress and the epoch's end."""
         loop.committed = bid
         self.sent_at.pop(bid, None)
-        self.runner.gradient_arrived(bid)
         loop.losses.append(loss)
         loop.window_batches += 1
         elapsed = self.last_progress = self.clock()
@@ -299,7 +420,7 @@ class PipelineRun(Recovery):
         report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
         if report.test_accuracy_per_epoch:
             report.final_accuracy = report.test_accuracy_per_epoch[-1]
-        elif self.total:
+        elif self.total and not report.diverged:  # a diverged model's outputs are not finite
             evaluated = self._evaluate()
             if isinstance(evaluated, Fault):
                 raise TrainingError(f"the final evaluation failed: {evaluated.reason}")

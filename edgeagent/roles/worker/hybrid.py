@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -146,9 +147,12 @@ class HybridSession(HybridIntake):
         return next_kind(run.last, fwd, bwd)
 
     def _can_forward(self, batch_id: int) -> bool:
-        buffer, version = self.hy.inputs.get(batch_id), self.hy.versions.get(batch_id)
-        if buffer is None or version is None or not self.run.stage.has_version(version):
+        buffer, asked = self.hy.inputs.get(batch_id), self.hy.versions.get(batch_id)
+        if buffer is None or asked is None:
             return False
+        stage = self.run.stage
+        if not stage.has_version(stage.version_for(batch_id, asked)):
+            return False  # a replicated stage's update the batch needs is not whole yet
         return buffer.covers(*self._my_rows(buffer.total))
 
     def _can_backward(self, batch_id: int) -> bool:
@@ -177,12 +181,15 @@ class HybridSession(HybridIntake):
         run.batch_size = hi - lo
         runner = run.runner
         started = Clock()
-        run.stage.pin(batch_id, asked)
+        run.stage.pin(batch_id, run.stage.version_for(batch_id, asked))
         out, version = run.stage.forward(batch_id, x, asked)
         if run.is_last:
             worker.fault_at_backward(batch_id)
             result = run.stage.backward(batch_id, labels=y, total=total, defer=True)
             run.next_backward = batch_id + 1
+            if not math.isfinite(result.loss):
+                self._diverged(batch_id, result.loss)
+                return
             runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
             runner.batch_done()
             assert result.row_loss is not None and result.row_correct is not None

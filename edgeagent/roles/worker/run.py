@@ -148,5 +148,5 @@ class Run:
         self.forwards.clear()
         self.backwards.clear()
         self.evals.clear()
-        self.next_forward = self.next_backward = order.version
+        self.next_forward = self.next_backward = self.options.first_item(order.version)
         self.last, self.batches = None, 0

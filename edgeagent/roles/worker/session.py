@@ -10,7 +10,9 @@ fault injection, the loop) is the :class:`~edgeagent.roles.worker.node.Worker`'s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -80,6 +82,11 @@ class PipelineSession:
         return msg.worker_list.index(worker.device_id) if worker.device_id in msg.worker_list else None
 
     @classmethod
+    def _replicated(cls, worker: Worker, msg: Assign, index: int) -> bool:
+        """Whether stage ``index`` is held by several devices (a hybrid run's replicated stage)."""
+        return bool(msg.groups) and len(msg.groups[index]) > 1
+
+    @classmethod
     def _build(cls, worker: Worker, msg: Assign) -> Run | None:
         index = cls._stage_index(worker, msg)
         if index is None:
@@ -98,11 +105,13 @@ class PipelineSession:
                 weights=msg.weights,
                 momentum_buffers=msg.momentum_buffers,
                 version=msg.committed_backward_id + 1,
+                in_flight=msg.in_flight,
+                replicated=cls._replicated(worker, msg, index),
             )
         except (ValueError, EdgeAgentError) as exc:
             worker.report_error("assign", f"cannot build stage {index}: {exc}", msg.run_id)
             return None
-        start_id = msg.committed_backward_id + 1
+        start_id = options.first_item(msg.committed_backward_id + 1)
         return Run(
             msg.run_id,
             spec,
@@ -489,9 +498,13 @@ class PipelineSession:
         runner = run.runner
         out, version = runner.stage.forward(msg.batch_id, msg.tensor, msg.version)
         if run.is_last:
-            worker.fault_at_backward(msg.batch_id)
-            result = runner.stage.backward(msg.batch_id, labels=msg.y)
+            worker.fault_at_backward(run.options.batch_of(msg.batch_id))
+            # The sync schedule's micro-batch: its loss over the whole batch's rows (Activation.total).
+            result = runner.stage.backward(msg.batch_id, labels=msg.y, total=msg.total)
             run.next_backward = msg.batch_id + 1
+            if not math.isfinite(result.loss):
+                self._diverged(msg.batch_id, result.loss)
+                return
             runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
             self._batch_done(msg.batch_id)
             self._send_gradient(msg.batch_id, result.grad_input, result.loss, result.correct, [])
@@ -505,8 +518,10 @@ class PipelineSession:
             batch_id=msg.batch_id,
             version=version,
             mode="train",
-            epoch=msg.batch_id // max(1, run.batches_per_epoch),
+            epoch=run.options.batch_of(msg.batch_id) // max(1, run.batches_per_epoch),
         )
+        if msg.rows:  # a micro-batch of the sync schedule: its rows of the batch go on with it
+            activation = dataclasses.replace(activation, rows=msg.rows, total=msg.total)
         run.codecs.message_sent(worker.send(worker.topics.activations(run.index), activation))
 
     def _backward(self, msg: Gradient) -> None:
@@ -514,12 +529,23 @@ class PipelineSession:
         run.next_backward = msg.batch_id + 1
         run.runner.gradient_arrived(msg.batch_id)
         run.last = "B"
-        worker.fault_at_backward(msg.batch_id)
+        worker.fault_at_backward(run.options.batch_of(msg.batch_id))
         started = Clock()
         result = run.stage.backward(msg.batch_id, grad_output=msg.tensor)
         run.runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
         self._batch_done(msg.batch_id)
         self._send_gradient(msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
+
+    def _diverged(self, item: int, loss: float) -> None:
+        """The loss is not finite: nothing downstream can use this batch; the central node ends the run."""
+        run = self.run
+        batch = run.options.batch_of(item)
+        reason = (
+            f"loss diverged at batch {batch}: the training loss is {loss}; lower --lr "
+            f"(now {run.options.learning_rate:g})"
+        )
+        log.error("%s: %s", self.worker.device_id, reason)
+        self.worker.report_error("diverged", reason, run.run_id)
 
     def _send_gradient(
         self, batch_id: int, grad: torch.Tensor | None, loss: float, correct: int, downstream: list[float]
@@ -570,13 +596,17 @@ class PipelineSession:
         )
         worker.send(worker.topics.results(run.index), result)
 
-    def _batch_done(self, batch_id: int) -> None:
-        """A batch's forward and backward are both done here: record its time; replicate at the points."""
+    def _batch_done(self, item: int) -> None:
+        """A batch's forward and backward are both done here: record its time; replicate at the points.
+        Under the sync schedule ``item`` is a micro-batch: the batch is done at its last one."""
         run = self.run
-        run.batches += 1
         run.samples += run.batch_size
+        options = run.options
+        if options.micro_batches and (item + 1) % options.micro_batches:
+            return
+        run.batches += 1
         run.runner.batch_done()
-        self.replicas.batch_done(batch_id)
+        self.replicas.batch_done(options.batch_of(item))
 
 
 __all__ = ["PipelineSession"]
