@@ -37,6 +37,7 @@ goes on where it stopped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -99,6 +100,67 @@ def run_one(model: str, depth: int, method: str, seed: int, args: argparse.Names
         "mode": report.mode,
         "stages": len(report.partitions[-1]["points"]) - 1 if report.partitions else depth,
         "diverged": report.diverged,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def run_offline(model: str, depth: int, method: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The same run replayed in this process (edgeagent.pipeline.replay): the same arithmetic as a real run
+    of the rules that follow each stage's own delay and of the sync schedule, FTPipeHD's vertical sync at
+    1F1B's ideal timing; an even split by layers (a real run's DP gives the slow device fewer), at most one
+    stage per layer (no hybrid stages), no samples/s."""
+    import torch
+
+    from edgeagent.data import batch_indices, batches_per_epoch, load_dataset
+    from edgeagent.models import ModelSpec, num_layers
+    from edgeagent.pipeline.divergence import above_chance
+    from edgeagent.pipeline.replay import build_stages, replay
+    from edgeagent.pipeline.stage import TrainOptions
+
+    settings, _ = METHODS[method]
+    train = TrainConfig(
+        model=model,
+        model_options=MODEL_OPTIONS.get(model, {}),
+        epochs=args.epochs,
+        learning_rate=args.lr,
+        momentum=args.momentum,
+        lr_schedule=args.lr_schedule,
+        seed=seed,
+        **settings,
+    )
+    data = load_dataset(train.dataset, seed=seed)
+    spec = ModelSpec(model, data.in_shape, data.num_classes, tuple(sorted(train.model_options.items())))
+    layers = num_layers(spec)
+    stages_n = min(depth, layers)
+    points = [round(i * layers / stages_n) for i in range(stages_n + 1)]
+    per_epoch = batches_per_epoch(data.x_train.shape[0], train.batch_size)
+    micro = (train.micro_batches or stages_n) if train.schedule == "sync" else 0
+    options = dataclasses.replace(
+        TrainOptions.of(train), total_batches=per_epoch * train.epochs, micro_batches=micro
+    )
+    torch.manual_seed(seed)
+    stages = build_stages(spec, options, points, seed=seed, in_flight=train.in_flight)
+    accuracy, losses = [], []
+    started = time.perf_counter()
+    for epoch in range(train.epochs):
+        order = batch_indices(data.x_train.shape[0], train.batch_size, epoch=epoch, seed=seed)
+        batches = [(data.x_train[i], data.y_train[i]) for i in order]
+        # One epoch at a time, so that it can be evaluated: the pipeline drains at each epoch's end, as a
+        # real run's does for its evaluation.
+        epoch_losses = replay(stages, batches, in_flight=train.in_flight, start=epoch * per_epoch)
+        losses.append(sum(epoch_losses) / len(epoch_losses))
+        x = data.x_test
+        for stage in stages:
+            x = stage.evaluate(x)
+        accuracy.append(float((x.argmax(1) == data.y_test).float().mean()))
+    return {
+        "accuracy": accuracy,
+        "train_loss": losses,
+        "final": accuracy[-1],
+        "samples_per_second": float("nan"),
+        "mode": "offline",
+        "stages": stages_n,
+        "diverged": "" if not above_chance(losses[-1], data.num_classes) else "loss above chance's",
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -184,6 +246,9 @@ def main() -> None:
     parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--only", help="methods to run, comma-separated (default: all)")
+    parser.add_argument(
+        "--offline", action="store_true", help="replay the runs in this process (minutes, no samples/s)"
+    )
     parser.add_argument("--json", type=Path, default=Path("bench-staleness.json"))
     parser.add_argument("--png", type=Path, default=Path("bench-staleness.png"))
     args = parser.parse_args()
@@ -209,7 +274,8 @@ def main() -> None:
                     key = _key(model, depth, method, seed)
                     if key in results:
                         continue
-                    results[key] = run_one(model, depth, method, seed, args)
+                    run = run_offline if args.offline else run_one
+                    results[key] = run(model, depth, method, seed, args)
                     r = results[key]
                     what = r.get("error") or (
                         f"{100 * r['final']:.1f} %, {r['samples_per_second']:.0f} samples/s, {r['seconds']} s"

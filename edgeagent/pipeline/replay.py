@@ -56,10 +56,13 @@ def replay(
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     *,
     in_flight: int = 0,
+    start: int = 0,
 ) -> list[float]:
     """Train ``stages`` on ``batches`` (inputs, labels) in 1F1B order with ``in_flight`` batches in flight
-    (0: one per stage); under the sync schedule (``options.micro_batches``) every batch is split into its
-    micro-batches, as the central node splits it. Returns every batch's training loss."""
+    (0: one per stage), the first of them batch ``start`` of the run (the stages have applied ``start``
+    updates: a run drains its pipeline at every epoch's end, so a run replays epoch by epoch); under the
+    sync schedule (``options.micro_batches``) every batch is split into its micro-batches, as the central
+    node splits it. Returns every batch's training loss."""
     n = len(stages)
     micro = stages[0].options.micro_batches
     items: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # (x, y, the batch's rows) per message id
@@ -74,6 +77,7 @@ def replay(
     # The last stage backwards every batch as soon as it has forwarded it (a worker's session does), also
     # with more batches in flight than stages, where the generated order would warm it up.
     order[n - 1] = [Action(n - 1, kind, b) for b in range(len(items)) for kind in ("F", "B")]
+    first = start * micro if micro else start  # the id of the first message
     acts: dict[tuple[int, int], torch.Tensor] = {}
     grads: dict[tuple[int, int], torch.Tensor | None] = {}
     versions: dict[int, int] = {}
@@ -86,21 +90,22 @@ def replay(
             while pos[s] < len(order[s]):
                 a = order[s][pos[s]]
                 x, y, total = items[a.batch]
+                item = first + a.batch
                 if a.kind == "F":
                     if s == 0:
-                        out, versions[a.batch] = stages[0].forward(a.batch, x)
+                        out, versions[a.batch] = stages[0].forward(item, x)
                     elif (s - 1, a.batch) in acts:
-                        out, _ = stages[s].forward(a.batch, acts.pop((s - 1, a.batch)), versions[a.batch])
+                        out, _ = stages[s].forward(item, acts.pop((s - 1, a.batch)), versions[a.batch])
                     else:
                         break
                     acts[(s, a.batch)] = out
                 else:
                     if s == n - 1:
                         acts.pop((s, a.batch), None)
-                        result = stages[s].backward(a.batch, labels=y, total=total)
+                        result = stages[s].backward(item, labels=y, total=total)
                         losses[a.batch // micro if micro else a.batch] += result.loss
                     elif (s + 1, a.batch) in grads:
-                        result = stages[s].backward(a.batch, grad_output=grads.pop((s + 1, a.batch)))
+                        result = stages[s].backward(item, grad_output=grads.pop((s + 1, a.batch)))
                     else:
                         break
                     grads[(s, a.batch)] = result.grad_input
