@@ -65,6 +65,25 @@ METHODS: dict[str, tuple[dict[str, Any], bool]] = {
 }
 DEFAULT = "lookahead"
 MODEL_OPTIONS: dict[str, dict[str, Any]] = {"mobilenetv2": {"width_mult": 0.5}}
+COLOURS = {
+    "reference": "black",
+    "sync": "tab:gray",
+    "none": "tab:orange",
+    "aggregate": "tab:brown",
+    "predict": "tab:olive",
+    "nesterov": "tab:purple",
+    "2bw": "tab:cyan",
+    "lookahead": "tab:red",
+}
+
+
+def model_options(model: str, depth: int) -> dict[str, Any]:
+    """The model's options for ``depth`` devices: the default MLP has 6 layers, so 8 devices would leave
+    it hybrid (the hybrid DP then keeps it whole on the central node: nothing stale to measure); there
+    the same residual MLP with one 128-wide layer per device."""
+    if model == "mlp" and depth > 6:
+        return {"hidden": [128] * (depth - 1)}
+    return dict(MODEL_OPTIONS.get(model, {}))
 
 
 def _key(model: str, depth: int, method: str, seed: int) -> str:
@@ -75,7 +94,7 @@ def run_one(model: str, depth: int, method: str, seed: int, args: argparse.Names
     settings, _ = METHODS[method]
     train = TrainConfig(
         model=model,
-        model_options=MODEL_OPTIONS.get(model, {}),
+        model_options=model_options(model, depth),
         epochs=args.epochs,
         learning_rate=args.lr,
         momentum=args.momentum,
@@ -120,7 +139,7 @@ def run_offline(model: str, depth: int, method: str, seed: int, args: argparse.N
     settings, _ = METHODS[method]
     train = TrainConfig(
         model=model,
-        model_options=MODEL_OPTIONS.get(model, {}),
+        model_options=model_options(model, depth),
         epochs=args.epochs,
         learning_rate=args.lr,
         momentum=args.momentum,
@@ -165,6 +184,16 @@ def run_offline(model: str, depth: int, method: str, seed: int, args: argparse.N
     }
 
 
+def _flag(runs: list[dict[str, Any]]) -> str:
+    """DIVERGED where a run ended with its training loss above chance's; where one only went there on the
+    way (deep pipelines' first epoch), the epochs that did."""
+    chance = math.log(10) * 1.1  # pipeline.divergence: above chance's by more than 10 %
+    if any(r["train_loss"] and not r["train_loss"][-1] <= chance for r in runs):
+        return "  DIVERGED"
+    above = sorted({e for r in runs for e, v in enumerate(r["train_loss"]) if not v <= chance})
+    return f"  (above chance's loss in epoch {', '.join(map(str, above))})" if above else ""
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -192,7 +221,7 @@ def summarise(results: dict[str, Any], model: str, depth: int, args: argparse.Na
             f"{sps / speed[m]:.2f}x" if math.isfinite(speed[m]) and speed[m] > 0 else "-"
             for m in ("none", "sync")
         )
-        flag = "  DIVERGED" if any(r["diverged"] for r in rs) else ""
+        flag = _flag(rs)
         mark = " *" if method == DEFAULT else ""
         lines.append(
             f"  {method + mark:<11} {med:6.1f} {med - ref:+6.1f}  {sps:7.0f} {vs_async:>7} {vs_sync:>7}"
@@ -218,19 +247,23 @@ def plot(results: dict[str, Any], args: argparse.Namespace, models: list[str], d
                 if not r or "error" in r or not r["accuracy"]:
                     continue
                 epochs = range(1, len(r["accuracy"]) + 1)
-                style = {"linewidth": 2.4} if method in (DEFAULT, "reference") else {"linewidth": 1.2}
-                ax.plot(epochs, [100 * a for a in r["accuracy"]], label=method, **style)
+                width = 2.4 if method in (DEFAULT, "reference") else 1.2
+                ax.plot(epochs, [100 * a for a in r["accuracy"]], color=COLOURS[method], linewidth=width)
             ax.set_title(f"{model}, {depth} devices")
             ax.set_ylim(0, 100)
             ax.set_xlabel("epoch")
             ax.set_ylabel("test accuracy (%)")
             ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    handles = [
+        plt.Line2D([], [], color=COLOURS[m], linewidth=2.4 if m in (DEFAULT, "reference") else 1.2)
+        for m in METHODS
+    ]
+    fig.legend(handles, list(METHODS), loc="lower center", ncol=len(METHODS), fontsize=8)
     fig.suptitle(
         f"test accuracy per epoch, lr {args.lr} ({args.lr_schedule}), momentum {args.momentum}, "
         f"one device {args.slow:g}x slower (seed 0)"
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(args.png, dpi=110)
     print(f"plot: {args.png}")
 
@@ -279,7 +312,7 @@ def main() -> None:
                     r = results[key]
                     what = r.get("error") or (
                         f"{100 * r['final']:.1f} %, {r['samples_per_second']:.0f} samples/s, {r['seconds']} s"
-                        + (" DIVERGED" if r["diverged"] else "")
+                        + _flag([r])
                     )
                     print(f"    {key}: {what}", flush=True)
                     args.json.write_text(json.dumps(results, indent=1))

@@ -136,8 +136,11 @@ def test_replicas_match_the_unreplicated_pipeline_and_a_killed_one_loses_no_upda
     assert batches == sorted(set(batches)) == list(range(clean.batches))  # nothing replayed
     clean_w = torch.load(tmp_path / "clean.pt", weights_only=True)
     faulty_w = torch.load(tmp_path / "faulty.pt", weights_only=True)
+    # Rounding only: the members' sums add the rows in another order, and with momentum 0.9 (the default)
+    # that accumulates to ~6e-6 over the run's 90 updates; an update lost or applied twice moves the
+    # weights by 1e-3 or more.
     for key in clean_w:
-        torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=3e-5)
 
 
 def test_the_primary_of_a_replicated_stage_dies_during_an_evaluation(amqtt_url: str) -> None:
