@@ -701,6 +701,7 @@ def run_training(
         "central", "--config", str(config), "--workers", str(len(ids)), "--model", args.model,
         "--dataset", plan.dataset, "--epochs", str(args.epochs), "--report", str(args.report),
         "--broker", url, "--password-file", logins["central"], "--cluster", cluster,
+        "--checkpoint", str(tmp / "checkpoints"),  # the lab's own, removed with it
         *(["--max-batches", str(args.max_batches)] if args.max_batches else []),
     ]  # fmt: skip
     say(

@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from edgeagent.errors import ConfigError
 from edgeagent.pipeline.staleness import DEFAULT_STALENESS, Staleness
@@ -225,8 +233,16 @@ class CentralConfig(BrokerAccess):
     chain_every: int = Field(50, ge=0, description="batches between chain replications (0: off)")
     global_every: int = Field(100, ge=0, description="batches between global replications (0: off)")
     replicas: int = Field(1, ge=1, description="chain successors that hold a replica (ResPipe's z)")
-    checkpoint: str | None = None  # write the central node's checkpoint here at every global replication
-    resume: str | None = None  # continue the run of this checkpoint (after the central node failed)
+    # The central node's checkpoints (edgeagent.roles.central.runs): a directory where every run writes
+    # run-named files, <cluster>/<run id>/v<version>.ckpt, at every global replication point (split-
+    # federated, allreduce: every epoch, step); "auto": "checkpoints" in the state directory ($STATE_DIRECTORY
+    # under systemd, else ~/.local/state/edgeagent), what `edgeagent central` takes unless told; None
+    # (YAML: off or false): none. A central node started again with the same settings resumes the newest
+    # checkpoint of the cluster's latest run by itself (fresh: a new run instead).
+    checkpoint: str | None = None
+    keep_checkpoints: int = Field(3, ge=1, description="checkpoints of a run kept (the newest)")
+    fresh: bool = False  # start a new run even if the latest one of this cluster could be resumed
+    resume: str | None = None  # continue the run of this checkpoint file (after the central node failed)
     # Fault injection (tests): SIGKILL this process right after it wrote its N-th checkpoint (1-based).
     die_after_checkpoint: int | None = Field(None, ge=1)
     # AccEPT compression of activations and gradients (papers/004 Sec. 3.3-3.4): none; 2, 3 or 4 bits
@@ -239,6 +255,16 @@ class CentralConfig(BrokerAccess):
 
     # Whether train.learning_rate is the model's pipelined rate, taken because none was set (rate_for).
     _model_rate: bool = PrivateAttr(False)
+
+    @field_validator("checkpoint", mode="before")
+    @classmethod
+    def _checkpoint_switch(cls, value: Any) -> Any:
+        """``true``/``false`` (YAML's ``on``/``off`` too) and the words ``off``/``none``: ``auto`` or none."""
+        if isinstance(value, bool):
+            return "auto" if value else None
+        if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "false", "no"):
+            return None
+        return value
 
     @model_validator(mode="wrap")
     @classmethod
@@ -346,6 +372,10 @@ class WorkerConfig(BrokerAccess):
     down_mbps: float = Field(0.0, ge=0)
     # Leave after one run (the demo); a service keeps serving runs.
     once: bool = False
+    # How long the central node of this device's run may stay offline (its last will) before the device
+    # leaves the run and announces itself idle: CENTRAL_OFFLINE_BEATS of the central node's heartbeat
+    # interval (its Assign says it), at least this (roles.worker.central_watch).
+    central_offline_floor: float = Field(30.0, gt=0, allow_inf_nan=False)
 
 
 class DemoConfig(_Frozen):

@@ -30,6 +30,12 @@ class DivergedError(TrainingError):
     gives the batch or epoch, the figures and what to change."""
 
 
+class StorageError(EdgeAgentError):
+    """A file a run writes (a checkpoint, the report, the model) could not be written: a full disk, a
+    quota, a missing directory. The message names the path, the bytes wanted and the free space; the
+    previous file is left as it was (:func:`edgeagent.ops.files.write_atomic`)."""
+
+
 class PlanningError(EdgeAgentError):
     """No split of the model fits the devices (too few layers, or memory limits no split can meet).
 

@@ -58,6 +58,15 @@ class MosquittoProcess:
             self.proc = None
 
 
+@pytest.fixture(autouse=True)
+def _private_state_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``edgeagent central`` checkpoints by default in the state directory and resumes the latest run it
+    finds there: each test (and the processes it starts) gets its own, never the user's
+    ~/.local/state/edgeagent, so no test resumes another's run."""
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+
+
 @pytest.fixture
 def amqtt_url() -> Iterator[str]:
     broker = EmbeddedBroker().start()

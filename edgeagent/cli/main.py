@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import click
 
-from edgeagent.errors import EdgeAgentError, ProtocolError, TrainingError
+from edgeagent.errors import EdgeAgentError, ProtocolError, StorageError, TrainingError
 
 log = logging.getLogger("edgeagent")
 
@@ -30,7 +30,7 @@ log = logging.getLogger("edgeagent")
 #     Every command runs under ``_Cli.invoke``: an EdgeAgentError (whose message says what to change),
 #     and the ValueError, KeyError and OSError that bad input raises from libraries (a model option of
 #     the wrong type, a file that is not there), end as ``error: ...`` on stderr with exit status 2 (1
-#     for a run that failed: TrainingError, ProtocolError). Anything else is a bug and keeps its
+#     for a run that failed: TrainingError, ProtocolError, StorageError). Anything else is a bug and keeps its
 #     traceback. `--log-level DEBUG` logs the traceback of a caught error too.
 _INPUT_ERRORS = (ValueError, KeyError, OSError, pickle.UnpicklingError)
 
@@ -52,7 +52,7 @@ def _message(exc: BaseException, command: str) -> str:
 def _fail(exc: BaseException, command: str = "edgeagent") -> NoReturn:
     log.debug("%s failed", command, exc_info=exc)
     click.echo(click.style("error:", fg="red", bold=True) + " " + _message(exc, command), err=True)
-    sys.exit(1 if isinstance(exc, TrainingError | ProtocolError) else 2)
+    sys.exit(1 if isinstance(exc, TrainingError | ProtocolError | StorageError) else 2)
 
 
 # command name -> (module, attribute): imported on first use (see the module doc).

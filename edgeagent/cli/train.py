@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import pickle
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
 from edgeagent.cli.options import ACCESS_KEYS, F, access_options
+from edgeagent.cli.runfiles import finish_report, preflight
 from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
-from edgeagent.errors import ConfigError
-from edgeagent.ops.logs import console, setup_logging
-from edgeagent.ops.signals import sigterm_unwinds
+from edgeagent.ops.logs import setup_logging
+from edgeagent.ops.signals import StopRequested, sigterm_stops, sigterm_unwinds
 
 __all__ = ["central", "demo", "worker"]
 
@@ -270,8 +267,15 @@ def train_options(f: F) -> F:
         ),
         click.option(
             "--checkpoint",
-            type=click.Path(dir_okay=False),
-            help="Write a checkpoint here at every global replication (split-federated, allreduce: epoch).",
+            metavar="DIR|auto|off",
+            help="Checkpoints at every global replication (split-federated: epoch; allreduce: step), named "
+            "<cluster>/<run id>/v<version>.ckpt in DIR; auto: $STATE_DIRECTORY/checkpoints under systemd, "
+            "else ~/.local/state/edgeagent/checkpoints (`central`'s default); off: none (`demo`'s default).",
+        ),
+        click.option(
+            "--keep-checkpoints",
+            type=click.IntRange(min=1),
+            help="Checkpoints of a run kept, the newest (3).",
         ),
         click.option(
             "--home-assistant/--no-home-assistant",
@@ -316,6 +320,7 @@ _CENTRAL_KEYS = (
     "restart_window",
     "unmeasured_slowdown",
     "checkpoint",
+    "keep_checkpoints",
     "broker",
     "cluster",
     "report",
@@ -382,52 +387,6 @@ def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
     return {**central, "train": train} if train else central
 
 
-def _check_writable(flag: str, path: str) -> None:
-    target = Path(path)
-    folder = target.parent
-    if target.is_dir():
-        raise ConfigError(f"{flag} {path} is a directory; give a file name")
-    if not folder.is_dir():
-        raise ConfigError(
-            f"{flag} {path}: the directory {folder} does not exist; create it or pick another path"
-        )
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ConfigError(f"{flag} {path}: not writable by this user; pick another path")
-
-
-def _check_loadable(flag: str, path: str, what: str) -> None:
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # whatever torch says, the file cannot be used: name it and the flag
-        if isinstance(exc, pickle.UnpicklingError):  # torch's text here is a page about weights_only
-            reason = "not written by torch.save, or it holds more than tensors and plain data"
-        else:
-            lines = str(exc).strip().splitlines() or [type(exc).__name__]
-            reason = lines[0][:120]
-        raise ConfigError(f"{flag} {path}: cannot read it ({reason}); give {what}") from exc
-    if not isinstance(state, dict):
-        raise ConfigError(f"{flag} {path} holds a {type(state).__name__}, not {what}")
-
-
-def _preflight(config: CentralConfig) -> None:
-    """The files a run reads and writes, checked before it starts: a typo in --report must not cost the
-    whole run. (Loading --init-weights and --resume twice costs a second at start-up; the central node
-    loads them again because it is also started without the CLI.)"""
-    for flag, path in (
-        ("--report", config.report),
-        ("--save-model", config.save_model),
-        ("--checkpoint", config.checkpoint),
-    ):
-        if path:
-            _check_writable(flag, path)
-    if config.train.init_weights:
-        _check_loadable("--init-weights", config.train.init_weights, "a state dict saved with --save-model")
-    if config.resume:
-        _check_loadable("--resume", config.resume, "a checkpoint written with --checkpoint")
-
-
 @click.command()
 @train_options
 @click.option("--workers", type=int, help="Local worker processes to start (default 2).")
@@ -468,7 +427,7 @@ def demo(**kw: Any) -> None:
     base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
     section = build(DemoConfig, base.pop("demo", None) or {}, source=f"{source} (demo:)")
     config = build(CentralConfig, merge(base, _central_overrides({**kw, "broker": None})), source=source)
-    _preflight(config)
+    preflight(config)
     from edgeagent.cli.demo import parse_worker_cpu, parse_worker_threads, run_demo  # torch: after the checks
 
     workers = kw["workers"] if kw["workers"] is not None else section.workers
@@ -490,7 +449,7 @@ def demo(**kw: Any) -> None:
             worker_cpu=cpu,
             worker_threads=threads,
         )
-    _finish_report(report, config.report)
+    finish_report(report, config.report)
 
 
 @click.command()
@@ -503,7 +462,14 @@ def demo(**kw: Any) -> None:
 @click.option(
     "--resume",
     type=click.Path(exists=True, dir_okay=False),
-    help="Continue the run of this checkpoint (written with --checkpoint) after a central failure.",
+    help="Continue the run of this checkpoint file. Without it a central node resumes the newest "
+    "checkpoint of its cluster's latest run by itself, if that run did not end and has its settings.",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    default=None,
+    help="Start a new run even if the latest run of this cluster could be resumed.",
 )
 @click.option(
     "--die-after-checkpoint",
@@ -515,15 +481,24 @@ def central(**kw: Any) -> None:
     """The central node: holds the data, runs stage 0 and drives the run."""
     setup_logging(kw["log_level"], device=kw["device_id"] or "central")
     overrides = _central_overrides(kw)
-    for key in ("workers", "device_id", "slowdown", "threads", "resume", "die_after_checkpoint"):
+    for key in ("workers", "device_id", "slowdown", "threads", "resume", "fresh", "die_after_checkpoint"):
         if kw.get(key) is not None:
             overrides[key] = kw[key]
-    config = load(CentralConfig, kw["config_file"], overrides)
-    _preflight(config)
-    from edgeagent.roles.central import Central  # torch: after the checks
+    base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
+    base.setdefault("checkpoint", "auto")  # the central node checkpoints unless told not to
+    config = build(CentralConfig, merge(base, overrides), source=kw["config_file"] or "<arguments>")
+    preflight(config)
+    # SIGTERM (systemctl stop or restart) suspends the run: a checkpoint, "suspended" on the broker,
+    # exit 0; the next start resumes it. Before the run starts it just ends the process.
+    with sigterm_stops():
+        try:
+            from edgeagent.roles.central import Central  # torch: after the checks
 
-    report = Central(config).run()
-    _finish_report(report, config.report)
+            report = Central(config).run()
+        except StopRequested:
+            log.info("stopped by SIGTERM")
+            sys.exit(0)
+    finish_report(report, config.report)
 
 
 @click.command()
@@ -546,6 +521,12 @@ def central(**kw: Any) -> None:
     "--characterise-rounds",
     type=click.IntRange(1, 16),
     help="Windows per sub-model measured for h, the fastest taken (default 2).",
+)
+@click.option(
+    "--central-offline-floor",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds the run's central node may stay offline before this device leaves the run and "
+    "announces itself idle, at least (30; the window is 10 of the central node's heartbeat intervals).",
 )
 @click.option(
     "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
@@ -573,50 +554,3 @@ def worker(**kw: Any) -> None:
         sys.exit(w.serve())
     except KeyboardInterrupt:
         w.stop()
-
-
-def _finish_report(report: Any, path: str | None) -> None:
-    data = report.to_dict()
-    acc = ", ".join(f"{100 * a:.1f}" for a in data["test_accuracy_per_epoch"])
-    console.print(
-        f"[bold green]done[/]: final test accuracy {100 * data['final_accuracy']:.2f}% "
-        f"after {data['batches']} batches / {data['epochs']} epochs; "
-        f"{data['samples_per_second']:.1f} samples/s; wall {data['wall_seconds']:.1f} s\n"
-        f"  accuracy per epoch (%): {acc}\n  partition points: {data['partitions'][-1]['points']}"
-    )
-    if data.get("estimator") == "predictor":
-        taken = data.get("characterisations", [])
-        measured = ", ".join(f"{c['device']} {c['seconds']:.1f} s (batch {c['batch']})" for c in taken)
-        adapted = len(data.get("adaptations", []))
-        console.print(f"  latency predictor: h measured by {measured or 'nobody'}; adapted {adapted} times")
-    groups = data["partitions"][-1].get("groups") if data["partitions"] else None
-    if groups and any(len(g) > 1 for g in groups):
-        held = "; ".join(f"stage {k}: {' + '.join(g)}" for k, g in enumerate(groups))
-        console.print(f"  stages held by (hybrid): {held}")
-    for f in data.get("failovers", []):
-        resumed = f.get("resumed")
-        after = f"; training went on {resumed - f['detected']:.2f} s after detection" if resumed else ""
-        console.print(
-            f"  failover at batch {f['batch']}: {', '.join(f['devices'])} gone, stage(s) {f['stages']} "
-            f"went on with {[f['groups'][k] for k in f['stages']]} (no rollback{after})"
-        )
-    for rec in data["recoveries"]:
-        if rec.get("case") == "central":
-            console.print(f"  resumed from the checkpoint of batch {rec['resumed_from']}")
-            continue
-        console.print(
-            f"  recovery (case {rec['case']}) at batch {rec['batch']}: lost {rec['lost'] or 'none'}, "
-            f"restarted {rec['restarted'] or 'none'}; {rec['resumed_at'] - rec['detected_at']:.2f} s after "
-            f"detection; rolled back to batch {rec['rolled_back_to']} ({rec['batches_replayed']} replayed)"
-        )
-    if path:
-        Path(path).write_text(json.dumps(data, indent=2))
-        console.print(f"report written to {path}")
-        try:
-            from edgeagent.ops.report import write_plots
-
-            plots = write_plots(data, path)
-        except Exception as exc:  # a plotting problem must never cost the user the JSON report
-            log.warning("report plots not written: %s", exc)
-        else:
-            console.print("plots: " + ", ".join(str(p) for p in plots))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -14,10 +16,21 @@ _NOISY = ("amqtt", "transitions", "apscheduler", "paho")
 
 
 def setup_logging(level: str = "INFO", *, device: str = "") -> None:
-    """Rich log lines on stderr (they print above progress bars); quiet third-party chatter."""
-    handler = RichHandler(console=console, show_path=False, rich_tracebacks=False, markup=False)
+    """Rich log lines on a terminal (they print above progress bars), one plain line per record
+    elsewhere; quiet third-party chatter.
+
+    Off a terminal (journald, a pipe, a file) rich would wrap a record at 80 columns into several lines,
+    and the journal would store each as a record of its own: one error, one line. Under systemd
+    (``$JOURNAL_STREAM``) the journal stamps the time itself."""
     prefix = f"[{device}] " if device else ""
-    handler.setFormatter(logging.Formatter(f"{prefix}%(message)s"))
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, rich_tracebacks=False, markup=False)
+        handler.setFormatter(logging.Formatter(f"{prefix}%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        stamp = "" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s "
+        handler.setFormatter(logging.Formatter(f"{stamp}%(levelname)s {prefix}%(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

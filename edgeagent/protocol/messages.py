@@ -243,9 +243,14 @@ class Assign(Message):
     # The mode's own settings (its worker session checks them): the allreduce mode's collective, timeouts,
     # failed links and data split, say. Empty for the pipeline modes.
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The central node's heartbeat interval (s; 0: not said): how long a worker waits for a central node
+    # whose last will came before it leaves the run is derived from it (roles.worker.central_watch).
+    heartbeat_interval: float = 0.0
 
     def __post_init__(self) -> None:
         check_groups(self.groups, self.shares, self.worker_list)
+        if not (math.isfinite(self.heartbeat_interval) and 0 <= self.heartbeat_interval <= 3600):
+            raise ProtocolError(f"assign: heartbeat_interval {self.heartbeat_interval} is not in [0, 3600] s")
 
 
 def check_groups(groups: list[list[str]], shares: list[list[float]], worker_list: list[str]) -> None:

@@ -366,10 +366,13 @@ class Role:
         return True
 
     def healthy(self) -> bool:
-        """For systemd's watchdog: the MQTT loop is connected and the scheduler runs."""
+        """For systemd's watchdog: the MQTT network loop and the scheduler run. Not whether the broker is
+        reachable: during a broker outage the loop keeps reconnecting by itself, and a restart by the
+        watchdog would only throw the role's state away (the central node's run, issue 49) and come back
+        to the same outage."""
         scheduler_ok = self._scheduler is not None and self._scheduler.running
         loop_ok = getattr(self.transport, "loop_alive", lambda: True)()
-        return bool(self.transport.connected and scheduler_ok and loop_ok)
+        return bool(scheduler_ok and loop_ok)
 
     def stop_heartbeats(self) -> None:
         if self._scheduler is not None:

@@ -21,7 +21,7 @@ from edgeagent.errors import ProtocolError
 from edgeagent.protocol.allreduce_messages import AllreduceStep
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode
-from edgeagent.roles.central import RunReport
+from edgeagent.roles.central import RunReport, latest_checkpoint
 from edgeagent.transport.mqtt import MqttTransport
 from tests.integration.test_allreduce import HIDDEN, TRAIN, check_model, check_steps
 
@@ -36,11 +36,7 @@ def test_the_central_node_resumes_from_its_checkpoint_after_a_sigkill(
     there: every step is in the report once, the replicas agree after each, and the trained model equals
     the one-process reference (momentum restarting at the resumed step, as every member loads weights)."""
     cluster = f"t{uuid.uuid4().hex[:8]}"
-    checkpoint, report_path, saved = (
-        tmp_path / "central.ckpt",
-        tmp_path / "report.json",
-        tmp_path / "model.pt",
-    )
+    folder, report_path, saved = tmp_path / "checkpoints", tmp_path / "report.json", tmp_path / "model.pt"
     flags = [
         "--broker", mosquitto_url, "--cluster", cluster, "--workers", "2", "--mode", "allreduce",
         "--dataset", TRAIN.dataset, "--batch-size", str(TRAIN.batch_size), "--lr", str(TRAIN.learning_rate),
@@ -67,10 +63,11 @@ def test_the_central_node_resumes_from_its_checkpoint_after_a_sigkill(
     # SIGKILLed by itself right after its first checkpoint (fault injection): inside the run, however
     # fast the run is.
     kill = ("--die-after-checkpoint", "1")
-    first = subprocess.Popen([*central, "--epochs", "2", "--checkpoint", str(checkpoint), *kill])
+    first = subprocess.Popen([*central, "--epochs", "2", "--checkpoint", str(folder), *kill])
     try:
         assert first.wait(timeout=120) == -signal.SIGKILL, "the central node was not killed at its checkpoint"
-        assert checkpoint.exists()
+        checkpoint = latest_checkpoint(folder, cluster)
+        assert checkpoint is not None
         state = torch.load(checkpoint, weights_only=True)  # the last one written before the kill
         with lock:  # the killed node's last step (sent before its checkpoint) has reached the spy
             seen = lock.wait_for(lambda: any(m.step == state["step"] for m in steps), timeout=30)

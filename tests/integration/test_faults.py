@@ -219,9 +219,8 @@ def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path
     import subprocess
     import sys
 
-    from edgeagent.roles.central import load_checkpoint
+    from edgeagent.roles.central import latest_checkpoint, load_checkpoint
 
-    ckpt = tmp_path / "central.ckpt"
     cluster = f"t{uuid.uuid4().hex[:8]}"
     local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0]).start_all()
     central = subprocess.Popen(
@@ -239,7 +238,7 @@ def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path
             "--epochs",
             "8",
             "--checkpoint",
-            str(ckpt),
+            str(tmp_path),
             "--global-every",
             "40",
             "--log-level",
@@ -252,6 +251,8 @@ def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path
         assert central.wait(timeout=120) == -signal.SIGKILL, (
             "the central node was not killed at its checkpoint"
         )
+        ckpt = latest_checkpoint(tmp_path, cluster)
+        assert ckpt is not None
         saved = load_checkpoint(str(ckpt))
         assert saved["version"] % 40 == 0 and saved["version"] > 0
 

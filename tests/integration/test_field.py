@@ -18,7 +18,7 @@ import pytest
 from edgeagent.cli.demo import LocalWorkers, run_demo, worker_command
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import PlanningError
-from edgeagent.roles.central import Central, load_checkpoint
+from edgeagent.roles.central import Central, latest_checkpoint, load_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,6 @@ def test_a_worker_killed_during_evaluation_is_recovered(amqtt_url: str) -> None:
 def test_a_resumed_run_rolls_back_to_its_checkpoint_not_to_chance(amqtt_url: str, tmp_path: Path) -> None:
     """A fault after --resume, before the first chain replication, rolled back to version 0: the seeded
     random model. The run now replicates its starting weights, and rolls back to the checkpoint."""
-    ckpt = tmp_path / "central.ckpt"
     cluster = _cluster()
     first = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0]).start_all()
     central = subprocess.Popen(
@@ -69,7 +68,7 @@ def test_a_resumed_run_rolls_back_to_its_checkpoint_not_to_chance(amqtt_url: str
             "edgeagent",
             "central",
             *("--broker", amqtt_url, "--cluster", cluster, "--workers", "2", "--epochs", "8"),
-            *("--checkpoint", str(ckpt), "--global-every", "45", "--log-level", "WARNING"),
+            *("--checkpoint", str(tmp_path), "--global-every", "45", "--log-level", "WARNING"),
             *("--die-after-checkpoint", "2"),
         ],
     )
@@ -83,6 +82,8 @@ def test_a_resumed_run_rolls_back_to_its_checkpoint_not_to_chance(amqtt_url: str
         if central.poll() is None:
             central.kill()
         first.stop(grace=0)
+    ckpt = latest_checkpoint(tmp_path, cluster)
+    assert ckpt is not None
     version = load_checkpoint(str(ckpt))["version"]
     epochs_done, rest = divmod(version, 45)
     assert rest == 0 and 2 <= epochs_done < 8, version  # an epoch's end (epochs of 45 batches)
@@ -230,12 +231,11 @@ def test_every_global_replication_point_writes_a_checkpoint(
     batch before stage 0 commits it, so when stage 0's own snapshot came last the point was skipped (two to
     three of seven lost, all but one on a busy machine). Now stage 0's snapshot checks too: every point."""
     caplog.set_level(logging.INFO, logger="edgeagent.roles.central")
-    ckpt = tmp_path / "central.ckpt"
     config = CentralConfig(
         cluster=_cluster(),
         train=TrainConfig(epochs=3),
         progress=False,
-        checkpoint=str(ckpt),
+        checkpoint=str(tmp_path),
         global_every=20,
         chain_every=0,
     )
@@ -246,4 +246,5 @@ def test_every_global_replication_point_writes_a_checkpoint(
     # Every point but those of the run's last 20 batches, whose replicas may come after the run's end.
     points = list(range(20, report.batches - 20, 20))
     assert written[: len(points)] == points, f"checkpoints {written}, replication points {points}"
-    assert load_checkpoint(str(ckpt))["version"] == written[-1]
+    ckpt = latest_checkpoint(tmp_path, config.cluster)
+    assert ckpt is not None and load_checkpoint(str(ckpt))["version"] == written[-1]

@@ -30,7 +30,7 @@ from edgeagent.protocol.messages import Status
 from edgeagent.protocol.splitfed_messages import SplitActivation
 from edgeagent.protocol.topics import Family
 from edgeagent.protocol.wire import decode
-from edgeagent.roles.central import Central, RunReport
+from edgeagent.roles.central import Central, RunReport, latest_checkpoint
 from edgeagent.roles.central.splitfed import SplitFedRun
 from edgeagent.roles.central.splitfed_plan import exhaustive_grid
 from edgeagent.splitfed.trial import candidates, schedule
@@ -274,7 +274,7 @@ def test_the_server_resumes_from_its_checkpoint_after_a_sigkill(mosquitto_url: s
     so the kill lands inside the run however fast the run is."""
     paths = shards(tmp_path)
     cluster = f"t{uuid.uuid4().hex[:8]}"
-    checkpoint, report_path = tmp_path / "server.ckpt", tmp_path / "report.json"
+    folder, report_path = tmp_path / "checkpoints", tmp_path / "report.json"
     flags = [
         "--broker", mosquitto_url, "--cluster", cluster, "--workers", "2", "--mode", "split-federated",
         "--splitfed-plan", "fixed", "--split-point", "2", "--parallel-batches", "2",
@@ -287,10 +287,11 @@ def test_the_server_resumes_from_its_checkpoint_after_a_sigkill(mosquitto_url: s
     # SIGKILLed by itself right after its first checkpoint (fault injection): inside the run, however
     # fast the run is.
     kill = ("--die-after-checkpoint", "1")
-    first = subprocess.Popen([*central, "--epochs", "2", "--checkpoint", str(checkpoint), *kill])
+    first = subprocess.Popen([*central, "--epochs", "2", "--checkpoint", str(folder), *kill])
     try:
         assert first.wait(timeout=120) == -signal.SIGKILL, "the central node was not killed at its checkpoint"
-        assert checkpoint.exists()
+        checkpoint = latest_checkpoint(folder, cluster)
+        assert checkpoint is not None
         resumed = subprocess.run(
             [*central, "--resume", str(checkpoint), "--report", str(report_path)], timeout=120, check=False
         )

@@ -122,6 +122,32 @@ def test_worker_stops_petting_when_its_mqtt_loop_is_stuck(
             thread.join(10)
 
 
+def test_a_broker_outage_does_not_stop_the_pets(fake: FakeSystemd, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pets stopped while the broker was unreachable: an outage longer than WatchdogSec made systemd kill
+    a role whose network loop was reconnecting by itself (the central node: its run with it). The loop
+    and the scheduler still run: the pets go on."""
+    monkeypatch.setenv("NOTIFY_SOCKET", str(fake.path))
+    monkeypatch.setenv("WATCHDOG_USEC", "100000")  # pet every 0.05 s
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    broker = EmbeddedBroker().start()
+    worker = Worker(WorkerConfig(broker=broker.url, cluster="notify", device_id="w2"))
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    try:
+        assert fake.wait_for("READY=1")
+        broker.stop()
+        deadline = time.monotonic() + 10
+        while worker.transport.connected:  # the outage has reached the worker
+            assert time.monotonic() < deadline, "the worker never saw the broker go"
+            time.sleep(0.02)
+        before = fake.count("WATCHDOG=1")
+        assert fake.wait_for("WATCHDOG=1", n=before + 5, timeout=5)
+        assert not worker.transport.connected
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
 UNITS = sorted((Path(__file__).resolve().parents[2] / "systemd").glob("*.service"))
 
 

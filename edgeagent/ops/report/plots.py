@@ -11,11 +11,13 @@ matplotlib is imported only when a plot is drawn.
 
 from __future__ import annotations
 
+import io
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgeagent.ops.files import write_atomic
 from edgeagent.ops.report.derived import (
     _bar_segments,
     _batch_size,
@@ -84,7 +86,9 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15, format="png")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=DPI, bbox_inches="tight", pad_inches=0.15, format="png")
+    write_atomic(path, buffer.getvalue(), what="plot")  # whole or not at all, as the report
     return path
 
 

@@ -6,6 +6,16 @@ from edgeagent.roles.central.checkpoint import load_checkpoint
 from edgeagent.roles.central.context import Fault, Plan
 from edgeagent.roles.central.node import Central, ProgressHook
 from edgeagent.roles.central.report import RunReport
+from edgeagent.roles.central.runs import latest_checkpoint
 from edgeagent.roles.central.trainer import PipelineRun
 
-__all__ = ["Central", "Fault", "PipelineRun", "Plan", "ProgressHook", "RunReport", "load_checkpoint"]
+__all__ = [
+    "Central",
+    "Fault",
+    "PipelineRun",
+    "Plan",
+    "ProgressHook",
+    "RunReport",
+    "latest_checkpoint",
+    "load_checkpoint",
+]

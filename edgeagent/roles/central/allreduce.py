@@ -43,7 +43,7 @@ from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message, Ready
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.checkpoint import resume_of, save_checkpoint
+from edgeagent.roles.central.checkpoint import resume_of, save_model
 from edgeagent.roles.central.report import RunReport
 from edgeagent.runtime.role import Inbound
 
@@ -128,8 +128,8 @@ class AllreduceRun:
     def collect_weights(self) -> dict[str, Any]:
         return dict(self.replica.collect_state())
 
-    def save_model(self, path: str) -> None:
-        torch.save(self.collect_weights(), path)
+    def save_model(self, path: str) -> bool:
+        return save_model(path, self.collect_weights(), "the global model")
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -170,6 +170,7 @@ class AllreduceRun:
                 metrics_interval=self.config.metrics_interval,
                 mode="allreduce",
                 settings=self._settings(),
+                heartbeat_interval=self.config.heartbeat_interval,
             ),
         )
 
@@ -259,8 +260,7 @@ class AllreduceRun:
 
     def _checkpoint(self, report: RunReport, step: int) -> None:
         """The model after ``step`` (rank 0's, just evaluated) and the run so far (``--checkpoint``)."""
-        path = self.config.checkpoint
-        if not path:
+        if not self.central.checkpointing:
             return
         state = {
             "mode": "allreduce",
@@ -274,8 +274,7 @@ class AllreduceRun:
             "iterations": self.iterations,
             "events": self.events,
         }
-        save_checkpoint(path, state)
-        self.central.checkpoint_written(path, f"after step {step}")
+        self.central.save_checkpoint(step, state, f"after step {step}")
 
     def _resume(self, report: RunReport) -> int:
         """The first step to run: 0, or the one after the checkpoint's (``--resume``), with its model."""

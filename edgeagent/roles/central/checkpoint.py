@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import pickle  # only for its exception: torch.load(weights_only=True) raises it
 from typing import Any
 
 import torch
 
-from edgeagent.errors import TrainingError
+from edgeagent.errors import StorageError, TrainingError
 from edgeagent.models import num_layers
+from edgeagent.ops.files import torch_bytes, write_atomic
 from edgeagent.protocol.commands import Collect
 from edgeagent.protocol.messages import Weights
 from edgeagent.protocol.topics import Family
@@ -32,12 +32,33 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     return state
 
 
+def checkpoint_version(state: dict[str, Any]) -> int:
+    """Where a checkpoint stands: the pipeline modes' weight version, the allreduce mode's step, the
+    split-federated mode's epoch (what its file name says)."""
+    for key in ("version", "step", "epoch"):
+        if isinstance(state.get(key), int):
+            return int(state[key])
+    return -1
+
+
 def save_checkpoint(path: str, state: dict[str, Any]) -> None:
-    """Write ``state`` (tensors and plain data) as a format-1 checkpoint, atomically: a crash while writing
-    leaves the previous checkpoint whole (a temporary file, then ``os.replace``)."""
-    tmp = f"{path}.tmp"
-    torch.save({"format": 1, **state}, tmp)
-    os.replace(tmp, path)
+    """Write ``state`` (tensors and plain data) as a format-1 checkpoint at ``path``, atomically and
+    durably (:func:`~edgeagent.ops.files.write_atomic`; a :class:`StorageError` if the disk refuses). A
+    run's checkpoints go through :meth:`RunDirectory.save <edgeagent.roles.central.runs.RunDirectory.save>`,
+    which names them by run and version."""
+    write_atomic(path, torch_bytes({"format": 1, **state}), what="checkpoint", mode=0o600)
+
+
+def save_model(path: str, state: dict[str, torch.Tensor], what: str) -> bool:
+    """Write the trained model (a state dict) to ``path`` atomically; a disk that refuses is logged as one
+    line naming the path, the size and the free space (False) and the run ends all the same."""
+    try:
+        write_atomic(path, torch_bytes(state), what="model")
+    except StorageError as exc:
+        log.error("%s", exc)
+        return False
+    log.info("saved the trained model (%s, %d tensors) to %s", what, len(state), path)
+    return True
 
 
 def resume_of(state: dict[str, Any], mode: str, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -67,22 +88,46 @@ class Checkpoints(RunState):
         when a worker's global replica arrives and when stage 0 takes its own snapshot, since either can
         come last (the workers finish a batch's backward pass before stage 0 commits it: checking on the
         replicas alone lost two to three of every seven checkpoints, and on a busy machine all but one).
-        A version is written once (a replica delivered twice does not write it again)."""
-        path = self.config.checkpoint
-        if not path or not self.config.global_every or version % self.config.global_every:
+        A version is tried once (a replica delivered twice, or a disk that refused it, does not write it
+        again: the next point may fit)."""
+        if not self.node.checkpointing or not self.config.global_every or version % self.config.global_every:
             return
         if version <= self.checkpointed:
             return
         held = self.store.holdings()
         if not all(version in held.get(d, []) for d in self.worker_list):
             return
+        self.checkpointed = version
+        self.node.save_checkpoint(version, self._checkpoint_state(version), f"of version {version}")
+
+    def checkpoint_newest(self) -> int | None:
+        """On SIGTERM: the newest version whose snapshot every stage's is in (the latest global replication
+        point, or the start of the current split), written unless the run has it on disk already; the
+        version of the run's newest checkpoint then (None: none). Nothing is asked of the workers: the
+        state of a replication point is what exists without draining the pipeline, which systemd's stop
+        timeout would not wait for on a slow Pi."""
+        held = self.store.holdings()
+        common = set(held.get(self.worker_list[0], []))
+        for device in self.worker_list[1:]:
+            common &= set(held.get(device, []))
+        runs = self.node.runs
+        newest = runs.newest(self.run_id) if runs is not None else None
+        if not common or max(common) <= (newest if newest is not None else -1):
+            return newest
+        version = max(common)
+        self.checkpointed = max(self.checkpointed, version)
+        written = self.node.save_checkpoint(version, self._checkpoint_state(version), f"of version {version}")
+        return version if written else newest
+
+    def _checkpoint_state(self, version: int) -> dict[str, Any]:
+        """The whole model at ``version`` from every stage's snapshot, with what a resumed run needs."""
         weights: dict[str, torch.Tensor] = {}
         momentum: dict[str, torch.Tensor] = {}
         for device in self.worker_list:
             snap = self.store.snapshots[device][version]
             weights.update(snap.weights)
             momentum.update(snap.momentum)
-        state = {
+        return {
             "run_id": self.run_id,
             "version": version,
             "points": list(self.points),
@@ -93,9 +138,6 @@ class Checkpoints(RunState):
             "plan_id": self.plan_id,
             "history": {key: list(getattr(self.report, key)) for key in _HISTORY},
         }
-        save_checkpoint(path, state)
-        self.checkpointed = version
-        self.node.checkpoint_written(path, f"of version {version}")
 
     def collect_weights(self) -> dict[str, torch.Tensor]:
         """The whole model's state, gathered from every stage (keys ``<layer>.<name>``)."""
@@ -116,9 +158,5 @@ class Checkpoints(RunState):
                 state[key.removeprefix("layers.")] = value
         return state
 
-    def save_model(self, path: str) -> None:
-        state = self.collect_weights()
-        torch.save(state, path)
-        log.info(
-            "saved the trained model (%d layers, %d tensors) to %s", num_layers(self.spec), len(state), path
-        )
+    def save_model(self, path: str) -> bool:
+        return save_model(path, self.collect_weights(), f"{num_layers(self.spec)} layers")

@@ -23,10 +23,18 @@ import torch
 
 from edgeagent.config import CHARACTERISE_ROUNDS, PIPELINED_RATE_STALENESS, CentralConfig
 from edgeagent.data import Dataset, load_dataset
-from edgeagent.errors import ConfigError, EdgeAgentError, PlanningError, TrainingError
+from edgeagent.errors import (
+    ConfigError,
+    DivergedError,
+    EdgeAgentError,
+    PlanningError,
+    StorageError,
+    TrainingError,
+)
 from edgeagent.models import ModelSpec, num_layers
 from edgeagent.modes import mode
 from edgeagent.modes.base import CentralRun, TrainingMode
+from edgeagent.ops.signals import StopRequested
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.predictor.measure import (
     ModelLayers,
@@ -38,11 +46,12 @@ from edgeagent.predictor.measure import (
 from edgeagent.predictor.store import shipped_path
 from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.limits import InboxLimits
-from edgeagent.protocol.messages import Announce, Discover, Heartbeat, Message, Status
+from edgeagent.protocol.messages import Announce, Discover, Event, Heartbeat, Message, Status
 from edgeagent.protocol.topics import Family, Topics
-from edgeagent.roles.central.checkpoint import load_checkpoint
+from edgeagent.roles.central.checkpoint import checkpoint_version, load_checkpoint
 from edgeagent.roles.central.context import DeviceState, new_run_id
 from edgeagent.roles.central.report import RunReport
+from edgeagent.roles.central.runs import RunDirectory, RunOutcome, RunRecord, settings_digest
 from edgeagent.runtime.compute import configure_threads
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Inbound, Role
@@ -108,14 +117,19 @@ class Central(Role):
             transport = Role.mqtt_transport(topics, config.device_id, config, link_mbps=config.link_mbps)
         super().__init__(transport, topics, config.device_id, limits=limits)
         self.notifier = Notifier()
-        self.resume = load_checkpoint(config.resume) if config.resume else None
+        # The runs on disk: checkpoints named by run and version, the cluster's latest run (None: off).
+        self.runs = RunDirectory.of(config)
+        self.settings = settings_digest(config)  # as configured: what a restart compares
+        self.run_id, self.resume, resumed_from = self._pick_run(config)
         if self.resume is not None:
             # The run goes on where the checkpoint left it: same run, same training settings.
             config = config.model_copy(
-                update={"train": CentralConfig.model_validate_json(self.resume["config"]).train}
+                update={
+                    "train": CentralConfig.model_validate_json(self.resume["config"]).train,
+                    "resume": resumed_from,
+                }
             )
         self.config = config
-        self.run_id = self.resume["run_id"] if self.resume else new_run_id()
         self.progress = progress
         self.probes = LinkProbes(self)
         self.workers: dict[str, DeviceState] = {}  # the run's devices; liveness stamped on arrival
@@ -124,6 +138,30 @@ class Central(Role):
         self.mode = mode(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
         self.active: CentralRun | None = None  # the mode's run, once its devices are known
         self._checkpoints = 0  # written by this process (--die-after-checkpoint counts them)
+
+    def _pick_run(self, config: CentralConfig) -> tuple[str, dict[str, Any] | None, str | None]:
+        """(run id, loaded checkpoint, its path): ``--resume FILE``'s; else the cluster's latest run if it
+        can be resumed (:mod:`.runs`: a restart goes on with its own run by itself); else a new run."""
+        if config.resume:
+            state = load_checkpoint(config.resume)
+            return str(state["run_id"]), state, config.resume
+        found = None if self.runs is None or config.fresh else self.runs.resumable(self.settings)
+        if found is None:
+            return new_run_id(), None, None
+        if found.state is None or found.path is None:
+            log.warning(
+                "run %s stopped before its first checkpoint: starting it again from its first batch, under "
+                "its own id so that its workers rejoin (--fresh: a new run)",
+                found.run_id,
+            )
+            return found.run_id, None, None
+        log.info(
+            "resuming run %s from its checkpoint %s (version %s); --fresh starts a new run instead",
+            found.run_id,
+            found.path,
+            checkpoint_version(found.state),
+        )
+        return found.run_id, found.state, str(found.path)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -146,46 +184,130 @@ class Central(Role):
                 f"no broker at {_where(self.transport)} after "
                 f"{self.config.startup_timeout:.0f} s; start one or pass --broker"
             )
+        self._record("running")
         self.set_status("training", run_id=self.run_id, stage=0)
         self.start_heartbeats(self.config.heartbeat_interval)
         self.start_metrics(self.config.metrics_interval, self._metrics)
+        if self.resume is not None:
+            self.event("run-resumed", version=checkpoint_version(self.resume), checkpoint=self.config.resume)
         # Under systemd (Type=notify): ready once connected; the watchdog is petted only while the MQTT
         # loop and the scheduler are healthy, as on the workers.
         self.notifier.ready(f"{self.device_id} running {self.run_id} on {self.topics.base}")
         interval = watchdog_interval()
         watchdog = Watchdog(self.notifier, self.healthy, interval).start() if interval else None
+        outcome: RunOutcome = "running"  # an error leaves the run resumable: a restart goes on with it
         try:
             devices = [self.device_id, *self._discover(self.config.workers, spec)]
             report = self.mode.run(self, data, spec, devices)
             report.wall_seconds = time.perf_counter() - started
+            outcome = "finished"
             return report
+        except StopRequested:
+            if outcome != "finished":
+                outcome = "suspended"
+                self._suspend()
+            raise
+        except DivergedError:
+            outcome = "diverged"  # resuming it would diverge again
+            raise
         finally:
             if watchdog is not None:
                 watchdog.stop()
-            self._finish()
+            self._finish(outcome)
 
     def _load(self) -> tuple[Dataset, ModelSpec]:
         """The data set and the model, checked against the number of devices before anything waits."""
         data, spec, self.mode = load_run(self.config)
         return data, spec
 
-    def _finish(self) -> None:
+    def _finish(self, outcome: RunOutcome) -> None:
+        if outcome != "running":
+            self._record(outcome)
         self.notifier.send("STOPPING=1")
         self.publish_metrics()  # the final figures of this run
         self.report_drops()
-        if self.active is not None and self.active.worker_list[1:]:
-            self.send(self.topics.fixed(Family.COMMAND), Stop(run_id=self.run_id))
-        self.set_status("idle")  # the run is over (workers leave a run whose central node is idle)
+        if outcome == "suspended":
+            # Not "idle" and no "stop": the run is not over. Workers leave it and announce themselves
+            # idle, and the next central node of this run takes them back (roles.worker.central_watch).
+            detail = "suspended; starting the central node again resumes it"
+            self.set_status("left", run_id=self.run_id, detail=detail)
+        else:
+            if self.active is not None and self.active.worker_list[1:]:
+                self.send(self.topics.fixed(Family.COMMAND), Stop(run_id=self.run_id))
+            self.set_status("idle")  # the run is over (workers leave a run whose central node is idle)
         self.stop_heartbeats()
         self.probes.unwatch_all()
         if self._owns_transport:
-            self.set_status("left")  # and the process leaves: monitors stop listing it as a live device
+            if outcome != "suspended":
+                self.set_status("left")  # the process leaves: monitors stop listing it as a live device
             self.transport.close()
 
-    def checkpoint_written(self, path: str, what: str) -> None:
-        """Log a checkpoint the run wrote; ``--die-after-checkpoint N`` (fault injection): SIGKILL this
-        process right after the N-th, what it sent before delivered first."""
+    def _suspend(self) -> None:
+        """SIGTERM: the newest consistent state on disk (the mode's run writes it if it holds a newer one
+        than its last checkpoint), and the run said to be suspended, not finished."""
+        write = getattr(self.active, "checkpoint_newest", None)  # the pipeline modes: replication points
+        version = None
+        try:
+            version = write() if callable(write) else None
+        except Exception:  # a bug here must not keep the run from being said suspended, nor the exit
+            log.exception("SIGTERM: the newest state could not be checkpointed; the last checkpoint stands")
+        if version is None and self.runs is not None:
+            version = self.runs.newest(self.run_id)
+        where = ""
+        if version is not None and self.runs is not None:
+            where = str(self.runs.run_folder(self.run_id) / f"v{version:08d}.ckpt")
+        self.event("run-suspended", version=version, checkpoint=where, reason="SIGTERM")
+        if where:
+            log.warning(
+                "SIGTERM: run %s suspended at version %d (%s); start the central node again with the same "
+                "configuration to resume it (--fresh: a new run)",
+                self.run_id,
+                version,
+                where,
+            )
+        else:
+            log.warning(
+                "SIGTERM: run %s suspended before its first checkpoint%s; starting the central node again "
+                "starts it from its first batch",
+                self.run_id,
+                "" if self.runs is not None else " (checkpoints are off: --checkpoint DIR)",
+            )
+
+    def _record(self, outcome: RunOutcome) -> None:
+        """The cluster's run record: this run and what became of it (a restart reads it: :mod:`.runs`)."""
+        if self.runs is not None:
+            self.runs.set_record(RunRecord(self.run_id, self.settings, outcome))
+
+    def event(self, name: str, **details: Any) -> None:
+        """Tell monitors (``run/events``) what happened to the run as a whole."""
+        self.send(self.topics.fixed(Family.EVENTS), Event(name=name, run_id=self.run_id, details=details))
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the run writes checkpoints (``--checkpoint``)."""
+        return self.runs is not None
+
+    def save_checkpoint(self, version: int, state: dict[str, Any], what: str) -> bool:
+        """Write the run's checkpoint of ``version`` (:meth:`RunDirectory.save`); a disk that refuses it is
+        one error line and the run trains on (the previous checkpoint stays, the next one may fit)."""
+        if self.runs is None:
+            return False
+        try:
+            path = self.runs.save(self.run_id, version, state)
+        except StorageError as exc:
+            log.error("%s; training goes on", exc)
+            self.event("checkpoint-failed", version=version, reason=str(exc))
+            return False
+        if path is None:
+            return False
+        self.checkpoint_written(str(path), what, version)
+        return True
+
+    def checkpoint_written(self, path: str, what: str, version: int) -> None:
+        """Log and announce a checkpoint the run wrote; ``--die-after-checkpoint N`` (fault injection):
+        SIGKILL this process right after the N-th, what it sent before delivered first."""
         log.info("checkpoint %s written to %s", what, path)
+        self.event("checkpoint", version=version, path=path)
         self._checkpoints += 1
         if self.config.die_after_checkpoint == self._checkpoints:
             log.warning("fault injection: SIGKILL after checkpoint %d (%s)", self._checkpoints, what)

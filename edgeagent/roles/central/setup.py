@@ -81,6 +81,7 @@ class Setup(Handlers):
                 groups=members,
                 shares=shares,
                 share_version=groups.version,
+                heartbeat_interval=self.config.heartbeat_interval,
             ),
         )
 

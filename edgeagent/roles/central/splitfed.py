@@ -41,7 +41,7 @@ from edgeagent.protocol.splitfed_messages import (
     scheduled_parallel,
 )
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.checkpoint import resume_of, save_checkpoint
+from edgeagent.roles.central.checkpoint import resume_of, save_model
 from edgeagent.roles.central.report import RunReport
 from edgeagent.roles.central.splitfed_plan import (
     ServerProfile,
@@ -146,8 +146,8 @@ class SplitFedRun(SplitFedPlanning):
     def collect_weights(self) -> dict[str, Any]:
         return {k: v.detach().clone() for k, v in self.global_model.state_dict().items()}
 
-    def save_model(self, path: str) -> None:
-        torch.save(self.collect_weights(), path)
+    def save_model(self, path: str) -> bool:
+        return save_model(path, self.collect_weights(), "the global model")
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -217,8 +217,7 @@ class SplitFedRun(SplitFedPlanning):
 
     def _checkpoint(self, epoch: int, report: RunReport) -> None:
         """The global model after ``epoch`` and the history so far (``--checkpoint``), written atomically."""
-        path = self.config.checkpoint
-        if not path:
+        if not self.central.checkpointing:
             return
         state = {
             "mode": "split-federated",
@@ -229,8 +228,7 @@ class SplitFedRun(SplitFedPlanning):
             "history": {key: list(getattr(report, key)) for key in _HISTORY},
             "epochs": self.epochs,
         }
-        save_checkpoint(path, state)
-        self.central.checkpoint_written(path, f"after epoch {epoch}")
+        self.central.save_checkpoint(epoch, state, f"after epoch {epoch}")
 
     def _assign(self, device: str) -> None:
         self.central.probes.watch(device)  # echo the probes it measures its link to this node with
@@ -254,6 +252,7 @@ class SplitFedRun(SplitFedPlanning):
                 metrics_interval=self.config.metrics_interval,
                 mode="split-federated",
                 batch_size=self.train.batch_size,
+                heartbeat_interval=self.config.heartbeat_interval,
             ),
         )
         self.assigned.add(device)

@@ -466,8 +466,9 @@ class AllreduceSession:
     def _on_status(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Status)
-        if msg.device_id == self.central and msg.state in ("idle", "left"):
-            self._end()
+        verdict = self.worker.central_status(msg, self.central, self.run_id)
+        if verdict is not None:
+            self._end(rejoin=verdict.action == "leave")
 
     def _end(self, *, rejoin: bool = False) -> None:
         log.info(

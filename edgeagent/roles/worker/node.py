@@ -37,9 +37,11 @@ from edgeagent.protocol.messages import (
     LinkReport,
     Message,
     Profile,
+    Status,
     StatusState,
 )
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.roles.worker.central_watch import CENTRAL_OFFLINE_BEATS, CentralWatch, Verdict, status_verdict
 from edgeagent.roles.worker.characterise import Characteriser, announced
 from edgeagent.runtime.compute import configure_threads
 from edgeagent.runtime.probes import LinkProbes
@@ -65,6 +67,7 @@ class Worker(Role):
             transport = Role.mqtt_transport(topics, config.device_id, config, link_mbps=config.link_mbps)
         super().__init__(transport, topics, config.device_id, limits=limits)
         self.session: WorkerSession | None = None  # the run this device is in
+        self.central: CentralWatch | None = None  # the absence of that run's central node
         self._installed: list[type[Message]] = []  # the message types the session handles
         self.completed_runs = 0
         self.probes = LinkProbes(self)
@@ -99,6 +102,7 @@ class Worker(Role):
         self.listen(self.topics.device(Family.CONTROL, self.device_id))
         self.listen(self.topics.devices(Family.REQUEST))
         self.listen(self.topics.device(Family.PROFILE, self.device_id))  # retained: arrives on connect
+        self.transport.on_connect(self._on_broker_connect)
         if not self.transport.wait_connected(30):
             log.warning("%s: broker not reachable yet; still trying", self.device_id)
         self.set_status("idle")
@@ -156,6 +160,7 @@ class Worker(Role):
         # A session with deadlines (the allreduce mode's timeouts) says how long the loop may wait.
         hint = getattr(session, "wait_hint", None)
         self.pump(0 if session is not None and session.has_work() else hint() if hint else 0.5)
+        self._check_central()
         session = self.session  # the messages may have started, replaced or ended the run
         if session is None:
             return
@@ -195,6 +200,11 @@ class Worker(Role):
         self._installed = list(handlers)
         for kind, handler in handlers.items():
             self.on(kind, handler)
+        # Whoever sent the Assign runs the run: watch for its absence (central_watch). Its status topic
+        # is this node's as well as the session's: every mode's session then hears its last will.
+        interval = msg.heartbeat_interval or self.heartbeat_interval
+        self.central = CentralWatch(item.sender, interval, self.config.central_offline_floor)
+        self.listen(self.topics.device(Family.STATUS, item.sender))
 
     def leave_run(self) -> None:
         """Leave the run at once: the session unsubscribes, the node's own handlers come back, and the
@@ -203,6 +213,9 @@ class Worker(Role):
         if session is None:
             return
         session.close()
+        if self.central is not None:
+            self.stop_listening(self.topics.device(Family.STATUS, self.central.central))
+            self.central = None
         for kind in self._installed:
             own = self._own.get(kind)
             if own is None:
@@ -225,6 +238,51 @@ class Worker(Role):
             self.announce()
         elif self.config.once:
             self._stopping = True
+
+    def central_status(self, msg: Status, central: str, run_id: str) -> Verdict | None:
+        """What a session's central node's status means for its run (central_watch), logged: an idle
+        central node ends the run (``over``); one that left it (suspended) or trains another run makes
+        this device leave it and announce itself idle (``leave``). The session acts on it."""
+        verdict = status_verdict(msg, central, run_id)
+        if verdict is not None:
+            log.warning("%s: %s; leaving the run", self.device_id, verdict.reason)
+        return verdict
+
+    # -- the central node's absence (central_watch) -------------------------------------------
+
+    def on_arrival(self, sender: str, message: Message) -> None:
+        # Network thread: a sign of life of the run's central node clears its absence at once, however
+        # long the loop is busy with a batch.
+        watch = self.central
+        if watch is not None:
+            watch.arrived(sender, message, time.monotonic())
+
+    def _on_broker_connect(self) -> None:
+        watch = self.central  # network thread, before the retained statuses of the subscriptions arrive
+        if watch is not None:
+            watch.reconnected(time.monotonic())
+
+    def _check_central(self) -> None:
+        """Leave a run whose central node has been offline longer than its window (central_watch)."""
+        watch = self.central
+        if watch is None or self.session is None or not self.transport.connected:
+            return
+        gone = watch.expired(time.monotonic())
+        if gone is None:
+            return
+        log.warning(
+            "%s: the central node %s of run %s has been offline for %.1f s (window %.1f s: %g of its "
+            "%.2f s heartbeats, at least %.0f s); leaving the run and announcing this device idle",
+            self.device_id,
+            watch.central,
+            self.session.run_id,
+            gone,
+            watch.window,
+            CENTRAL_OFFLINE_BEATS,
+            watch.interval,
+            watch.floor,
+        )
+        self.end_run(rejoin=True)
 
     def _metrics(self) -> dict[str, Any] | None:
         """What this device publishes on its metrics topic (docs/protocol.md): its run's figures."""

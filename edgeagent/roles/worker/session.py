@@ -314,15 +314,9 @@ class PipelineSession:
     def _on_status(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Status)
-        if msg.device_id == self.run.worker_list[0] and msg.state in ("idle", "left"):
-            log.warning(
-                "%s: the central node %s is idle, so run %s is over, but its stop never came here; "
-                "leaving the run",
-                self.worker.device_id,
-                msg.device_id,
-                self.run.run_id,
-            )
-            self._end()
+        verdict = self.worker.central_status(msg, self.run.worker_list[0], self.run.run_id)
+        if verdict is not None:
+            self._end(rejoin=verdict.action == "leave")
 
     # -- re-partition (Sec. III-D) -------------------------------------------------------------
 

@@ -346,17 +346,18 @@ class SplitFedSession:
     def _on_status(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Status)
-        if msg.device_id == self.server and msg.state in ("idle", "left"):
-            self._end()
+        verdict = self.worker.central_status(msg, self.server, self.run_id)
+        if verdict is not None:
+            self._end(rejoin=verdict.action == "leave")
 
-    def _end(self) -> None:
+    def _end(self, *, rejoin: bool = False) -> None:
         log.info(
             "%s: split-federated run %s over after %d epochs here",
             self.worker.device_id,
             self.run_id,
             self.epochs_done,
         )
-        self.worker.end_run()
+        self.worker.end_run(rejoin=rejoin)
 
     # -- work -----------------------------------------------------------------------------------
 
