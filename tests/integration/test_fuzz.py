@@ -106,7 +106,7 @@ def fuzz_topics(topics: Topics, num_stages: int) -> list[str]:
         with contextlib.suppress(ValueError):
             out += [topics.device(family, d) for d in [*DEVICES, FUZZER]]
         with contextlib.suppress(ValueError):
-            out += [topics.stage(family, s) for s in range(num_stages + 1)]
+            out += [topics.stage(family, s, d) for s in range(num_stages + 1) for d in [*DEVICES, FUZZER]]
     # Data-parallel training's links (allreduce mode): sender -> receiver, the fuzzer as either end.
     ends = [*DEVICES, FUZZER]
     out += [topics.link(a, b) for a in ends for b in ends if a != b]

@@ -245,8 +245,16 @@ def test_device_cannot_publish_on_another_devices_topics(login: Login) -> None:
     make = login
     central, w1 = make("central"), make("worker-1")
     assert central.subscribe(TOPICS.all()) == 1
-    for family in (Family.STATUS, Family.HEARTBEAT, Family.REPLY, Family.REPLICA, Family.REQUEST):
+    for family in (
+        Family.ANNOUNCE,
+        Family.STATUS,
+        Family.HEARTBEAT,
+        Family.REPLY,
+        Family.REPLICA,
+        Family.REQUEST,
+    ):
         w1.publish(TOPICS.device(family, "worker-2"), b"forged")
+    w1.publish(f"{TOPICS.base}/discovery/announce", b"forged")  # the shared announce topic is gone
     w1.publish(TOPICS.device(Family.CONTROL, "worker-2"), b"forged")  # the central node's topic
     w1.publish(TOPICS.device(Family.PROFILE, "worker-1"), b"forged")  # even its own profile
     w1.publish(TOPICS.fixed(Family.COMMAND), b"forged")  # run-wide commands are the central node's
@@ -261,7 +269,7 @@ def test_device_publishes_only_the_outputs_of_the_stage_it_holds(login: Login) -
     central, w1, watcher = make("central"), make("worker-1"), make("watcher")
     assert watcher.subscribe(TOPICS.all()) == 1
     # No plan yet: no stage topic at all.
-    w1.publish(TOPICS.gradients(1), b"before any plan")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"before any plan")
     w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker-0")
     assert watcher.next()[1] == b"marker-0"
 
@@ -269,15 +277,16 @@ def test_device_publishes_only_the_outputs_of_the_stage_it_holds(login: Login) -
         TOPICS.device(Family.CONTROL, "worker-1"), _assign(["central", "worker-1", "worker-2"], 0)
     )
     assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
-    w1.publish(TOPICS.gradients(2), b"stage 2 is worker-2's")
-    w1.publish(TOPICS.activations(2), b"stage 2 is worker-2's")
-    w1.publish(TOPICS.results(2), b"stage 2 is worker-2's")
-    w1.publish(TOPICS.gradients(0), b"stage 0 is the central node's")
-    w1.publish(TOPICS.gradients(1), b"own gradient")
-    w1.publish(TOPICS.activations(1), b"own activation")
+    w1.publish(TOPICS.gradients(2, "worker-1"), b"stage 2 is worker-2's")
+    w1.publish(TOPICS.activations(2, "worker-1"), b"stage 2 is worker-2's")
+    w1.publish(TOPICS.results(2, "worker-1"), b"stage 2 is worker-2's")
+    w1.publish(TOPICS.gradients(0, "worker-1"), b"stage 0 is the central node's")
+    w1.publish(TOPICS.gradients(1, "worker-2"), b"stage 1, but as worker-2")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"own gradient")
+    w1.publish(TOPICS.activations(1, "worker-1"), b"own activation")
     assert [watcher.next() for _ in range(2)] == [
-        (TOPICS.gradients(1), b"own gradient"),
-        (TOPICS.activations(1), b"own activation"),
+        (TOPICS.gradients(1, "worker-1"), b"own gradient"),
+        (TOPICS.activations(1, "worker-1"), b"own activation"),
     ]
 
     # A re-partition swaps the two workers: during the switch both plans count ...
@@ -285,16 +294,16 @@ def test_device_publishes_only_the_outputs_of_the_stage_it_holds(login: Login) -
         TOPICS.device(Family.CONTROL, "worker-1"), _repartition(["central", "worker-2", "worker-1"], 1)
     )
     assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
-    w1.publish(TOPICS.gradients(1), b"old plan, draining")
-    w1.publish(TOPICS.gradients(2), b"new plan")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"old plan, draining")
+    w1.publish(TOPICS.gradients(2, "worker-1"), b"new plan")
     assert [watcher.next()[1] for _ in range(2)] == [b"old plan, draining", b"new plan"]
     # ... and after the next plan only the new one.
     central.publish(
         TOPICS.device(Family.CONTROL, "worker-1"), _repartition(["central", "worker-2", "worker-1"], 2)
     )
     assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
-    w1.publish(TOPICS.gradients(1), b"stage 1 is worker-2's now")
-    w1.publish(TOPICS.gradients(2), b"marker")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"stage 1 is worker-2's now")
+    w1.publish(TOPICS.gradients(2, "worker-1"), b"marker")
     assert watcher.next()[1] == b"marker"
     assert watcher.received.empty()
 
@@ -308,9 +317,9 @@ def test_every_member_of_a_stage_group_publishes_until_a_reshare_takes_it_out(lo
     assign = _assign(workers, 0, groups=[["central"], ["worker-1", "worker-2"]], shares=[[1.0], [0.5, 0.5]])
     central.publish(TOPICS.device(Family.CONTROL, "worker-1"), assign)
     assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
-    w2.publish(TOPICS.syncs(1), b"helper's parameter gradients")
-    w2.publish(TOPICS.activations(1), b"helper's rows")
-    w2.publish(TOPICS.syncs(0), b"stage 0 is the central node's")
+    w2.publish(TOPICS.syncs(1, "worker-2"), b"helper's parameter gradients")
+    w2.publish(TOPICS.activations(1, "worker-2"), b"helper's rows")
+    w2.publish(TOPICS.syncs(0, "worker-2"), b"stage 0 is the central node's")
     w2.publish(TOPICS.device(Family.STATUS, "worker-2"), b"marker-0")
     assert [watcher.next()[1] for _ in range(3)] == [
         b"helper's parameter gradients",
@@ -322,7 +331,7 @@ def test_every_member_of_a_stage_group_publishes_until_a_reshare_takes_it_out(lo
     w1.publish(TOPICS.fixed(Family.COMMAND), _reshare(workers, [["central"], ["worker-1"]], 1, "worker-1"))
     w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker-1")
     assert watcher.next()[1] == b"marker-1"
-    w2.publish(TOPICS.gradients(1), b"still a member")
+    w2.publish(TOPICS.gradients(1, "worker-2"), b"still a member")
     assert watcher.next()[1] == b"still a member"
 
     # The central node's reshare takes worker-2 out of stage 1 (same plan, next share version).
@@ -330,11 +339,11 @@ def test_every_member_of_a_stage_group_publishes_until_a_reshare_takes_it_out(lo
         TOPICS.fixed(Family.COMMAND), _reshare(workers, [["central"], ["worker-1"]], 1, "central")
     )
     assert watcher.next()[0] == TOPICS.fixed(Family.COMMAND)
-    w2.publish(TOPICS.syncs(1), b"no longer a member")
-    w2.publish(TOPICS.gradients(1), b"no longer a member")
+    w2.publish(TOPICS.syncs(1, "worker-2"), b"no longer a member")
+    w2.publish(TOPICS.gradients(1, "worker-2"), b"no longer a member")
     w2.publish(TOPICS.device(Family.STATUS, "worker-2"), b"marker-2")
     assert watcher.next()[1] == b"marker-2"
-    w1.publish(TOPICS.gradients(1), b"the primary still")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"the primary still")
     assert watcher.next()[1] == b"the primary still"
     assert watcher.received.empty()
 
@@ -344,7 +353,7 @@ def test_a_forged_assignment_from_a_device_does_not_grant_stages(login: Login) -
     w1, watcher = make("worker-1"), make("watcher")
     assert watcher.subscribe(TOPICS.all()) == 1
     w1.publish(TOPICS.device(Family.CONTROL, "worker-1"), _assign(["worker-1", "worker-1", "worker-1"], 9))
-    w1.publish(TOPICS.gradients(0), b"forged")
+    w1.publish(TOPICS.gradients(0, "worker-1"), b"forged")
     w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker")
     assert watcher.next()[1] == b"marker"
     assert watcher.received.empty()
@@ -459,8 +468,8 @@ def test_stage_owners_survive_a_broker_restart(creds: tuple[Path, dict[str, str]
         w1 = Client(port, "ea-site-worker-1", "worker-1", pw["worker-1"])
         assert watcher.connect() == 0 and w1.connect() == 0
         watcher.subscribe(TOPICS.all())
-        w1.publish(TOPICS.activations(1), b"still stage 1")
-        assert watcher.next() == (TOPICS.activations(1), b"still stage 1")
+        w1.publish(TOPICS.activations(1, "worker-1"), b"still stage 1")
+        assert watcher.next() == (TOPICS.activations(1, "worker-1"), b"still stage 1")
         watcher.close()
         w1.close()
 

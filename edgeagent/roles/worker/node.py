@@ -27,6 +27,7 @@ from edgeagent.ops.profiles import DeviceProfile, parse_profile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.predictor.measure import Characterisation
 from edgeagent.protocol.commands import Characterise, Emulate
+from edgeagent.protocol.identity import HasPlan
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     Announce,
@@ -134,7 +135,7 @@ class Worker(Role):
         if h == "latest":
             h = self.characteriser.latest(self.slowdown)
         self.send(
-            self.topics.fixed(Family.ANNOUNCE),
+            self.topics.device(Family.ANNOUNCE, self.device_id),
             Announce(
                 device_id=self.device_id,
                 busy_with=busy,
@@ -191,6 +192,8 @@ class Worker(Role):
         if session is None:
             return
         self.session = session
+        # Stage outputs are taken only from the devices the session's plan says hold the stage.
+        self.senders.plan = session.plan_view if isinstance(session, HasPlan) else None
         handlers = session.handlers()
         self._installed = list(handlers)
         for kind, handler in handlers.items():
@@ -211,6 +214,7 @@ class Worker(Role):
                 self.on(kind, own)
         self._installed = []
         self.session = None
+        self.senders.plan = None
         self.completed_runs += 1
         self.set_status("idle")
 
