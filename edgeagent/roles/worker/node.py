@@ -183,6 +183,11 @@ class Worker(Role):
         if self.session is not None and self.session.run_id != msg.run_id:
             self.report_error("busy", f"already training run {self.session.run_id}", msg.run_id)
             return
+        refusal = self.config.model_refusal(msg.model.get("name"))
+        if refusal is not None:
+            log.error("%s: %s", self.device_id, refusal)
+            self.report_error("assign", refusal, msg.run_id)
+            return
         try:
             training = mode(msg.mode)
         except ConfigError as exc:
@@ -279,7 +284,12 @@ class Worker(Role):
             self.announce(None)
 
     def _characterise(self, model: dict[str, Any], batch_size: int, *, fresh: bool) -> Characterisation:
-        """``h`` for ``model`` at the current slowdown, measured with this device's torch threads."""
+        """``h`` for ``model`` at the current slowdown, measured with this device's torch threads; a
+        :class:`ConfigError` for a model this worker may not build (``allowed_models``)."""
+        refusal = self.config.model_refusal(model.get("name"))
+        if refusal is not None:
+            log.error("%s: not measuring h: %s", self.device_id, refusal)
+            raise ConfigError(refusal)
         threads = self.profile.threads if self.profile else self.config.threads
         return self.characteriser.measure(
             model, batch_size, slowdown=self.slowdown, threads=threads, fresh=fresh
