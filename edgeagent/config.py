@@ -134,6 +134,9 @@ class BrokerAccess(_Frozen):
     ca_file: str | None = Field(None, description="CA that signed the broker's certificate (mqtts://)")
     cert_file: str | None = Field(None, description="this device's client certificate (mutual TLS)")
     key_file: str | None = Field(None, description="the key of cert_file")
+    # Send the password over plain mqtt:// to a broker beyond loopback anyway (refused without it: anyone
+    # on the network would read it); logged as a warning. Use mqtts:// with ca_file instead.
+    insecure_plaintext: bool = False
 
 
 class CentralConfig(BrokerAccess):

@@ -293,6 +293,7 @@ class Role:
             will=Role.offline_will_for(topics, device_id),
             link_mbps=link_mbps,
             tls=tls,
+            insecure_plaintext=access.insecure_plaintext,
         )
 
     @staticmethod

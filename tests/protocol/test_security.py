@@ -1,7 +1,8 @@
 """Broker security against real brokers: logins, per-device topic rights, wills and client ids.
 
-The embedded broker listens on 0.0.0.0 (beyond loopback, so credentials are mandatory) and the tests
-connect through 127.0.0.1. MQTT 3.1.1 drops a forbidden PUBLISH silently, so every "cannot publish"
+The embedded broker listens on 0.0.0.0 (beyond loopback, so credentials are mandatory; in plain TCP, asked
+for with ``insecure_plaintext``: TLS has its own tests in test_tls.py) and the tests connect through
+127.0.0.1. MQTT 3.1.1 drops a forbidden PUBLISH silently, so every "cannot publish"
 test sends the forbidden message first and an allowed marker after it on the same connection: the
 broker handles one client's packets in order, so once the marker arrives the forbidden one has been
 judged, and it must not have arrived.
@@ -98,7 +99,7 @@ def creds(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 @pytest.fixture
 def broker(creds: tuple[Path, dict[str, str]]) -> Iterator[EmbeddedBroker]:
     directory, _ = creds
-    b = EmbeddedBroker("0.0.0.0", credentials=str(directory)).start()
+    b = EmbeddedBroker("0.0.0.0", credentials=str(directory), insecure_plaintext=True).start()
     try:
         yield b
     finally:
@@ -456,14 +457,14 @@ def test_home_assistant_discovery_on_the_embedded_broker(
 def test_stage_owners_survive_a_broker_restart(creds: tuple[Path, dict[str, str]]) -> None:
     directory, pw = creds
     port = free_port()
-    with EmbeddedBroker("0.0.0.0", port, credentials=str(directory)):
+    with EmbeddedBroker("0.0.0.0", port, credentials=str(directory), insecure_plaintext=True):
         central = Client(port, "ea-site-central", "central", pw["central"])
         assert central.connect() == 0
         central.subscribe(TOPICS.device(Family.CONTROL, "worker-1"))
         central.publish(TOPICS.device(Family.CONTROL, "worker-1"), _assign(["central", "worker-1"], 0))
         central.next()  # the plan is in once the broker has delivered it
         central.close()
-    with EmbeddedBroker("0.0.0.0", port, credentials=str(directory)):
+    with EmbeddedBroker("0.0.0.0", port, credentials=str(directory), insecure_plaintext=True):
         watcher = Client(port, "watch", "watcher", pw["watcher"])
         w1 = Client(port, "ea-site-worker-1", "worker-1", pw["worker-1"])
         assert watcher.connect() == 0 and w1.connect() == 0
