@@ -8,13 +8,14 @@ tests/integration/test_identity_runs.py.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from edgeagent.broker import broker_config
-from edgeagent.config import WorkerConfig, build, model_path
+from edgeagent.config import CentralConfig, WorkerConfig, build, load_yaml, model_path
 from edgeagent.errors import ConfigError
 from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.identity import PlanView, StageSenders, identity_problem
@@ -300,3 +301,29 @@ def test_a_broker_beyond_loopback_refuses_plain_tcp_unless_asked(caplog: pytest.
         assert broker_config("0.0.0.0", 1883, credentials="creds", insecure_plaintext=True)["listeners"]
     assert "INSECURE" in caplog.text
     assert broker_config("127.0.0.1", 1883)["listeners"]  # loopback: plain TCP is fine
+
+
+def test_the_shipped_units_and_configs_use_tls() -> None:
+    """What docs/deployment.md installs: TLS everywhere on the LAN, the files under /etc/edgeagent/tls handed
+    to the dynamic users with LoadCredential=."""
+    repo = Path(__file__).resolve().parents[2]
+    for name, model in (("worker.yaml", WorkerConfig), ("central.yaml", CentralConfig)):
+        config = build(model, load_yaml(repo / "configs" / name), source=name)
+        assert BrokerUrl.parse(config.broker).tls and not config.insecure_plaintext, name
+        files = (config.ca_file, config.cert_file, config.key_file)
+        assert all(f and f.startswith("/etc/edgeagent/tls/") for f in files), (name, files)
+    units = {unit.stem: unit.read_text() for unit in (repo / "systemd").glob("*.service")}
+    assert "--insecure-plaintext" not in "".join(units.values())
+    broker = units["edgeagent-broker"]
+    assert "--port 8883" in broker and "--tls-cert ${CREDENTIALS_DIRECTORY}/broker.pem" in broker
+    assert (
+        "--require-client-cert" in broker
+        and "LoadCredential=broker.key:/etc/edgeagent/tls/broker.key" in broker
+    )
+    for role in ("central", "worker"):
+        unit = units[f"edgeagent-{role}"]
+        assert "LoadCredential=ca.pem:/etc/edgeagent/tls/ca.pem" in unit, role
+        assert (
+            "--ca-file ${CREDENTIALS_DIRECTORY}/ca.pem" in unit
+            and "--key-file ${CREDENTIALS_DIRECTORY}/" in unit
+        )
