@@ -28,7 +28,7 @@
 Note: identity is in the topic. Everything a device says about itself goes on a topic with its id in it
 (``device/<id>/...``; the data plane's ``stage/<s>/<kind>/<id>``, named after the stage that *produces*
 it and the device that computed it; a link's sender, ``link/<id>/<to>``), so a broker ACL can confine
-each login to its own id with one pattern, even a static one (Mosquitto's ``%u``), and a receiver checks
+each login to its own id, even a static ACL (Mosquitto's, one block per login), and a receiver checks
 the rest: the envelope's sender and every device the payload names must be the topic's device
 (:mod:`edgeagent.protocol.identity`), and a stage output must come from a device the plan says holds
 the stage.
