@@ -81,15 +81,16 @@ from bench.netlab import (
     sh,
     shape,
 )
+from edgeagent.broker.certs import init_site
 from edgeagent.broker.credentials import CredentialStore
-from edgeagent.cli.demo import throwaway_logins, worker_command
+from edgeagent.cli.demo import throwaway_logins, tls_files, worker_command
 from edgeagent.config import TrainConfig
 from edgeagent.errors import ProtocolError
 from edgeagent.ops.cgroups import CPU_ROOT, joined, make_cgroup, remove_cgroups
 from edgeagent.protocol.messages import Event, Metrics
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode
-from edgeagent.transport.mqtt import BrokerUrl, MqttTransport
+from edgeagent.transport.mqtt import BrokerUrl, MqttTransport, TlsOptions
 
 PREFIX = "eapl"  # every namespace, interface and cgroup of the lab starts with this
 BRIDGE, BRIDGE_IP, SUBNET_BITS = f"{PREFIX}-br", "10.213.0.1", 24
@@ -440,12 +441,14 @@ class ProgressLines:
     """A line every ``every`` seconds from the central node's metrics and the run's epoch events, read
     with the lab's observer login (which may read the cluster's topics and publish nothing)."""
 
-    def __init__(self, url: BrokerUrl, cluster: str, *, every: float, total: int, epochs: int) -> None:
+    def __init__(
+        self, url: BrokerUrl, cluster: str, *, every: float, total: int, epochs: int, tls: TlsOptions
+    ) -> None:
         self.every, self.total, self.epochs = every, total, epochs
         self._last = 0.0
         self._epochs_done = 0
         topics = Topics(cluster)
-        self.transport = MqttTransport(url, f"pi-lab-observer-{secrets.token_hex(3)}")
+        self.transport = MqttTransport(url, f"pi-lab-observer-{secrets.token_hex(3)}", tls=tls)
         self.transport.subscribe(topics.device(Family.METRICS, "central"), self._on_message)
         self.transport.subscribe(topics.fixed(Family.EVENTS), self._on_message)
 
@@ -480,12 +483,21 @@ class ProgressLines:
         self.transport.close()
 
 
+def tls_flags(tls_dir: str, device: str) -> tuple[str, ...]:
+    """``--ca-file``, ``--cert-file`` and ``--key-file`` of ``device`` in the lab's site directory."""
+    return tuple(
+        x for key, path in tls_files(tls_dir, device).items() for x in (f"--{key.replace('_', '-')}", path)
+    )
+
+
 class Workers:
     """The devices' worker processes; restarts one killed mid-epoch like systemd's Restart=on-failure."""
 
-    def __init__(self, devices: list[Device], url: str, cluster: str, logins: dict[str, str]) -> None:
+    def __init__(
+        self, devices: list[Device], url: str, cluster: str, logins: dict[str, str], tls_dir: str
+    ) -> None:
         self.devices = {d.id: d for d in devices}
-        self.url, self.cluster, self.logins = url, cluster, logins
+        self.url, self.cluster, self.logins, self.tls_dir = url, cluster, logins, tls_dir
         self.env = role_env(EDGEAGENT_LOG_LEVEL="WARNING")
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.started: list[subprocess.Popen[str]] = []
@@ -493,7 +505,12 @@ class Workers:
         self._watcher: threading.Thread | None = None
 
     def start(self, device: str, fault: Kill | None = None) -> None:
-        extra = ("--password-file", self.logins[device], *(fault.worker_args if fault else ()))
+        extra = (
+            "--password-file",
+            self.logins[device],
+            *tls_flags(self.tls_dir, device),
+            *(fault.worker_args if fault else ()),
+        )
         cmd = worker_command(device, self.url, self.cluster, 1.0, once=True, extra=extra)
         d = self.devices[device]
         self.procs[device] = p = spawn(cmd, cgroup=d.cgroup, ns=d.link.ns, env=self.env)
@@ -687,21 +704,33 @@ def run_training(
     passwords.mkdir(mode=0o700)
     logins = throwaway_logins(str(credentials), cluster, ["central", *ids], str(passwords))
     observer = CredentialStore(str(credentials)).add("lab-observer", role="observer", cluster=cluster)
+    # TLS with client certificates, as a deployment on a LAN (docs/deployment.md): the broker listens on
+    # the lab's bridge, beyond loopback, where plain TCP is refused.
+    site = init_site(tmp / "tls", [BRIDGE_IP], ["central", *ids, "lab-observer"])
+    tls_dir = str(site.directory)
     port = free_port(BRIDGE_IP)
-    url = f"mqtt://{BRIDGE_IP}:{port}"
+    url = f"mqtts://{BRIDGE_IP}:{port}"
     group = LAB_CGROUP / "central"
     edgeagent = [sys.executable, "-m", "edgeagent"]
-    broker_cmd = ["broker", "--host", BRIDGE_IP, "--port", str(port), "--credentials", str(credentials)]
+    broker_cmd = [
+        "broker", "--host", BRIDGE_IP, "--port", str(port), "--credentials", str(credentials),
+        "--tls-cert", str(site.broker.cert), "--tls-key", str(site.broker.key), "--tls-ca", str(site.ca.cert),
+        "--require-client-cert",
+    ]  # fmt: skip
     broker = spawn([*edgeagent, *broker_cmd, "--log-level", "WARNING"], cgroup=group, env=role_env())
     stack.callback(stop, [broker])
     wait_for_port(BRIDGE_IP, port, broker, timeout=120)
-    say(f"broker on {url}: logins for central, {', '.join(ids)} and the lab's observer (cluster {cluster})")
+    say(
+        f"broker on {url} (TLS, client certificates): logins for central, {', '.join(ids)} and the lab's "
+        f"observer (cluster {cluster})"
+    )
 
     central_cmd = [
         "central", "--config", str(config), "--workers", str(len(ids)), "--model", args.model,
         "--dataset", plan.dataset, "--epochs", str(args.epochs), "--report", str(args.report),
         "--broker", url, "--password-file", logins["central"], "--cluster", cluster,
         "--checkpoint", str(tmp / "checkpoints"),  # the lab's own, removed with it
+        *tls_flags(tls_dir, "central"),
         *(["--max-batches", str(args.max_batches)] if args.max_batches else []),
     ]  # fmt: skip
     say(
@@ -716,7 +745,7 @@ def run_training(
         )
         say(f"fault: {k.device} {k.describe()} ({plan.where(k)}); {then}")
     say("$ edgeagent " + shlex.join(central_cmd))
-    workers = Workers(plan.devices, url, cluster, logins)
+    workers = Workers(plan.devices, url, cluster, logins, tls_dir)
     stack.callback(workers.finish, 5.0)
     # Stopped before the workers (last in, first out): no fault handling of workers that leave.
     central = spawn([*edgeagent, *central_cmd], cgroup=group, env=role_env())
@@ -725,7 +754,10 @@ def run_training(
         workers.start(d.id, next((k for k in plan.kills if k.device == d.id), None))
     workers.watch(plan.victim, args.restart_delay)
     login = dataclasses.replace(BrokerUrl.parse(url), username="lab-observer", password=observer)
-    progress = ProgressLines(login, cluster, every=args.progress_every, total=plan.total, epochs=args.epochs)
+    observer_tls = TlsOptions(**tls_files(tls_dir, "lab-observer"))
+    progress = ProgressLines(
+        login, cluster, every=args.progress_every, total=plan.total, epochs=args.epochs, tls=observer_tls
+    )
     stack.callback(progress.close)
 
     try:

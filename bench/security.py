@@ -33,7 +33,7 @@ def check_cost(n: int = 20000) -> float:
     plans = PlanTracker()
     plans.update("bench", "r", 0, ["central", "w1", "w2"])
     grant = Grant("device", "bench")
-    grad, act = topics.gradients(1), topics.activations(0)
+    grad, act = topics.gradients(1, "w1"), topics.activations(0, "central")
     started = time.perf_counter()
     for _ in range(n):
         may_publish("w1", grant, grad, plans)

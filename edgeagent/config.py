@@ -134,6 +134,9 @@ class BrokerAccess(_Frozen):
     ca_file: str | None = Field(None, description="CA that signed the broker's certificate (mqtts://)")
     cert_file: str | None = Field(None, description="this device's client certificate (mutual TLS)")
     key_file: str | None = Field(None, description="the key of cert_file")
+    # Send the password over plain mqtt:// to a broker beyond loopback anyway (refused without it: anyone
+    # on the network would read it); logged as a warning. Use mqtts:// with ca_file instead.
+    insecure_plaintext: bool = False
 
 
 class CentralConfig(BrokerAccess):
@@ -345,9 +348,23 @@ def parse_slowdown_change(text: str) -> tuple[str, int, float]:
     return parsed
 
 
+def model_path(name: str) -> str | None:
+    """A user model's dotted path as ``module:attribute`` (``pkg.mod.func`` and ``pkg.mod:func`` name the
+    same function), or None when ``name`` is not a dotted path (a built-in model's name, or garbage)."""
+    module, colon, attribute = name.partition(":")
+    if not colon:
+        module, _, attribute = name.rpartition(".")
+    return f"{module}:{attribute}" if module and attribute else None
+
+
 class WorkerConfig(BrokerAccess):
     cluster: str = "default"
     device_id: str = "worker"
+    # User models (``pkg.mod:func``) this worker may build when the central node names one: a dotted
+    # model is imported and called, so without this list whoever can publish as the central node would
+    # run any importable code here. Built-in models need no entry; the central node needs none (it
+    # imports the model it was told to train).
+    allowed_models: list[str] = Field(default_factory=list)
     threads: int = Field(1, ge=1)
     slowdown: float = Field(1.0, ge=1.0)
     heartbeat_interval: float = Field(1.0, gt=0)
@@ -376,6 +393,28 @@ class WorkerConfig(BrokerAccess):
     # leaves the run and announces itself idle: CENTRAL_OFFLINE_BEATS of the central node's heartbeat
     # interval (its Assign says it), at least this (roles.worker.central_watch).
     central_offline_floor: float = Field(30.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("allowed_models")
+    @classmethod
+    def _dotted_models(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if model_path(name) is None]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not a dotted path: give pkg.module:function (built-in models need none)"
+            )
+        return value
+
+    def model_refusal(self, name: object) -> str | None:
+        """Why this worker will not build the model ``name`` (an assignment's or a discovery's), or None:
+        a dotted path must be on ``allowed_models``."""
+        path = model_path(name) if isinstance(name, str) else None
+        if path is None or path in {model_path(allowed) for allowed in self.allowed_models}:
+            return None
+        return (
+            f"model {name!r} is not on {self.device_id}'s allow-list: a dotted model is imported and run, "
+            f"so a worker builds only the built-in models and those named in its configuration "
+            f"(worker.yaml: allowed_models: [{path}], or `edgeagent worker --allow-model {path}`)"
+        )
 
 
 class DemoConfig(_Frozen):

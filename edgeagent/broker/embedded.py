@@ -7,7 +7,6 @@ Configuration files for the embedded broker and for Mosquitto live in the reposi
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 import socket
@@ -20,17 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from edgeagent.errors import ConfigError
+from edgeagent.transport.hosts import is_loopback
 
 log = logging.getLogger(__name__)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -52,18 +43,40 @@ class BrokerTls:
 
 
 def broker_config(
-    host: str, port: int, *, credentials: str | None = None, tls: BrokerTls | None = None
+    host: str,
+    port: int,
+    *,
+    credentials: str | None = None,
+    tls: BrokerTls | None = None,
+    insecure_plaintext: bool = False,
 ) -> dict[str, Any]:
     """The amqtt configuration.
 
     Anonymous clients are allowed only on a loopback listener without ``credentials``. With
     ``credentials`` (a directory made by ``edgeagent credentials``), every client must log in with a
-    password and gets the topic rights of its role (:mod:`edgeagent.broker.security`).
+    password and gets the topic rights of its role (:mod:`edgeagent.broker.security`). Beyond loopback
+    the listener needs TLS too (the passwords and the model would cross the LAN in clear), unless
+    ``insecure_plaintext`` says to listen in plain TCP anyway (logged as a warning at every start).
     """
-    if not is_loopback(host) and credentials is None:
+    beyond = not is_loopback(host)
+    if beyond and credentials is None:
         raise ConfigError(
             f"the broker would listen on {host}:{port}, beyond loopback, without credentials; "
             "give --credentials DIR (made by `edgeagent credentials add`) or bind to 127.0.0.1"
+        )
+    if beyond and tls is None:
+        if not insecure_plaintext:
+            raise ConfigError(
+                f"the broker would listen on {host}:{port}, beyond loopback, in plain TCP: every password "
+                "and tensor would cross the network in clear. Give --tls-cert and --tls-key (made by "
+                "`edgeagent certs`; clients then use mqtts:// with --ca-file), bind to 127.0.0.1, or pass "
+                "--insecure-plaintext to accept that"
+            )
+        log.warning(
+            "INSECURE: the broker listens on %s:%d, beyond loopback, in plain TCP (--insecure-plaintext): "
+            "passwords and training data cross the network unencrypted; use --tls-cert/--tls-key",
+            host,
+            port,
         )
     plugins: dict[str, Any] = {}
     if credentials is None:
@@ -204,11 +217,13 @@ class EmbeddedBroker:
         *,
         credentials: str | None = None,
         tls: BrokerTls | None = None,
+        insecure_plaintext: bool = False,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.credentials = credentials
         self.tls = tls
+        self.insecure_plaintext = insecure_plaintext  # plain TCP beyond loopback (broker_config)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -218,7 +233,13 @@ class EmbeddedBroker:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> EmbeddedBroker:
-        config = broker_config(self.host, self.port, credentials=self.credentials, tls=self.tls)
+        config = broker_config(
+            self.host,
+            self.port,
+            credentials=self.credentials,
+            tls=self.tls,
+            insecure_plaintext=self.insecure_plaintext,
+        )
         started: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, args=(config, started), name="amqtt", daemon=True)
         self._thread.start()
@@ -270,10 +291,17 @@ class EmbeddedBroker:
 
 
 def serve_forever(
-    host: str, port: int, *, credentials: str | None = None, tls: BrokerTls | None = None
+    host: str,
+    port: int,
+    *,
+    credentials: str | None = None,
+    tls: BrokerTls | None = None,
+    insecure_plaintext: bool = False,
 ) -> None:
     """Run the broker in the foreground until interrupted (``edgeagent broker``)."""
-    broker = EmbeddedBroker(host, port, credentials=credentials, tls=tls).start()
+    broker = EmbeddedBroker(
+        host, port, credentials=credentials, tls=tls, insecure_plaintext=insecure_plaintext
+    ).start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:

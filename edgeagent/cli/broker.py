@@ -23,12 +23,19 @@ _FILE = click.Path(exists=True, dir_okay=False)
 @click.option(
     "--credentials",
     type=click.Path(exists=True, file_okay=False),
-    help="Directory made by `edgeagent credentials add`: logins and topic rights. Required beyond loopback.",
+    help="Directory made by `edgeagent credentials add`: logins and topic rights. Required beyond loopback "
+    "(with --tls-cert and --tls-key).",
 )
 @click.option("--tls-cert", type=_FILE, help="Serve mqtts:// with this certificate.")
 @click.option("--tls-key", type=_FILE, help="The key of --tls-cert.")
 @click.option("--tls-ca", type=_FILE, help="Verify client certificates against this CA.")
 @click.option("--require-client-cert", is_flag=True, help="Refuse TLS clients without a certificate.")
+@click.option(
+    "--insecure-plaintext",
+    is_flag=True,
+    help="Listen beyond loopback in plain TCP, without TLS (passwords and data in clear; logged). "
+    "Without it a --host beyond loopback needs --tls-cert and --tls-key.",
+)
 @click.option("--log-level", default="INFO")
 def broker(
     host: str,
@@ -38,6 +45,7 @@ def broker(
     tls_key: str | None,
     tls_ca: str | None,
     require_client_cert: bool,
+    insecure_plaintext: bool,
     log_level: str,
 ) -> None:
     """The embedded MQTT 3.1.1 broker (amqtt)."""
@@ -59,7 +67,7 @@ def broker(
     )
     port = port or (8883 if tls else 1883)
     try:
-        serve_forever(host, port, credentials=credentials, tls=tls)
+        serve_forever(host, port, credentials=credentials, tls=tls, insecure_plaintext=insecure_plaintext)
     except BrokerError as exc:  # amqtt's wrapper of the listener's OSError (port taken, bad address)
         cause = exc.__cause__ or exc
         raise ConfigError(

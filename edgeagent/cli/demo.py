@@ -28,7 +28,7 @@ from rich.progress import (
 from edgeagent.broker import BrokerTls, EmbeddedBroker
 from edgeagent.broker.certs import init_site
 from edgeagent.broker.credentials import CredentialStore
-from edgeagent.config import CentralConfig
+from edgeagent.config import CentralConfig, model_path
 from edgeagent.errors import ConfigError
 from edgeagent.ops.cgroups import (
     CFS_PERIOD_US,
@@ -218,8 +218,11 @@ class LocalWorkers:
         cpu_root: Path = CPU_ROOT,
         datasets: list[str] | None = None,
         downs: list[float] | None = None,
+        allowed_models: list[str] | None = None,
     ) -> None:
         self.broker, self.cluster = broker, cluster
+        # User models the workers may build (--allow-model): the one the demo trains (see allowed_for).
+        self.allowed_models = list(allowed_models or [])
         # Split-federated training: each worker's own data set (--dataset), in worker order.
         self.datasets = {f"worker-{i + 1}": path for i, path in enumerate(datasets or [])}
         self.downs = {f"worker-{i + 1}": mbps for i, mbps in enumerate(downs or [])}  # emulated downlinks
@@ -260,6 +263,8 @@ class LocalWorkers:
             extra = (*extra, "--down-mbps", str(self.downs[device]))
         if device in self.logins:
             extra = (*extra, "--password-file", self.logins[device])
+        for model in self.allowed_models:
+            extra = (*extra, "--allow-model", model)
         if self.tls_dir:
             for key, path in tls_files(self.tls_dir, device).items():
                 extra = (*extra, f"--{key.replace('_', '-')}", path)
@@ -335,6 +340,7 @@ def local_workers(
     cpu: list[float] | None = None,
     threads: list[int] | None = None,
     datasets: list[str] | None = None,
+    allowed_models: list[str] | None = None,
 ) -> Iterator[LocalWorkers]:
     workers = LocalWorkers(
         n,
@@ -348,6 +354,7 @@ def local_workers(
         cpu=cpu,
         threads=threads,
         datasets=datasets,
+        allowed_models=allowed_models,
     )
     try:
         yield workers.start_all()
@@ -470,6 +477,7 @@ def run_demo(
                 cpu=cpu,
                 threads=threads,
                 datasets=shards,
+                allowed_models=allowed_for(config.train.model),
             )
         )
         if show_progress and config.progress:
@@ -485,6 +493,12 @@ def run_demo(
                 return Central(config, progress=_progress_hook(progress, task)).run()
         return Central(config, progress=on_progress).run()
     raise AssertionError("unreachable")  # for mypy: the with block returns
+
+
+def allowed_for(model: str) -> list[str]:
+    """What the demo's workers must allow to train ``model``: a user model (a dotted path) the demo was
+    told to train; nothing for a built-in one (workers build those anyway)."""
+    return [model] if model_path(model) is not None else []
 
 
 def tls_files(directory: str, device: str) -> dict[str, str]:

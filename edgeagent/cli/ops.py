@@ -50,6 +50,7 @@ def monitor(
     setup_logging("WARNING")
     url, tls = resolve_access(broker, kw, "monitor")
     run_monitor(
+        insecure_plaintext=bool(kw.get("insecure_plaintext")),
         broker=url,
         cluster=cluster,
         refresh=refresh,
@@ -70,7 +71,8 @@ def _profile_transport(broker: str, cluster: str, kw: dict[str, Any]) -> tuple[A
     from edgeagent.transport.mqtt import MqttTransport
 
     url, tls = resolve_access(broker, kw, "central")
-    transport = MqttTransport(url, f"ea-profile-{os.getpid()}", tls=tls)
+    plain = bool(kw.get("insecure_plaintext"))
+    transport = MqttTransport(url, f"ea-profile-{os.getpid()}", tls=tls, insecure_plaintext=plain)
     if not transport.wait_connected(10):
         transport.close()
         raise EdgeAgentError(

@@ -11,7 +11,7 @@ from edgeagent.config import build
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-ACCESS_KEYS = ("username", "password_file", "ca_file", "cert_file", "key_file")
+ACCESS_KEYS = ("username", "password_file", "ca_file", "cert_file", "key_file", "insecure_plaintext")
 
 
 def access_options(f: F) -> F:
@@ -26,6 +26,13 @@ def access_options(f: F) -> F:
         click.option("--ca-file", help="CA of the broker's certificate (mqtts://)."),
         click.option("--cert-file", help="Client certificate (mutual TLS)."),
         click.option("--key-file", help="Key of --cert-file."),
+        click.option(
+            "--insecure-plaintext",
+            is_flag=True,
+            default=None,
+            help="Send the password over plain mqtt:// to a broker beyond loopback anyway (refused without "
+            "it; use mqtts:// with --ca-file).",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
@@ -33,7 +40,8 @@ def access_options(f: F) -> F:
 
 
 def resolve_access(broker: str, kw: dict[str, Any], default_user: str) -> tuple[Any, Any]:
-    """(BrokerUrl, TlsOptions) for the tools (monitor, profile), from their flags."""
+    """(BrokerUrl, TlsOptions) for the tools (monitor, profile), from their flags; give their transport
+    ``insecure_plaintext=bool(kw.get("insecure_plaintext"))``."""
     from edgeagent.config import BrokerAccess
     from edgeagent.transport.access import resolve
 

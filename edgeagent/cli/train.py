@@ -536,16 +536,28 @@ def central(**kw: Any) -> None:
 )
 @click.option("--dataset", help="Split-federated: this device's own training data (FILE.npz, X and y).")
 @click.option("--down-mbps", type=float, help="Split-federated: emulated downlink in Mbit/s (received).")
+@click.option(
+    "--allow-model",
+    "allowed_models",
+    multiple=True,
+    metavar="PKG.MOD:FUNC",
+    help="A user model this worker may build (repeatable; added to allowed_models). Built-in models "
+    "need none; any other dotted model is refused.",
+)
 @click.option("--once", is_flag=True, default=None, help="Exit after one run.")
 @click.option("--log-level", default=None)
 def worker(**kw: Any) -> None:
     """A worker: runs whichever stage the central node assigns it."""
+    allowed = list(kw.pop("allowed_models"))
     overrides = {k: v for k, v in kw.items() if v is not None and k not in ("config_file", "log_level")}
     if "device_id" not in overrides:
         overrides["device_id"] = os.uname().nodename.split(".")[0]
     level = kw["log_level"] or os.environ.get("EDGEAGENT_LOG_LEVEL", "INFO")
     setup_logging(level, device=overrides["device_id"])
     config = load(WorkerConfig, kw["config_file"], overrides)
+    if allowed:  # the flags add to the YAML file's list
+        more = build(WorkerConfig, {"allowed_models": allowed}, source="--allow-model").allowed_models
+        config = config.model_copy(update={"allowed_models": [*config.allowed_models, *more]})
     from edgeagent.roles.worker import Worker  # torch: after the configuration is checked
 
     w = Worker(config)

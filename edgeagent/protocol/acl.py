@@ -3,12 +3,13 @@
 Three roles:
 
 * ``central``: everything under its cluster (it drives the run and is stage 0).
-* ``device``: publishes only its own device topics, the announcement, and the outputs (activations,
-  gradients, results, gradient exchange) of the stages it holds, alone or as one of a group's devices,
-  in the current (or the previous) plan of its cluster; reads the run-wide topics, its own control and
-  profile topics, the peer topics it needs (status, replicas, probes, fetch requests) and the
-  data-plane topics; on the allreduce mode's links (``link/<from>/<to>``) it publishes only links it
-  sends on (``<from>`` is itself) and reads only links into itself (``<to>`` is itself).
+* ``device``: publishes only topics with its own id in them: its own device topics (the announcement
+  among them), and, under its id, the outputs (activations, gradients, results, gradient exchange) of
+  the stages it holds, alone or as one of a group's devices, in the current (or the previous) plan of
+  its cluster (``stage/<s>/<kind>/<id>``); reads the run-wide topics, its own control and profile
+  topics, the peer topics it needs (status, replicas, probes, fetch requests) and the data-plane
+  topics; on the allreduce mode's links (``link/<from>/<to>``) it publishes only links it sends on
+  (``<from>`` is itself) and reads only links into itself (``<to>`` is itself).
 * ``observer``: reads everything of its cluster and publishes nothing (monitors, Home Assistant).
 
 A grant's cluster may be ``*`` (every cluster), e.g. for an operator's central login.
@@ -27,7 +28,9 @@ Stage ownership follows the run: :class:`PlanTracker` learns it from the assignm
 the central node publishes (``device/<id>/control``) and from its ``reshare`` commands (``run/command``:
 a stage's group changed inside a plan), so "the gradient topic of a stage it does not hold" changes
 with every re-partition. Static brokers (Mosquitto) get :func:`mosquitto_acl`, which cannot follow the
-plan and allows every device all stage topics of its cluster (docs/deployment.md).
+plan: it confines every device to topics with its own id (its stage outputs included: every stage's, but
+only as itself), and the receivers take a stage's outputs only from the devices the plan says hold it
+(:mod:`edgeagent.protocol.identity`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from edgeagent.protocol.topics import (
     ANY,
     DEVICE_PUBLISHED,
     REST,
+    STAGE_OUTPUTS,
     DiscoveryKind,
     DiscoveryTopics,
     Family,
@@ -62,7 +66,6 @@ DEVICE_READS_PEERS = (Family.STATUS, Family.REPLICA, Family.PROBE, Family.REQUES
 # Its own split-federated gradients too: only the device whose activations they answer reads them.
 DEVICE_READS_OWN = (Family.CONTROL, Family.PROFILE, Family.SPLIT_GRADIENTS)
 DEVICE_READS_FIXED = (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVENTS)
-STAGE_OUTPUTS = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)
 # Stage topics every device may read: its neighbours' activations and gradients, its group's gradient
 # exchange (results are the central node's).
 DEVICE_READS_STAGES = (Family.ACTIVATIONS, Family.GRADIENTS, Family.SYNC)
@@ -202,6 +205,7 @@ class PlanTracker:
 
 
 def _parse(topic: str, cluster: str) -> tuple[Family, str | None, int | None] | None:
+    """A topic's family, the device it names (a link's sender, a stage output's producer) and stage."""
     try:
         info = Topics(cluster).parse(topic)
     except Exception:
@@ -234,15 +238,11 @@ def may_publish(user: str, grant: Grant, topic: str, plans: PlanTracker) -> bool
     if parsed is None:
         return False
     family, device, stage = parsed
-    if family is Family.ANNOUNCE:
-        return True
-    if family is Family.LINK:
-        return device == user
-    if device is not None:
-        return device == user and family in DEVICE_OWN
+    if device != user:  # everything a device publishes names it
+        return False
     if stage is not None:
         return family in STAGE_OUTPUTS and plans.owns(cluster, user, stage)
-    return False
+    return family is Family.LINK or family in DEVICE_OWN
 
 
 def may_receive(user: str, grant: Grant, topic: str) -> bool:
@@ -259,10 +259,10 @@ def may_receive(user: str, grant: Grant, topic: str) -> bool:
     family, device, stage = parsed
     if family is Family.LINK:
         return _link_peer(topic, cluster) == user
-    if device is not None:
-        return family in DEVICE_READS_PEERS or (device == user and family in DEVICE_READS_OWN)
     if stage is not None:
         return family in DEVICE_READS_STAGES
+    if device is not None:
+        return family in DEVICE_READS_PEERS or (device == user and family in DEVICE_READS_OWN)
     return family in DEVICE_READS_FIXED
 
 
@@ -302,11 +302,14 @@ def client_id_ok(user: str, grant: Grant, client_id: str, users: dict[str, Grant
 
 
 def mosquitto_acl(users: dict[str, Grant]) -> str:
-    """A Mosquitto ``acl_file`` for these logins (static: stage ownership cannot follow the plan)."""
+    """A Mosquitto ``acl_file`` for these logins (static: stage ownership cannot follow the plan, so a
+    device may write every stage's outputs, but only under its own id; the receivers check the plan)."""
     lines = [
         "# Generated by `edgeagent credentials`; do not edit (it is rewritten on every change).",
-        "# Mosquitto ACLs are static: a device may write every stage topic of its cluster here;",
-        "# the embedded broker (`edgeagent broker --credentials`) also checks the current stage owner.",
+        "# Every topic a device may write has its own id in it. Mosquitto ACLs are static: a device may",
+        "# write its outputs of every stage (stage/+/<kind>/<id>); the receivers take a stage's outputs only",
+        "# from the devices the current plan gives that stage, and the embedded broker",
+        "# (`edgeagent broker --credentials`) also refuses them.",
         "",
     ]
     for user, grant in sorted(users.items()):
@@ -324,15 +327,14 @@ def mosquitto_acl(users: dict[str, Grant]) -> str:
             lines.append(f"topic read {discovery.all()}")
             lines.append(f"topic write {discovery.status()}")
         else:
-            lines.append(f"topic write {tree.fixed(Family.ANNOUNCE)}")
             lines += [f"topic read {tree.fixed(f)}" for f in DEVICE_READS_FIXED]
             for f in DEVICE_OWN:
                 mode = "readwrite" if f in DEVICE_READS_PEERS else "write"
                 lines.append(f"topic {mode} {tree.device(f, user)}")
             lines += [f"topic read {tree.device(f, user)}" for f in DEVICE_READS_OWN]
             lines += [f"topic read {tree.device(f)}" for f in DEVICE_READS_PEERS]
-            lines += [f"topic readwrite {tree.stage(f)}" for f in DEVICE_READS_STAGES]
-            lines.append(f"topic write {tree.stage(Family.RESULTS)}")
+            lines += [f"topic write {tree.stage(f, user)}" for f in STAGE_OUTPUTS]
+            lines += [f"topic read {tree.stage(f)}" for f in DEVICE_READS_STAGES]
             lines.append(f"topic write {tree.link(user, ANY)}")
             lines.append(f"topic read {tree.link(ANY, user)}")
         lines.append("")

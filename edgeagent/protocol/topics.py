@@ -4,7 +4,7 @@
 
     edgeagent/v1/<cluster>/
         discovery/request           central -> all      JSON  who is there?
-        discovery/announce          worker  -> central  JSON  I am here (also sent unasked at start)
+        device/<id>/announce        worker  -> central  JSON  I am here (also sent unasked at start)
         device/<id>/status          device  -> all      JSON  retained; the last will says "offline"
         device/<id>/heartbeat       device  -> central  JSON  every heartbeat interval
         device/<id>/metrics         device  -> all      JSON  compute/comm/idle time, throughput
@@ -16,16 +16,22 @@
         device/<id>/request         device  -> device   CBOR  fetch requests for layers (re-partition)
         device/<id>/split-act       device  -> central  CBOR  split-federated: its activations and labels
         device/<id>/split-grad      central -> device   CBOR  split-federated: the activations' gradients
-        stage/<s>/act               stage s -> s+1      CBOR  activations produced by stage s
-        stage/<s>/grad              stage s -> s-1      CBOR  gradients produced by stage s
-        stage/<s>/result            last    -> central  CBOR  evaluation results of the last stage
+        stage/<s>/act/<id>          stage s -> s+1      CBOR  activations stage s produced on device <id>
+        stage/<s>/grad/<id>         stage s -> s-1      CBOR  gradients stage s produced on device <id>
+        stage/<s>/result/<id>       last    -> central  CBOR  evaluation results of the last stage
+        stage/<s>/sync/<id>         stage s -> stage s  CBOR  a hybrid stage member's parameter gradients
         run/commit                  central -> all      CBOR  commit barrier of a new partition
         run/command                 central -> all      JSON  start, stop, collect, ...
         run/events                  central -> all      JSON  partition, replication, recovery events
         link/<from>/<to>            device  -> device   CBOR  one link of an allreduce (--mode allreduce)
 
-Data-plane topics are named after the stage that *produces* them, so an ACL can say "a device
-publishes only its own stage's outputs".
+Note: identity is in the topic. Everything a device says about itself goes on a topic with its id in it
+(``device/<id>/...``; the data plane's ``stage/<s>/<kind>/<id>``, named after the stage that *produces*
+it and the device that computed it; a link's sender, ``link/<id>/<to>``), so a broker ACL can confine
+each login to its own id, even a static ACL (Mosquitto's, one block per login), and a receiver checks
+the rest: the envelope's sender and every device the payload names must be the topic's device
+(:mod:`edgeagent.protocol.identity`), and a stage output must come from a device the plan says holds
+the stage.
 
 Here too: the filters brokers' ACLs and the monitor subscribe with (:class:`TopicFilters`, with ``+`` for
 a cluster or a device), topics of any cluster (:func:`parse_topic`, :func:`cluster_level`), wildcard
@@ -66,7 +72,7 @@ class Family(str, Enum):
     """What a topic is for; ``parse`` returns one of these."""
 
     DISCOVER = "discovery/request"
-    ANNOUNCE = "discovery/announce"
+    ANNOUNCE = "announce"  # a device's birth message and answer to discovery (only it publishes)
     STATUS = "status"
     HEARTBEAT = "heartbeat"
     METRICS = "metrics"
@@ -91,6 +97,7 @@ class Family(str, Enum):
 _DEVICE_FAMILIES = {
     f.value: f
     for f in (
+        Family.ANNOUNCE,
         Family.STATUS,
         Family.HEARTBEAT,
         Family.METRICS,
@@ -109,6 +116,7 @@ _DEVICE_FAMILIES = {
 # that device write them.
 DEVICE_PUBLISHED: frozenset[Family] = frozenset(
     {
+        Family.ANNOUNCE,
         Family.STATUS,
         Family.HEARTBEAT,
         Family.METRICS,
@@ -119,10 +127,11 @@ DEVICE_PUBLISHED: frozenset[Family] = frozenset(
         Family.SPLIT_ACTIVATIONS,
     }
 )
-_STAGE_FAMILIES = {f.value: f for f in (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)}
-_FIXED_FAMILIES = {
-    f.value: f for f in (Family.DISCOVER, Family.ANNOUNCE, Family.COMMIT, Family.COMMAND, Family.EVENTS)
-}
+# The data plane: a stage's outputs, each on a topic of the stage that produced it and the device that
+# computed it (``stage/<s>/<family>/<device>``); only that device publishes there.
+STAGE_OUTPUTS: tuple[Family, ...] = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)
+_STAGE_FAMILIES = {f.value: f for f in STAGE_OUTPUTS}
+_FIXED_FAMILIES = {f.value: f for f in (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVENTS)}
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,7 @@ class TopicInfo:
     """A parsed topic: its family and the device id or stage index it names, if any."""
 
     family: Family
-    device: str | None = None  # on a link topic: its sender
+    device: str | None = None  # on a link topic: its sender; on a stage topic: the producing device
     stage: int | None = None
     peer: str | None = None  # on a link topic: its receiver
 
@@ -175,26 +184,34 @@ class Topics(_Tree):
         """Wildcard for one family of every device, e.g. all heartbeats."""
         return f"{self.base}/device/{ANY}/{family.value}"
 
-    def stage(self, family: Family, stage: int) -> str:
+    def stage(self, family: Family, stage: int, device: str) -> str:
+        """Where ``device`` publishes what it computed as (one of the devices of) stage ``stage``."""
+        return f"{self._stage_level(family, stage)}/{check_name('device id', device)}"
+
+    def stage_filter(self, family: Family, stage: int) -> str:
+        """Wildcard: one family of one stage, from every device (what the stage's receivers subscribe to)."""
+        return f"{self._stage_level(family, stage)}/{ANY}"
+
+    def _stage_level(self, family: Family, stage: int) -> str:
         if family.value not in _STAGE_FAMILIES:
             raise ValueError(f"{family} is not a per-stage topic")
         if stage < 0:
             raise ValueError(f"stage must be >= 0, got {stage}")
         return f"{self.base}/stage/{stage}/{family.value}"
 
-    # Shorthands for the topics used most.
-    def activations(self, stage: int) -> str:
-        return self.stage(Family.ACTIVATIONS, stage)
+    # Shorthands for the topics used most (``device``: the one that computed the message).
+    def activations(self, stage: int, device: str) -> str:
+        return self.stage(Family.ACTIVATIONS, stage, device)
 
-    def gradients(self, stage: int) -> str:
-        return self.stage(Family.GRADIENTS, stage)
+    def gradients(self, stage: int, device: str) -> str:
+        return self.stage(Family.GRADIENTS, stage, device)
 
-    def results(self, stage: int) -> str:
-        return self.stage(Family.RESULTS, stage)
+    def results(self, stage: int, device: str) -> str:
+        return self.stage(Family.RESULTS, stage, device)
 
-    def syncs(self, stage: int) -> str:
-        """Where the members of a replicated stage exchange their parameter gradients."""
-        return self.stage(Family.SYNC, stage)
+    def syncs(self, stage: int, device: str) -> str:
+        """Where a member of a replicated stage sends its parameter gradients to the other members."""
+        return self.stage(Family.SYNC, stage, device)
 
     def link(self, sender: str, receiver: str) -> str:
         """The logical link from ``sender`` to ``receiver`` (allreduce mode): only ``sender`` publishes."""
@@ -216,12 +233,13 @@ class Topics(_Tree):
         if len(parts) == 3 and parts[0] == "device" and parts[2] in _DEVICE_FAMILIES:
             return TopicInfo(_DEVICE_FAMILIES[parts[2]], device=check_name("device id", parts[1]))
         if (
-            len(parts) == 3
+            len(parts) == 4
             and parts[0] == "stage"
             and parts[2] in _STAGE_FAMILIES
             and _STAGE.fullmatch(parts[1])
         ):
-            return TopicInfo(_STAGE_FAMILIES[parts[2]], stage=int(parts[1]))
+            family, device = _STAGE_FAMILIES[parts[2]], check_name("device id", parts[3])
+            return TopicInfo(family, device=device, stage=int(parts[1]))
         if len(parts) == 3 and parts[0] == Family.LINK.value:
             sender, receiver = check_name("device id", parts[1]), check_name("device id", parts[2])
             return TopicInfo(Family.LINK, device=sender, peer=receiver)
@@ -262,11 +280,11 @@ class TopicFilters(_Tree):
     def device(self, family: Family, device: str = ANY) -> str:
         return self._device_level(family, device)
 
-    def stage(self, family: Family) -> str:
-        """One family of every stage."""
+    def stage(self, family: Family, device: str = ANY) -> str:
+        """One family of every stage, from ``device`` (``+``: from every device)."""
         if family.value not in _STAGE_FAMILIES:
             raise ValueError(f"{family} is not a per-stage topic")
-        return f"{self.base}/stage/{ANY}/{family.value}"
+        return f"{self.base}/stage/{ANY}/{family.value}/{device}"
 
     def link(self, sender: str = ANY, receiver: str = ANY) -> str:
         """Links from ``sender`` to ``receiver`` (either may be ``+``)."""

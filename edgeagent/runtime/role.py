@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from edgeagent.errors import ProtocolError, TrainingError
+from edgeagent.protocol.identity import StageSenders, identity_problem
 from edgeagent.protocol.limits import (
     INVALID,
     MALFORMED,
@@ -21,7 +22,6 @@ from edgeagent.protocol.limits import (
     InboxGate,
     InboxLimits,
     Verdict,
-    sender_problem,
 )
 from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, StatusState
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
@@ -60,10 +60,12 @@ class Role:
     """Decodes everything it subscribes to on the network thread and queues it for the role's own thread.
 
     Malformed payloads, unknown topics, payloads over the size limit of their topic, floods (a rate
-    limit per topic), messages on another device's topic that do not come from that device and
-    messages for which the inbox has no room are logged (rate limited) and dropped here, so the
-    training loop only ever sees well-typed messages and nothing is buffered without bound; see
-    :mod:`edgeagent.protocol.limits` and ``limits``.
+    limit per topic), messages on a device's topic that do not come from that device or speak for
+    another one (:func:`~edgeagent.protocol.identity.identity_problem`) and messages for which the
+    inbox has no room are logged (rate limited) and dropped here, so the training loop only ever sees
+    well-typed messages and nothing is buffered without bound; see :mod:`edgeagent.protocol.limits` and
+    ``limits``. Stage outputs from a device that does not hold the stage in the run's current plan are
+    dropped the same way when they are dispatched (``senders``).
     """
 
     def __init__(
@@ -83,6 +85,8 @@ class Role:
         self.times = TimeAccount()
         self._metrics_snapshot: Callable[[], dict[str, Any] | None] | None = None
         self._handlers: dict[type[Message], Handler] = {}
+        # Whose stage outputs are taken: the run in progress sets ``senders.plan`` (protocol/identity.py).
+        self.senders = StageSenders()
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -123,7 +127,7 @@ class Role:
             detail = f"dropped a {len(payload)}-byte message on {topic}: {exc}"
             self._dropped(self.gate.reject(topic, MALFORMED, detail, now))
             return None
-        problem = sender_problem(info, sender)
+        problem = identity_problem(info, sender, message)
         if problem is not None:
             detail = f"dropped {_a(message.KIND.value)} message on {topic}: {problem}"
             self._dropped(self.gate.reject(topic, SENDER, detail, now))
@@ -136,6 +140,13 @@ class Role:
         topic = item.wire_topic or item.topic.family.value
         detail = f"dropped {_a(item.message.KIND.value)} message from {item.sender!r} on {topic}: {reason}"
         self._dropped(self.gate.reject(topic, INVALID, detail, self.clock()))
+
+    def refuse(self, item: Inbound, reason: str) -> None:
+        """Drop a message whose sender may not have sent it (it does not hold the stage, say): counted as a
+        ``sender`` drop and logged as the limits allow."""
+        topic = item.wire_topic or item.topic.family.value
+        detail = f"dropped {_a(item.message.KIND.value)} message from {item.sender!r} on {topic}: {reason}"
+        self._dropped(self.gate.reject(topic, SENDER, detail, self.clock()))
 
     def report_drops(self) -> None:
         """Log, once, how many messages were dropped so far and why (the lines about single drops are
@@ -192,7 +203,14 @@ class Role:
         self._handlers.pop(kind, None)
 
     def dispatch(self, item: Inbound) -> None:
-        """Give ``item`` to the handler of its type (the most specific registered); ignore it if none."""
+        """Give ``item`` to the handler of its type (the most specific registered); ignore it if none.
+
+        A stage output from a device that does not hold the stage in the current plan is refused first:
+        checked here, on the role's thread, in order with the messages that change the plan."""
+        problem = self.senders.problem(item.topic, item.message)
+        if problem is not None:
+            self.refuse(item, problem)
+            return
         for cls in type(item.message).__mro__:
             handler = self._handlers.get(cls)
             if handler is not None:
@@ -275,6 +293,7 @@ class Role:
             will=Role.offline_will_for(topics, device_id),
             link_mbps=link_mbps,
             tls=tls,
+            insecure_plaintext=access.insecure_plaintext,
         )
 
     @staticmethod

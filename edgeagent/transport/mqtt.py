@@ -19,6 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edgeagent.errors import ConfigError, ProtocolError
 from edgeagent.protocol.chunking import DEFAULT_CHUNK_SIZE, Reassembler, is_chunk, split_payload
 from edgeagent.transport.base import Transport
+from edgeagent.transport.hosts import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,26 @@ class BrokerUrl:
     def redacted(self) -> str:
         user = f"{self.username}:***@" if self.username else ""
         return f"{self.scheme}://{user}{self.host}:{self.port}"
+
+    def check_password_safe(self, *, encrypted: bool = False, insecure_plaintext: bool = False) -> None:
+        """Refuse (:class:`ConfigError`) to send a password in plain TCP (neither ``mqtts://`` nor
+        ``encrypted``: TLS options given) to a host beyond loopback: anyone on the path reads it, and with
+        it can log in as this device. ``insecure_plaintext`` sends it anyway, with a warning."""
+        if self.password is None or self.tls or encrypted or is_loopback(self.host):
+            return
+        where = f"{self.host}:{self.port}"
+        if not insecure_plaintext:
+            raise ConfigError(
+                f"refusing to send the broker password of {self.username!r} in plain text over mqtt:// to "
+                f"{where}, beyond loopback: use mqtts://{self.host}:8883 with --ca-file (the site CA, "
+                "`edgeagent certs`), or pass --insecure-plaintext (insecure_plaintext: true) to accept that"
+            )
+        log.warning(
+            "INSECURE: sending the broker password of %r in plain text to %s (--insecure-plaintext); "
+            "use mqtts:// with --ca-file",
+            self.username,
+            where,
+        )
 
 
 class LinkThrottle:
@@ -127,9 +148,11 @@ class MqttTransport(Transport):
         tls: TlsOptions | None = None,
         max_backoff: float = 5.0,
         link_mbps: float = 0.0,
+        insecure_plaintext: bool = False,
     ) -> None:
         super().__init__(client_id)
         self.url = url if isinstance(url, BrokerUrl) else BrokerUrl.parse(url)
+        self.url.check_password_safe(encrypted=tls is not None, insecure_plaintext=insecure_plaintext)
         self.chunk_size = chunk_size
         self.max_message = max_message
         self.max_backoff = max_backoff

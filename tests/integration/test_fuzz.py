@@ -106,7 +106,7 @@ def fuzz_topics(topics: Topics, num_stages: int) -> list[str]:
         with contextlib.suppress(ValueError):
             out += [topics.device(family, d) for d in [*DEVICES, FUZZER]]
         with contextlib.suppress(ValueError):
-            out += [topics.stage(family, s) for s in range(num_stages + 1)]
+            out += [topics.stage(family, s, d) for s in range(num_stages + 1) for d in [*DEVICES, FUZZER]]
     # Data-parallel training's links (allreduce mode): sender -> receiver, the fuzzer as either end.
     ends = [*DEVICES, FUZZER]
     out += [topics.link(a, b) for a in ends for b in ends if a != b]
@@ -519,6 +519,7 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
         junk = random_bytes | random_json | random_cbor | random_envelopes() | mutated(real) | oversized
         sent = {"messages": 0, "run": 0, "floods": 0}
         run_id, plan_id, w1 = central.run_id, active.plan_id, WORKERS[0]
+        holders = list(active.worker_list)  # partition="uniform": the split never changes
         wrong = torch.zeros(3, 5)
 
         junk_cases = st.tuples(st.sampled_from(targets), junk)
@@ -574,9 +575,13 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
                 return  # the run is over (the assertions below say why)
             where, what = case
             if where == "run":
+                # As the stage's device, on its topic (no ACL here to stop that): the stage's own checks,
+                # not the sender's, must drop these. A stage the run does not have: as the fuzzer.
                 suffix, msg = what
                 kind, stage = suffix.split("/")
-                fuzzer.publish(f"{topics.base}/stage/{stage}/{kind}", encode(msg, sender=FUZZER), qos=0)
+                holder = holders[int(stage)] if int(stage) < len(holders) else FUZZER
+                topic = f"{topics.base}/stage/{stage}/{kind}/{holder}"
+                fuzzer.publish(topic, encode(msg, sender=holder), qos=0)
                 sent["run"] += 1
             elif where == "flood":  # over the control-plane burst of the fuzzer's own heartbeat topic
                 for _ in range(FLOOD):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from edgeagent.cli.demo import LocalWorkers
+from edgeagent.cli.demo import LocalWorkers, allowed_for
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.roles.central import Central, RunReport
 from edgeagent.roles.central.hybrid import HybridRun
@@ -53,7 +53,9 @@ def run(
         save_model=str(save) if save else None,
         **central,
     )
-    local = LocalWorkers(workers, broker, cluster, slowdowns or [1.0] * workers).start_all()
+    allowed = allowed_for(train.model)  # the heavy user model: the workers must be told they may build it
+    local = LocalWorkers(workers, broker, cluster, slowdowns or [1.0] * workers, allowed_models=allowed)
+    local.start_all()
     node: Central
 
     def progress(values: dict[str, Any]) -> None:
@@ -193,7 +195,8 @@ def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
     """A model whose compute sits in one convolution with few parameters: a device that joins helps most
     as a second device on that convolution's stage, and the next re-split puts it there."""
     cluster = f"t{uuid.uuid4().hex[:8]}"
-    local = LocalWorkers(2, amqtt_url, cluster, [PI, PI])  # Pi-like: compute outweighs the links
+    # Pi-like: compute outweighs the links
+    local = LocalWorkers(2, amqtt_url, cluster, [PI, PI], allowed_models=allowed_for(HEAVY_MODEL))
     local.start("worker-1")
     train = TrainConfig(epochs=2, model=HEAVY_MODEL, dataset=HEAVY_DATA)
     config = CentralConfig(

@@ -104,7 +104,7 @@ def confirm_subscription(
 
 
 def test_large_payload_chunked_arrives_whole(broker_url: str, cluster: str) -> None:
-    topic = Topics(cluster).activations(0)
+    topic = Topics(cluster).activations(0, "pub")
     chunk = 256 * 1024
     payload = random.Random(5).randbytes(3 * 1024 * 1024)
     assert len(split_payload(payload, chunk)) > 10  # really chunked
@@ -123,7 +123,7 @@ def test_large_payload_chunked_arrives_whole(broker_url: str, cluster: str) -> N
 
 def test_activation_with_1mib_tensor_round_trips(broker_url: str, cluster: str) -> None:
     topics = Topics(cluster)
-    topic = topics.activations(2)
+    topic = topics.activations(2, "w2")
     x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(3))  # 1 MiB of float32
     y = torch.randint(0, 10, (256,))
     msg = Activation(run_id="r", plan_id=1, stage=2, batch_id=41, version=3, mode="train", x=x, y=y)
@@ -152,7 +152,7 @@ def test_activation_with_1mib_tensor_round_trips(broker_url: str, cluster: str) 
 
 
 def test_corrupted_chunk_stream_is_dropped(broker_url: str, cluster: str) -> None:
-    topic = Topics(cluster).gradients(1)
+    topic = Topics(cluster).gradients(1, "pub")
     chunk = 64 * 1024
     bad_payload = random.Random(6).randbytes(300 * 1024)
     good_payload = random.Random(7).randbytes(200 * 1024)

@@ -1,7 +1,8 @@
 """Broker security against real brokers: logins, per-device topic rights, wills and client ids.
 
-The embedded broker listens on 0.0.0.0 (beyond loopback, so credentials are mandatory) and the tests
-connect through 127.0.0.1. MQTT 3.1.1 drops a forbidden PUBLISH silently, so every "cannot publish"
+The embedded broker listens on 0.0.0.0 (beyond loopback, so credentials are mandatory; in plain TCP, asked
+for with ``insecure_plaintext``: TLS has its own tests in test_tls.py) and the tests connect through
+127.0.0.1. MQTT 3.1.1 drops a forbidden PUBLISH silently, so every "cannot publish"
 test sends the forbidden message first and an allowed marker after it on the same connection: the
 broker handles one client's packets in order, so once the marker arrives the forbidden one has been
 judged, and it must not have arrived.
@@ -98,7 +99,7 @@ def creds(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 @pytest.fixture
 def broker(creds: tuple[Path, dict[str, str]]) -> Iterator[EmbeddedBroker]:
     directory, _ = creds
-    b = EmbeddedBroker("0.0.0.0", credentials=str(directory)).start()
+    b = EmbeddedBroker("0.0.0.0", credentials=str(directory), insecure_plaintext=True).start()
     try:
         yield b
     finally:
@@ -245,8 +246,16 @@ def test_device_cannot_publish_on_another_devices_topics(login: Login) -> None:
     make = login
     central, w1 = make("central"), make("worker-1")
     assert central.subscribe(TOPICS.all()) == 1
-    for family in (Family.STATUS, Family.HEARTBEAT, Family.REPLY, Family.REPLICA, Family.REQUEST):
+    for family in (
+        Family.ANNOUNCE,
+        Family.STATUS,
+        Family.HEARTBEAT,
+        Family.REPLY,
+        Family.REPLICA,
+        Family.REQUEST,
+    ):
         w1.publish(TOPICS.device(family, "worker-2"), b"forged")
+    w1.publish(f"{TOPICS.base}/discovery/announce", b"forged")  # the shared announce topic is gone
     w1.publish(TOPICS.device(Family.CONTROL, "worker-2"), b"forged")  # the central node's topic
     w1.publish(TOPICS.device(Family.PROFILE, "worker-1"), b"forged")  # even its own profile
     w1.publish(TOPICS.fixed(Family.COMMAND), b"forged")  # run-wide commands are the central node's
@@ -261,7 +270,7 @@ def test_device_publishes_only_the_outputs_of_the_stage_it_holds(login: Login) -
     central, w1, watcher = make("central"), make("worker-1"), make("watcher")
     assert watcher.subscribe(TOPICS.all()) == 1
     # No plan yet: no stage topic at all.
-    w1.publish(TOPICS.gradients(1), b"before any plan")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"before any plan")
     w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker-0")
     assert watcher.next()[1] == b"marker-0"
 
@@ -269,15 +278,16 @@ def test_device_publishes_only_the_outputs_of_the_stage_it_holds(login: Login) -
         TOPICS.device(Family.CONTROL, "worker-1"), _assign(["central", "worker-1", "worker-2"], 0)
     )
     assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
-    w1.publish(TOPICS.gradients(2), b"stage 2 is worker-2's")
-    w1.publish(TOPICS.activations(2), b"stage 2 is worker-2's")
-    w1.publish(TOPICS.results(2), b"stage 2 is worker-2's")
-    w1.publish(TOPICS.gradients(0), b"stage 0 is the central node's")
-    w1.publish(TOPICS.gradients(1), b"own gradient")
-    w1.publish(TOPICS.activations(1), b"own activation")
+    w1.publish(TOPICS.gradients(2, "worker-1"), b"stage 2 is worker-2's")
+    w1.publish(TOPICS.activations(2, "worker-1"), b"stage 2 is worker-2's")
+    w1.publish(TOPICS.results(2, "worker-1"), b"stage 2 is worker-2's")
+    w1.publish(TOPICS.gradients(0, "worker-1"), b"stage 0 is the central node's")
+    w1.publish(TOPICS.gradients(1, "worker-2"), b"stage 1, but as worker-2")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"own gradient")
+    w1.publish(TOPICS.activations(1, "worker-1"), b"own activation")
     assert [watcher.next() for _ in range(2)] == [
-        (TOPICS.gradients(1), b"own gradient"),
-        (TOPICS.activations(1), b"own activation"),
+        (TOPICS.gradients(1, "worker-1"), b"own gradient"),
+        (TOPICS.activations(1, "worker-1"), b"own activation"),
     ]
 
     # A re-partition swaps the two workers: during the switch both plans count ...
@@ -285,16 +295,16 @@ def test_device_publishes_only_the_outputs_of_the_stage_it_holds(login: Login) -
         TOPICS.device(Family.CONTROL, "worker-1"), _repartition(["central", "worker-2", "worker-1"], 1)
     )
     assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
-    w1.publish(TOPICS.gradients(1), b"old plan, draining")
-    w1.publish(TOPICS.gradients(2), b"new plan")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"old plan, draining")
+    w1.publish(TOPICS.gradients(2, "worker-1"), b"new plan")
     assert [watcher.next()[1] for _ in range(2)] == [b"old plan, draining", b"new plan"]
     # ... and after the next plan only the new one.
     central.publish(
         TOPICS.device(Family.CONTROL, "worker-1"), _repartition(["central", "worker-2", "worker-1"], 2)
     )
     assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
-    w1.publish(TOPICS.gradients(1), b"stage 1 is worker-2's now")
-    w1.publish(TOPICS.gradients(2), b"marker")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"stage 1 is worker-2's now")
+    w1.publish(TOPICS.gradients(2, "worker-1"), b"marker")
     assert watcher.next()[1] == b"marker"
     assert watcher.received.empty()
 
@@ -308,9 +318,9 @@ def test_every_member_of_a_stage_group_publishes_until_a_reshare_takes_it_out(lo
     assign = _assign(workers, 0, groups=[["central"], ["worker-1", "worker-2"]], shares=[[1.0], [0.5, 0.5]])
     central.publish(TOPICS.device(Family.CONTROL, "worker-1"), assign)
     assert watcher.next()[0] == TOPICS.device(Family.CONTROL, "worker-1")
-    w2.publish(TOPICS.syncs(1), b"helper's parameter gradients")
-    w2.publish(TOPICS.activations(1), b"helper's rows")
-    w2.publish(TOPICS.syncs(0), b"stage 0 is the central node's")
+    w2.publish(TOPICS.syncs(1, "worker-2"), b"helper's parameter gradients")
+    w2.publish(TOPICS.activations(1, "worker-2"), b"helper's rows")
+    w2.publish(TOPICS.syncs(0, "worker-2"), b"stage 0 is the central node's")
     w2.publish(TOPICS.device(Family.STATUS, "worker-2"), b"marker-0")
     assert [watcher.next()[1] for _ in range(3)] == [
         b"helper's parameter gradients",
@@ -322,7 +332,7 @@ def test_every_member_of_a_stage_group_publishes_until_a_reshare_takes_it_out(lo
     w1.publish(TOPICS.fixed(Family.COMMAND), _reshare(workers, [["central"], ["worker-1"]], 1, "worker-1"))
     w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker-1")
     assert watcher.next()[1] == b"marker-1"
-    w2.publish(TOPICS.gradients(1), b"still a member")
+    w2.publish(TOPICS.gradients(1, "worker-2"), b"still a member")
     assert watcher.next()[1] == b"still a member"
 
     # The central node's reshare takes worker-2 out of stage 1 (same plan, next share version).
@@ -330,11 +340,11 @@ def test_every_member_of_a_stage_group_publishes_until_a_reshare_takes_it_out(lo
         TOPICS.fixed(Family.COMMAND), _reshare(workers, [["central"], ["worker-1"]], 1, "central")
     )
     assert watcher.next()[0] == TOPICS.fixed(Family.COMMAND)
-    w2.publish(TOPICS.syncs(1), b"no longer a member")
-    w2.publish(TOPICS.gradients(1), b"no longer a member")
+    w2.publish(TOPICS.syncs(1, "worker-2"), b"no longer a member")
+    w2.publish(TOPICS.gradients(1, "worker-2"), b"no longer a member")
     w2.publish(TOPICS.device(Family.STATUS, "worker-2"), b"marker-2")
     assert watcher.next()[1] == b"marker-2"
-    w1.publish(TOPICS.gradients(1), b"the primary still")
+    w1.publish(TOPICS.gradients(1, "worker-1"), b"the primary still")
     assert watcher.next()[1] == b"the primary still"
     assert watcher.received.empty()
 
@@ -344,7 +354,7 @@ def test_a_forged_assignment_from_a_device_does_not_grant_stages(login: Login) -
     w1, watcher = make("worker-1"), make("watcher")
     assert watcher.subscribe(TOPICS.all()) == 1
     w1.publish(TOPICS.device(Family.CONTROL, "worker-1"), _assign(["worker-1", "worker-1", "worker-1"], 9))
-    w1.publish(TOPICS.gradients(0), b"forged")
+    w1.publish(TOPICS.gradients(0, "worker-1"), b"forged")
     w1.publish(TOPICS.device(Family.STATUS, "worker-1"), b"marker")
     assert watcher.next()[1] == b"marker"
     assert watcher.received.empty()
@@ -447,20 +457,20 @@ def test_home_assistant_discovery_on_the_embedded_broker(
 def test_stage_owners_survive_a_broker_restart(creds: tuple[Path, dict[str, str]]) -> None:
     directory, pw = creds
     port = free_port()
-    with EmbeddedBroker("0.0.0.0", port, credentials=str(directory)):
+    with EmbeddedBroker("0.0.0.0", port, credentials=str(directory), insecure_plaintext=True):
         central = Client(port, "ea-site-central", "central", pw["central"])
         assert central.connect() == 0
         central.subscribe(TOPICS.device(Family.CONTROL, "worker-1"))
         central.publish(TOPICS.device(Family.CONTROL, "worker-1"), _assign(["central", "worker-1"], 0))
         central.next()  # the plan is in once the broker has delivered it
         central.close()
-    with EmbeddedBroker("0.0.0.0", port, credentials=str(directory)):
+    with EmbeddedBroker("0.0.0.0", port, credentials=str(directory), insecure_plaintext=True):
         watcher = Client(port, "watch", "watcher", pw["watcher"])
         w1 = Client(port, "ea-site-worker-1", "worker-1", pw["worker-1"])
         assert watcher.connect() == 0 and w1.connect() == 0
         watcher.subscribe(TOPICS.all())
-        w1.publish(TOPICS.activations(1), b"still stage 1")
-        assert watcher.next() == (TOPICS.activations(1), b"still stage 1")
+        w1.publish(TOPICS.activations(1, "worker-1"), b"still stage 1")
+        assert watcher.next() == (TOPICS.activations(1, "worker-1"), b"still stage 1")
         watcher.close()
         w1.close()
 

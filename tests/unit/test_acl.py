@@ -30,7 +30,8 @@ DEVICE = Grant("device", "site")
 def test_device_publishes_its_own_topics_only() -> None:
     plans = PlanTracker()
     assert may_publish("w1", DEVICE, T.device(Family.STATUS, "w1"), plans)
-    assert may_publish("w1", DEVICE, T.fixed(Family.ANNOUNCE), plans)
+    assert may_publish("w1", DEVICE, T.device(Family.ANNOUNCE, "w1"), plans)
+    assert not may_publish("w1", DEVICE, T.device(Family.ANNOUNCE, "w2"), plans)  # announcing as another
     assert not may_publish("w1", DEVICE, T.device(Family.STATUS, "w2"), plans)
     assert not may_publish("w1", DEVICE, T.device(Family.CONTROL, "w1"), plans)
     assert not may_publish("w1", DEVICE, T.device(Family.PROFILE, "w1"), plans)
@@ -45,21 +46,21 @@ def test_device_publishes_its_own_topics_only() -> None:
 
 def test_stage_outputs_follow_the_newest_two_plans() -> None:
     plans = PlanTracker()
-    assert not may_publish("w1", DEVICE, T.gradients(1), plans)  # no plan: nothing
+    assert not may_publish("w1", DEVICE, T.gradients(1, "w1"), plans)  # no plan: nothing
     assert plans.update("site", "r", 0, ["c", "w1", "w2"])
-    assert may_publish("w1", DEVICE, T.gradients(1), plans)
-    assert may_publish("w1", DEVICE, T.results(1), plans)
-    assert not may_publish("w1", DEVICE, T.gradients(2), plans)
+    assert may_publish("w1", DEVICE, T.gradients(1, "w1"), plans)
+    assert may_publish("w1", DEVICE, T.results(1, "w1"), plans)
+    assert not may_publish("w1", DEVICE, T.gradients(2, "w1"), plans)
     assert not plans.update("site", "r", 0, ["c", "w1", "w2"])  # the same plan again
     assert not plans.update("site", "r", -1, ["c", "w2", "w1"])  # an older plan is ignored
     assert plans.update("site", "r", 1, ["c", "w2", "w1"])
-    assert may_publish("w1", DEVICE, T.gradients(1), plans) and may_publish(
-        "w1", DEVICE, T.gradients(2), plans
+    assert may_publish("w1", DEVICE, T.gradients(1, "w1"), plans) and may_publish(
+        "w1", DEVICE, T.gradients(2, "w1"), plans
     )
     assert plans.update("site", "r", 2, ["c", "w2", "w1"])
-    assert not may_publish("w1", DEVICE, T.gradients(1), plans)
+    assert not may_publish("w1", DEVICE, T.gradients(1, "w1"), plans)
     assert plans.update("site", "r2", 0, ["c", "w1"])  # a new run forgets the old one's plans
-    assert not may_publish("w1", DEVICE, T.gradients(2), plans)
+    assert not may_publish("w1", DEVICE, T.gradients(2, "w1"), plans)
     assert PlanTracker.from_json(plans.to_json()) == plans
     with pytest.raises(ValueError):
         PlanTracker.from_json("[1, 2]")
@@ -69,18 +70,24 @@ def test_every_member_of_a_stage_group_publishes_its_outputs() -> None:
     plans = PlanTracker()
     # Hybrid stages: stage 1 is held by w1 (primary) and w3 (helper); stage 2 by w2 alone.
     assert plans.update("site", "r", 0, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2"]])
-    outputs = (T.activations(1), T.gradients(1), T.results(1), T.syncs(1))
+
+    def outputs(device: str) -> tuple[str, ...]:
+        return (T.activations(1, device), T.gradients(1, device), T.results(1, device), T.syncs(1, device))
+
     for device in ("w1", "w3"):
-        assert all(may_publish(device, DEVICE, topic, plans) for topic in outputs), device
-        assert not may_publish(device, DEVICE, T.syncs(2), plans)
-        assert not may_publish(device, DEVICE, T.activations(2), plans)
-    assert not any(may_publish("w2", DEVICE, topic, plans) for topic in outputs)
-    assert may_publish("w2", DEVICE, T.syncs(2), plans)
-    assert not may_publish("w9", DEVICE, T.syncs(1), plans)
+        assert all(may_publish(device, DEVICE, topic, plans) for topic in outputs(device)), device
+        assert not may_publish(device, DEVICE, T.syncs(2, device), plans)
+        assert not may_publish(device, DEVICE, T.activations(2, device), plans)
+        # Its own outputs only: never under another member's id.
+        other = "w3" if device == "w1" else "w1"
+        assert not any(may_publish(device, DEVICE, topic, plans) for topic in outputs(other))
+    assert not any(may_publish("w2", DEVICE, topic, plans) for topic in outputs("w2"))
+    assert may_publish("w2", DEVICE, T.syncs(2, "w2"), plans)
+    assert not may_publish("w9", DEVICE, T.syncs(1, "w9"), plans)
     # The same assignment again changes nothing; empty groups are one device per stage.
     assert not plans.update("site", "r", 0, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2"]])
     assert plans.update("site", "r2", 0, ["c", "w1", "w2"], groups=[])
-    assert not may_publish("w3", DEVICE, T.syncs(1), plans)
+    assert not may_publish("w3", DEVICE, T.syncs(1, "w3"), plans)
     assert PlanTracker.from_json(plans.to_json()) == plans
 
 
@@ -88,26 +95,30 @@ def test_a_reshare_changes_the_groups_inside_a_plan() -> None:
     plans = PlanTracker()
     plans.update("site", "r", 0, ["c", "w1"])
     assert plans.update("site", "r", 1, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2", "w4"]])
-    assert may_publish("w4", DEVICE, T.gradients(2), plans) and may_publish("w3", DEVICE, T.syncs(1), plans)
+    assert may_publish("w4", DEVICE, T.gradients(2, "w4"), plans) and may_publish(
+        "w3", DEVICE, T.syncs(1, "w3"), plans
+    )
     # w4 died: the central node gives stage 2 to w2 alone (same plan, next share version) ...
     assert plans.update(
         "site", "r", 1, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2"]], share_version=1
     )
-    assert not may_publish("w4", DEVICE, T.gradients(2), plans)
-    assert not may_publish("w4", DEVICE, T.syncs(2), plans)
-    assert may_publish("w2", DEVICE, T.syncs(2), plans) and may_publish("w3", DEVICE, T.syncs(1), plans)
+    assert not may_publish("w4", DEVICE, T.gradients(2, "w4"), plans)
+    assert not may_publish("w4", DEVICE, T.syncs(2, "w4"), plans)
+    assert may_publish("w2", DEVICE, T.syncs(2, "w2"), plans) and may_publish(
+        "w3", DEVICE, T.syncs(1, "w3"), plans
+    )
     # ... the previous plan (still draining) keeps its rights ...
-    assert may_publish("w1", DEVICE, T.gradients(1), plans)
+    assert may_publish("w1", DEVICE, T.gradients(1, "w1"), plans)
     assert plans.plans["site"].previous == [["c"], ["w1"]]
     # ... and an older share version of the same plan (overtaken) does not bring w4 back.
     assert not plans.update(
         "site", "r", 1, ["c", "w1", "w2"], groups=[["c"], ["w1", "w3"], ["w2", "w4"]], share_version=0
     )
-    assert not may_publish("w4", DEVICE, T.gradients(2), plans)
+    assert not may_publish("w4", DEVICE, T.gradients(2, "w4"), plans)
     # The next plan makes the reshared groups the previous ones.
     assert plans.update("site", "r", 2, ["c", "w2", "w1"])
-    assert may_publish("w3", DEVICE, T.results(1), plans)
-    assert not may_publish("w3", DEVICE, T.results(2), plans)
+    assert may_publish("w3", DEVICE, T.results(1, "w3"), plans)
+    assert not may_publish("w3", DEVICE, T.results(2, "w3"), plans)
     assert PlanTracker.from_json(plans.to_json()) == plans
 
 
@@ -116,9 +127,9 @@ def test_plan_state_of_an_older_broker_still_loads() -> None:
     old = '{"site": ["r", 3, ["c", "w1", "w2"], ["c", "w2", "w1"]], "lab": ["q", 0, ["c"], []]}'
     plans = PlanTracker.from_json(old)
     assert plans.plans["site"] == ("r", 3, [["c"], ["w1"], ["w2"]], [["c"], ["w2"], ["w1"]], 0)
-    assert may_publish("w1", DEVICE, T.gradients(1), plans)
-    assert may_publish("w1", DEVICE, T.gradients(2), plans)
-    assert not may_publish("w3", DEVICE, T.gradients(1), plans)
+    assert may_publish("w1", DEVICE, T.gradients(1, "w1"), plans)
+    assert may_publish("w1", DEVICE, T.gradients(2, "w1"), plans)
+    assert not may_publish("w3", DEVICE, T.gradients(1, "w3"), plans)
     assert not plans.update("site", "r", 3, ["c", "w1", "w2"])  # the same plan, as the old broker knew it
     assert PlanTracker.from_json(plans.to_json()) == plans
     for bad in ('{"site": ["r", 3]}', '{"site": "r"}', '{"site": ["r", "x", [], []]}'):
@@ -131,12 +142,14 @@ def test_device_reads_and_subscribes_to_what_it_needs() -> None:
     assert not may_receive("w1", DEVICE, T.device(Family.CONTROL, "w2"))
     assert not may_receive("w1", DEVICE, T.device(Family.HEARTBEAT, "w2"))
     assert may_receive("w1", DEVICE, T.device(Family.REPLICA, "w2"))
-    assert may_receive("w1", DEVICE, T.activations(7))
-    assert may_receive("w1", DEVICE, T.syncs(7))  # a group's gradient exchange
-    assert not may_receive("w1", DEVICE, T.results(7))
-    assert may_subscribe("w1", DEVICE, T.syncs(1))
+    assert may_receive("w1", DEVICE, T.activations(7, "w2"))
+    assert may_receive("w1", DEVICE, T.syncs(7, "w2"))  # a group's gradient exchange
+    assert not may_receive("w1", DEVICE, T.results(7, "w2"))
+    assert may_subscribe("w1", DEVICE, T.stage_filter(Family.SYNC, 1))
+    assert may_subscribe("w1", DEVICE, T.stage_filter(Family.ACTIVATIONS, 0))
+    assert not may_subscribe("w1", DEVICE, T.stage_filter(Family.RESULTS, 2))
     assert may_receive("w1", DEVICE, T.fixed(Family.COMMIT))
-    assert not may_receive("w1", DEVICE, T.fixed(Family.ANNOUNCE))
+    assert not may_receive("w1", DEVICE, T.device(Family.ANNOUNCE, "w2"))
     assert may_subscribe("w1", DEVICE, T.devices(Family.REQUEST))
     # A filter that also matches others' topics is refused: amqtt delivers the retained messages a new
     # subscription matches (profiles, statuses) without asking the per-message check.
@@ -198,8 +211,16 @@ def test_mosquitto_acl_lists_every_user() -> None:
     assert "user c\ntopic readwrite edgeagent/v1/site/#" in text
     assert "user o\ntopic read edgeagent/v1/+/#" in text
     assert "topic write edgeagent/v1/site/device/w1/heartbeat" in text
-    assert "topic readwrite edgeagent/v1/site/stage/+/sync" in text
-    assert "topic write edgeagent/v1/site/stage/+/result" in text
+    assert "topic write edgeagent/v1/site/device/w1/announce" in text
+    # Stage outputs only under its own id (the receivers check the plan); every device's to read.
+    assert "topic write edgeagent/v1/site/stage/+/sync/w1" in text
+    assert "topic write edgeagent/v1/site/stage/+/result/w1" in text
+    assert "topic read edgeagent/v1/site/stage/+/sync/+" in text
+    assert "topic read edgeagent/v1/site/stage/+/result/+" not in text
+    # Everything a device may write names it: no shared topic (the announcement was one).
+    device_block = text.split("user w1\n")[1].split("\n\n")[0]
+    written = [line.split()[-1] for line in device_block.splitlines() if line.split()[1] != "read"]
+    assert written and all("/w1/" in topic or topic.endswith("/w1") for topic in written), written
     assert "device/w2" not in text
     # Home Assistant discovery: the central login writes its node's configs, observers read them.
     users = {block.split("\n")[0]: block for block in text.split("\n\n") if block.startswith("user ")}
@@ -299,7 +320,8 @@ def test_credentials_cli(tmp_path: Path) -> None:
 
 def test_a_device_publishes_only_links_from_itself_and_reads_only_links_into_itself() -> None:
     """The allreduce mode's per-sender/receiver links (``link/<from>/<to>``)."""
-    from edgeagent.protocol.limits import sender_problem
+    from edgeagent.protocol.identity import identity_problem
+    from edgeagent.protocol.messages import Heartbeat
 
     plans = PlanTracker()
     assert may_publish("w1", DEVICE, T.link("w1", "w2"), plans)
@@ -316,9 +338,9 @@ def test_a_device_publishes_only_links_from_itself_and_reads_only_links_into_its
     assert not may_subscribe("w1", DEVICE, T.links_to("w2"))
     assert not may_subscribe("w1", DEVICE, "edgeagent/v1/site/link/#")
     # Without a broker ACL the receiver still checks that the envelope names the link's sender.
-    info = T.parse(T.link("w1", "w2"))
-    assert sender_problem(info, "w1") is None
-    assert sender_problem(info, "w3") is not None
+    info, any_message = T.parse(T.link("w1", "w2")), Heartbeat(device_id="w1", seq=1)
+    assert identity_problem(info, "w1", any_message) is None
+    assert identity_problem(info, "w3", any_message) is not None
     text = mosquitto_acl({"w1": DEVICE})
     assert "topic write edgeagent/v1/site/link/w1/+" in text
     assert "topic read edgeagent/v1/site/link/+/w1" in text

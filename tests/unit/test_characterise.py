@@ -64,8 +64,8 @@ def test_the_new_fields_and_characterise_round_trip() -> None:
     }
 
 
-def _raw(kind: str, body: dict[str, Any]) -> bytes:
-    return json.dumps({"v": 1, "k": kind, "s": "x", "b": body}).encode()  # allow_nan, as a sloppy peer
+def _raw(kind: str, body: dict[str, Any], sender: str = "x") -> bytes:
+    return json.dumps({"v": 1, "k": kind, "s": sender, "b": body}).encode()  # allow_nan, as a sloppy peer
 
 
 def test_older_messages_decode_with_the_defaults() -> None:
@@ -135,13 +135,14 @@ def test_malformed_characterise_is_rejected(args: dict[str, Any], pattern: str) 
 def test_a_role_drops_a_bad_announce_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
     broker = MemoryBroker()
     role = Role(MemoryTransport(broker, "central"), TOPICS, "central")
-    role.listen(TOPICS.fixed(Family.ANNOUNCE))
+    role.listen(TOPICS.devices(Family.ANNOUNCE))
     seen: list[Message] = []
     role.on(Announce, lambda item: seen.append(item.message))
     publisher = MemoryTransport(broker, "w1")
+    topic = TOPICS.device(Family.ANNOUNCE, "w1")
     with caplog.at_level(logging.WARNING):
-        publisher.publish(TOPICS.fixed(Family.ANNOUNCE), _raw("announce", {**ANNOUNCED, "h": [-1.0]}))
-        publisher.publish(TOPICS.fixed(Family.ANNOUNCE), _raw("announce", ANNOUNCED))
+        publisher.publish(topic, _raw("announce", {**ANNOUNCED, "h": [-1.0]}, sender="w1"))
+        publisher.publish(topic, _raw("announce", ANNOUNCED, sender="w1"))
         role.pump(0)
     assert [m.h for m in seen if isinstance(m, Announce)] == [H]  # the good one only
     assert role.gate.drops[MALFORMED] == 1
@@ -181,7 +182,7 @@ class Device:
         self.pub = MemoryTransport(broker, "central")
         self.sent: list[Message] = []
         spy = MemoryTransport(broker, "spy")
-        for topic in (TOPICS.fixed(Family.ANNOUNCE), TOPICS.device(Family.REPLY, "w1")):
+        for topic in (TOPICS.device(Family.ANNOUNCE, "w1"), TOPICS.device(Family.REPLY, "w1")):
             spy.subscribe(topic, lambda _t, p: self.sent.append(decode(p)[1]))
 
     def send(self, msg: Message, topic: str | None = None) -> None:

@@ -53,7 +53,7 @@ from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 
 TOPICS = Topics("lim")
 HB = TOPICS.device(Family.HEARTBEAT, "w1")
-ACT = TOPICS.activations(0)
+ACT = TOPICS.activations(0, "central")
 
 
 class FakeClock:
@@ -438,7 +438,7 @@ def test_role_flood_of_garbage_logs_a_bounded_number_of_lines(
     role, clock = make_role(broker, InboxLimits(data_rate=1e9, data_burst=1e9))
     pub = MemoryTransport(broker, "pub")
     for i in range(2000):
-        pub.publish(TOPICS.gradients(1), b"\xff garbage %d" % i)
+        pub.publish(TOPICS.gradients(1, "w1"), b"\xff garbage %d" % i)
     assert role.dropped == 2000
     assert len(caplog.records) == 3  # the first few, then summaries only
     clock.advance(10.0)
@@ -557,8 +557,8 @@ class StageOne:
         session = self.worker.session
         return session.run if isinstance(session, PipelineSession) else None
 
-    def send(self, topic: str, msg: Message) -> None:
-        self.pub.publish(topic, encode(msg, sender="central"))
+    def send(self, topic: str, msg: Message, sender: str = "central") -> None:
+        self.pub.publish(topic, encode(msg, sender=sender))
         for _ in range(10):  # handle it, and compute what it made ready (never block on an empty inbox)
             session = self.worker.session
             work = session is not None and session.has_work()
@@ -571,11 +571,11 @@ class StageOne:
     ) -> None:
         y = torch.zeros(x.shape[0] if x.dim() else 1, dtype=torch.int64) if y is None else y
         msg = Activation(run_id="run", plan_id=0, stage=0, batch_id=batch, version=0, mode=mode, x=x, y=y)
-        self.send(TOPICS.activations(0), msg)
+        self.send(TOPICS.activations(0, "central"), msg)
 
     def gradient(self, batch: int, g: torch.Tensor) -> None:
         msg = Gradient(run_id="run", plan_id=0, stage=2, batch_id=batch, g=g, loss=1.0)
-        self.send(TOPICS.gradients(2), msg)
+        self.send(TOPICS.gradients(2, "w2"), msg, sender="w2")
 
     def outputs(self, topic: str) -> int:
         return sum(t == topic for t, _ in self.sent)
@@ -593,9 +593,9 @@ def test_worker_drops_activations_that_do_not_fit_and_trains_on_the_real_one(bro
     w.activation(10**9, torch.zeros(4, 128))  # far beyond anything in flight: would be kept forever
     assert w.worker.dropped == 6
     assert run.forwards == {} and run.evals == [] and run.next_forward == 0
-    assert w.outputs(TOPICS.activations(1)) == 0
+    assert w.outputs(TOPICS.activations(1, "w1")) == 0
     w.activation(0, torch.randn(4, 128))  # the real batch 0
-    assert run.next_forward == 1 and w.outputs(TOPICS.activations(1)) == 1
+    assert run.next_forward == 1 and w.outputs(TOPICS.activations(1, "w1")) == 1
     assert w.worker.dropped == 6
 
 
@@ -612,7 +612,7 @@ def test_worker_drops_gradients_that_do_not_fit_and_keeps_the_batch(broker: Memo
     assert run.backwards == {} and run.next_backward == 0 and run.stage.in_flight == [0]
     w.gradient(0, torch.randn(4, 64))  # the real one
     assert run.next_backward == 1 and run.stage.in_flight == [] and run.runner.outputs == {}
-    assert w.outputs(TOPICS.gradients(1)) == 1
+    assert w.outputs(TOPICS.gradients(1, "w1")) == 1
 
 
 # =============================================================================================
@@ -628,11 +628,11 @@ def test_central_takes_only_gradients_and_results_it_waits_for(broker: MemoryBro
     assert run.points == [0, 1, 2, 3]
     for kind, handler in run.handlers().items():
         central.on(kind, handler)
-    info = TopicInfo(Family.GRADIENTS, stage=1)
+    info = TopicInfo(Family.GRADIENTS, device="w1", stage=1)
 
     def grad(batch: int, g: torch.Tensor) -> Inbound:
         msg = Gradient(run_id=central.run_id, plan_id=run.plan_id, stage=1, batch_id=batch, g=g, loss=1.0)
-        return Inbound(info, "w1", msg, wire_topic=TOPICS.gradients(1))
+        return Inbound(info, "w1", msg, wire_topic=TOPICS.gradients(1, "w1"))
 
     run.runner.outputs[3] = ((4, 128), torch.float32)
     central.dispatch(grad(3, torch.zeros(4, 7)))
@@ -646,7 +646,8 @@ def test_central_takes_only_gradients_and_results_it_waits_for(broker: MemoryBro
         msg = EvalResult(
             run_id=central.run_id, plan_id=run.plan_id, batch_id=batch, correct=1, count=1, loss_sum=0.0
         )
-        return Inbound(TopicInfo(Family.RESULTS, stage=2), "w2", msg, wire_topic=TOPICS.results(2))
+        info = TopicInfo(Family.RESULTS, device="w2", stage=2)
+        return Inbound(info, "w2", msg, wire_topic=TOPICS.results(2, "w2"))
 
     run.inbox.eval_ids = {0, 1}
     central.dispatch(result(7))

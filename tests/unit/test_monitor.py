@@ -256,7 +256,7 @@ def test_odd_metric_values_render(clock: FakeClock) -> None:
 def test_data_plane_and_cbor_replies_are_ignored_not_decoded(clock: FakeClock) -> None:
     state = ClusterState(clock=clock)
     topics = Topics(CLUSTER)
-    state.apply(topics.activations(0), b"\xa0not even cbor")
+    state.apply(topics.activations(0, "central"), b"\xa0not even cbor")
     state.apply(topics.device(Family.REPLY, "w1"), b"\xa0cbor ready")
     error = ErrorReport(device_id="w1", code="assign", reason="cannot build stage 1")
     device(state, Family.REPLY, "w1", error)
@@ -298,7 +298,12 @@ def test_empty_retained_status_forgets_the_device(clock: FakeClock) -> None:
 
 def test_announce_registers_a_device(clock: FakeClock) -> None:
     state = ClusterState(clock=clock)
-    feed(state, Topics(CLUSTER).fixed(Family.ANNOUNCE), Announce(device_id="pi-4", slowdown=3.0), "pi-4")
+    feed(
+        state,
+        Topics(CLUSTER).device(Family.ANNOUNCE, "pi-4"),
+        Announce(device_id="pi-4", slowdown=3.0),
+        "pi-4",
+    )
     text = text_of(state)
     assert "pi-4" in text and "3.0x" in text and "online" in text
 

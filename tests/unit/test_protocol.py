@@ -925,7 +925,7 @@ def _builders(family: Family) -> list[str]:
     for name, build_one in (
         ("fixed", lambda: T.fixed(family)),
         ("device", lambda: T.device(family, "w1")),
-        ("stage", lambda: T.stage(family, 0)),
+        ("stage", lambda: T.stage(family, 0, "w1")),
         ("link", lambda: _link(family)),
     ):
         try:
@@ -946,15 +946,15 @@ def _all_built_topics() -> list[tuple[str, TopicInfo]]:
             for dev in ("w1", "Central_0.a-b", "x" * 64):
                 out.append((T.device(family, dev), TopicInfo(family, device=dev)))
         elif kinds == ["stage"]:
-            for stage in (0, 1, 12):
-                out.append((T.stage(family, stage), TopicInfo(family, stage=stage)))
+            for stage, dev in ((0, "central"), (1, "w1"), (12, "x" * 64)):
+                out.append((T.stage(family, stage, dev), TopicInfo(family, device=dev, stage=stage)))
         elif kinds == ["link"]:
             for a, b in (("w1", "w2"), ("central", "x" * 64)):
                 out.append((T.link(a, b), TopicInfo(family, device=a, peer=b)))
     for stage in (0, 3):
-        out.append((T.activations(stage), TopicInfo(Family.ACTIVATIONS, stage=stage)))
-        out.append((T.gradients(stage), TopicInfo(Family.GRADIENTS, stage=stage)))
-        out.append((T.results(stage), TopicInfo(Family.RESULTS, stage=stage)))
+        out.append((T.activations(stage, "w1"), TopicInfo(Family.ACTIVATIONS, device="w1", stage=stage)))
+        out.append((T.gradients(stage, "w1"), TopicInfo(Family.GRADIENTS, device="w1", stage=stage)))
+        out.append((T.results(stage, "w1"), TopicInfo(Family.RESULTS, device="w1", stage=stage)))
     return out
 
 
@@ -981,7 +981,13 @@ def test_topic_device_wildcards() -> None:
     assert topic_matches(pattern, T.device(Family.HEARTBEAT, "w1"))
     assert topic_matches(pattern, T.device(Family.HEARTBEAT, "w2"))
     assert not topic_matches(pattern, T.device(Family.STATUS, "w1"))
-    assert not topic_matches(pattern, T.activations(0))
+    assert not topic_matches(pattern, T.activations(0, "w1"))
+    stage_inputs = T.stage_filter(Family.ACTIVATIONS, 1)  # every producer of stage 1's activations
+    assert topic_matches(stage_inputs, T.activations(1, "w1")) and topic_matches(
+        stage_inputs, T.activations(1, "w2")
+    )
+    assert not topic_matches(stage_inputs, T.activations(2, "w1"))
+    assert not topic_matches(stage_inputs, T.gradients(1, "w1"))
 
 
 @pytest.mark.parametrize(("topic", "info"), _all_built_topics(), ids=lambda v: str(v))
@@ -1023,12 +1029,15 @@ def test_topic_filters_match_the_topics_they_name(cluster: str) -> None:
                 assert topic_matches(tree.link(), topic) is matches
                 assert topic_matches(tree.link(info.device, info.peer), topic) is matches
                 assert not topic_matches(tree.link(info.peer, "someone-else"), topic)
+            elif info.stage is not None:
+                assert info.device is not None  # a stage output names the device that computed it
+                assert topic_matches(tree.stage(info.family), topic) is matches
+                assert topic_matches(tree.stage(info.family, info.device), topic) is matches
+                assert not topic_matches(tree.stage(info.family, "someone-else"), topic)
             elif info.device is not None:
                 assert topic_matches(tree.device(info.family), topic) is matches
                 assert topic_matches(tree.device(info.family, info.device), topic) is matches
                 assert not topic_matches(tree.device(info.family, "someone-else"), topic)
-            elif info.stage is not None:
-                assert topic_matches(tree.stage(info.family), topic) is matches
             else:
                 assert topic_matches(tree.fixed(info.family), topic) is matches
     assert TopicFilters("clu-1").all() == T.all()
@@ -1091,9 +1100,13 @@ def test_topic_builder_misuse() -> None:
     with pytest.raises(ValueError):
         T.device(Family.ACTIVATIONS, "w1")
     with pytest.raises(ValueError):
-        T.stage(Family.STATUS, 0)
+        T.stage(Family.STATUS, 0, "w1")
     with pytest.raises(ValueError):
-        T.stage(Family.ACTIVATIONS, -1)
+        T.stage(Family.ACTIVATIONS, -1, "w1")
+    with pytest.raises(ProtocolError):
+        T.stage(Family.ACTIVATIONS, 0, "+")  # a wildcard is a filter (stage_filter), not a device
+    with pytest.raises(ValueError):
+        T.fixed(Family.ANNOUNCE)  # a device's own topic: device/<id>/announce
     with pytest.raises(ValueError):
         T.fixed(Family.STATUS)
 

@@ -35,6 +35,7 @@ def run_monitor(
     connect_timeout: float = CONNECT_TIMEOUT,
     tls: TlsOptions | None = None,
     show_left: bool = False,
+    insecure_plaintext: bool = False,
 ) -> None:
     """Show the cluster(s) on ``broker`` until Ctrl-C (or for ``duration`` seconds).
 
@@ -65,7 +66,8 @@ def run_monitor(
         with lock:
             return state.render()
 
-    transport = MqttTransport(url, f"ea-monitor-{secrets.token_hex(4)}", tls=tls)
+    client_id = f"ea-monitor-{secrets.token_hex(4)}"
+    transport = MqttTransport(url, client_id, tls=tls, insecure_plaintext=insecure_plaintext)
     try:
         for pattern in patterns:
             transport.subscribe(pattern, on_payload)

@@ -45,8 +45,8 @@ LEFT_GRACE = 30.0  # seconds a device seen leaving stays in the table before it 
 GONE_STATES: tuple[StatusState, ...] = ("offline", "left")
 
 # The families the monitor reads, all JSON. Everything else (the data plane) is not subscribed to.
-SHOWN_FAMILIES = (Family.STATUS, Family.HEARTBEAT, Family.METRICS, Family.REPLY)
-SHOWN_FIXED = (Family.ANNOUNCE, Family.EVENTS)
+SHOWN_FAMILIES = (Family.ANNOUNCE, Family.STATUS, Family.HEARTBEAT, Family.METRICS, Family.REPLY)
+SHOWN_FIXED = (Family.EVENTS,)
 
 
 def subscriptions(cluster: str | None = None) -> list[str]:
@@ -164,11 +164,6 @@ class ClusterState:
             self._device_message(cluster, info.device, message, now)
         elif isinstance(message, Event):
             self._event(cluster, sender, message)
-        elif isinstance(message, Announce):
-            device = self._device(cluster, message.device_id, now)
-            device.slowdown = message.slowdown
-            device.state = device.state or "online"
-            self._active.add(cluster)
         else:
             self.ignored += 1
 
@@ -212,6 +207,11 @@ class ClusterState:
             device.run_id = message.run_id or device.run_id
             self._active.add(cluster)
             self._central_metrics(cluster, device_id, message)
+        elif isinstance(message, Announce):
+            device = self._device(cluster, device_id, now)
+            device.slowdown = message.slowdown
+            device.state = device.state or "online"
+            self._active.add(cluster)
         elif isinstance(message, ErrorReport):
             device = self._device(cluster, device_id, now)
             device.detail = f"{message.code}: {message.reason}"

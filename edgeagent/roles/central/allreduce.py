@@ -466,7 +466,7 @@ class AllreduceRun:
     def _on_error(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, ErrorReport)
-        if self._ours(msg.run_id) and msg.code == "assign":
+        if self._ours(msg.run_id) and msg.code == "assign" and msg.device_id in self.devices:
             self.errors.append(f"{msg.device_id}: {msg.reason}")
 
     # -- the parameter server ---------------------------------------------------------------------
@@ -494,6 +494,9 @@ class AllreduceRun:
         assert isinstance(msg, AllreduceMsg)
         if not self._ours(msg.run_id) or msg.kind != "ps_grad" or not isinstance(msg.data, torch.Tensor):
             return
+        if item.sender not in self.members:  # a device outside the step must not move the model
+            self.central.discard(item, f"{item.sender!r} is not a member of step {msg.step}")
+            return
         if msg.data.numel() != self.replica.size:
             self.central.discard(item, f"a gradient of {msg.data.numel()} floats, not {self.replica.size}")
             return
@@ -504,7 +507,7 @@ class AllreduceRun:
             self.applied += 1
             self._reply(item.sender, msg.step, [msg.sender])
             return
-        if msg.step != self.step or msg.attempt != self.attempt or item.sender not in self.members:
+        if msg.step != self.step or msg.attempt != self.attempt:
             return
         self.grads[item.sender] = msg.data
         if set(self.grads) >= set(self.members):

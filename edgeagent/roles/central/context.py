@@ -33,6 +33,7 @@ from edgeagent.planner.dp import Link, TieBreak
 from edgeagent.planner.policy import RepartitionPolicy
 from edgeagent.planner.profiler import LayerProfile, profile_layers
 from edgeagent.predictor.tracker import DeviceTimes
+from edgeagent.protocol.identity import PlanView
 from edgeagent.protocol.messages import (
     Announce,
     EvalResult,
@@ -241,6 +242,10 @@ class RunState:
 
     def bound(self) -> int:
         return self.train.in_flight or len(self.worker_list)
+
+    def plan_view(self) -> PlanView:
+        """Who holds each stage now: stage outputs are taken only from them (protocol/identity.py)."""
+        return PlanView(self.run_id, self.plan_id, self.groups.members)
 
     def send(self, topic: str, message: Message, *, retain: bool = False) -> int:
         return self.node.send(topic, message, retain=retain)

@@ -83,7 +83,7 @@ class Evaluation(Switching):
         activation = self.runner.activation(
             out, y, run_id=self.run_id, plan_id=self.plan_id, batch_id=eid, version=0, mode="eval", epoch=0
         )
-        self.codecs.message_sent(self.send(self.topics.activations(0), activation))
+        self.codecs.message_sent(self.send(self.topics.activations(0, self.device_id), activation))
 
     def _check_divergence(self, epoch: int, mean_loss: float) -> None:
         """End the run (``divergence: stop``, the default) or say so (``warn``) when the epoch's training

@@ -23,6 +23,7 @@ from edgeagent.protocol.messages import (
     Weights,
 )
 from edgeagent.protocol.topics import Family
+from edgeagent.replication.store import layer_of
 from edgeagent.replication.switch import serve_fetch
 from edgeagent.roles.central.checkpoint import Checkpoints
 from edgeagent.runtime.role import Inbound
@@ -48,6 +49,14 @@ class Handlers(Checkpoints):
 
     def _ours(self, msg: Message) -> bool:
         return getattr(msg, "run_id", None) == self.run_id
+
+    def _member(self, item: Inbound, device: str) -> bool:
+        """Whether ``device`` (the topic's: identity is checked on arrival) is one of the run's devices,
+        discovered or joined since; a message about the run from any other is dropped with a line."""
+        if device in self.workers:
+            return True
+        self.node.discard(item, f"{device!r} is not a device of run {self.run_id}")
+        return False
 
     def on_gradient(self, item: Inbound) -> None:
         msg = item.message
@@ -85,7 +94,7 @@ class Handlers(Checkpoints):
     def on_ready(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Ready)
-        if not self._ours(msg):
+        if not self._ours(msg) or not self._member(item, msg.device_id):
             return
         if msg.phase == "alive":
             self.inbox.alive[msg.device_id] = msg
@@ -101,7 +110,7 @@ class Handlers(Checkpoints):
     def on_fetch(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, FetchRequest)
-        if not self._ours(msg) or msg.owner != self.device_id:
+        if not self._ours(msg) or msg.owner != self.device_id or not self._member(item, msg.requester):
             return
         try:
             reply = serve_fetch(self.store, self.runner.stage, msg, self.spec, self.train.seed, self.run_id)
@@ -113,11 +122,17 @@ class Handlers(Checkpoints):
     def on_weights(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Weights)
-        if not self._ours(msg):
+        if not self._ours(msg) or not self._member(item, msg.device_id):
             return
         if msg.purpose == "redistribute":
             if self.switch is not None:
                 self.switch.accept(msg)
+        elif msg.purpose == "collect":
+            problem = self._collect_problem(msg)
+            if problem is not None:
+                self.node.discard(item, problem)
+            else:
+                self.inbox.weights[msg.device_id] = msg
         elif msg.purpose in ("chain", "global") and msg.plan_id == self.plan_id:
             try:
                 self.store.add_replica(msg)
@@ -126,8 +141,22 @@ class Handlers(Checkpoints):
                 return
             self._replicated(msg)
             self._maybe_checkpoint(msg.version)
-        else:
-            self.inbox.weights[msg.device_id] = msg
+
+    def _collect_problem(self, msg: Weights) -> str | None:
+        """Why a device's answer to ``collect`` cannot go into the trained model, or None: only the layers of
+        the stage it holds, as that stage."""
+        stage = self.groups.stage_of(msg.device_id)
+        if stage is None or stage != msg.stage:
+            return f"collect of stage {msg.stage} from {msg.device_id!r}, which holds stage {stage}"
+        start, end = self.points[stage], self.points[stage + 1]
+        try:
+            outside = sorted({key for key in msg.tensors if not start <= layer_of(key) < end})
+        except (IndexError, ValueError):
+            return f"collect from {msg.device_id!r} with tensors not named layers.<layer>.<name>"
+        if outside:
+            held = f"stage {stage}, layers [{start}, {end})"
+            return f"collect from {msg.device_id!r} ({held}) holds {outside[:3]}"
+        return None
 
     def on_h(self, msg: Announce) -> None:
         """A device announced its ``h`` (estimation.Estimation uses it)."""
@@ -151,6 +180,8 @@ class Handlers(Checkpoints):
     def on_error(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, ErrorReport)
+        if self._ours(msg) and not self._member(item, msg.device_id):
+            return  # another device cannot end this run
         log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
         if self._ours(msg) and msg.code == "diverged" and msg.device_id in self.worker_list:
             self.inbox.diverged = msg.reason

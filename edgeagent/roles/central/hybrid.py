@@ -379,6 +379,7 @@ class HybridRun(PipelineRun):
         if not changed:
             return
         before = self._stage_topics()
+        self.node.senders.see(self.plan_view())  # the members leaving may still deliver this plan's pieces
         self.groups = new
         self.worker_list = new.primaries
         members, shares = new.to_wire()

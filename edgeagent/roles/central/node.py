@@ -45,6 +45,7 @@ from edgeagent.predictor.measure import (
 )
 from edgeagent.predictor.store import shipped_path
 from edgeagent.protocol.commands import Stop
+from edgeagent.protocol.identity import HasPlan
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import Announce, Discover, Event, Heartbeat, Message, Status
 from edgeagent.protocol.topics import Family, Topics
@@ -176,7 +177,7 @@ class Central(Role):
             if self._owns_transport:
                 self.transport.close()
             raise
-        self.listen(self.topics.fixed(Family.ANNOUNCE))
+        self.listen(self.topics.devices(Family.ANNOUNCE))
         for family in (Family.HEARTBEAT, Family.STATUS, Family.REPLY, Family.REQUEST):
             self.listen(self.topics.devices(family))
         if not self.transport.wait_connected(self.config.startup_timeout):
@@ -317,6 +318,8 @@ class Central(Role):
     def attach(self, run: CentralRun) -> None:
         """The mode's run starts: its handlers take over the messages, its metrics are published."""
         self.active = run
+        # Stage outputs are taken only from the devices the run's plan says hold the stage.
+        self.senders.plan = run.plan_view if isinstance(run, HasPlan) else None
         for kind, handler in run.handlers().items():
             self.on(kind, handler)
 

@@ -101,7 +101,11 @@ class Setup(Handlers):
         n = len(self.worker_list)
         if n < 2:
             return []
-        topics = [self.topics.gradients(1), self.topics.results(n - 1)]
+        # Every device's gradients of stage 1 and results of the last stage (the plan says whose count).
+        topics = [
+            self.topics.stage_filter(Family.GRADIENTS, 1),
+            self.topics.stage_filter(Family.RESULTS, n - 1),
+        ]
         # The last ``replicas`` workers' chain replicas wrap around to the central node.
         for device in self.worker_list[max(1, n - self.config.replicas) :]:
             topics.append(self.topics.device(Family.REPLICA, device))

@@ -206,7 +206,7 @@ class PipelineRun(Recovery):
             activation = dataclasses.replace(
                 activation, rows=[lo, hi], total=int(self._batch(bid)[1].shape[0])
             )
-            self.codecs.message_sent(self.send(self.topics.activations(0), activation))
+            self.codecs.message_sent(self.send(self.topics.activations(0, self.device_id), activation))
         if j == 0:
             self.sent_at[bid] = time.monotonic()
         loop.micro_f += 1
@@ -345,7 +345,7 @@ class PipelineRun(Recovery):
                 mode="train",
                 epoch=loop.next_f // self.per_epoch,
             )
-            self.codecs.message_sent(self.send(self.topics.activations(0), activation))
+            self.codecs.message_sent(self.send(self.topics.activations(0, self.device_id), activation))
             self.sent_at[loop.next_f] = time.monotonic()
         loop.next_f += 1
 

@@ -31,7 +31,9 @@ from edgeagent.pipeline.groups import Groups, cover
 from edgeagent.pipeline.rows import Rows
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
 from edgeagent.protocol.commands import Reshare
+from edgeagent.protocol.identity import PlanView
 from edgeagent.protocol.messages import Assign, Commit, EvalResult, GradSync, Message, Repartition
+from edgeagent.protocol.topics import Family
 from edgeagent.roles.worker.hybrid_intake import HybridIntake, HybridState
 from edgeagent.roles.worker.run import Run
 from edgeagent.runtime.compute import Clock, emulate_slowdown
@@ -89,10 +91,13 @@ class HybridSession(HybridIntake):
     def _stage_subscriptions(self) -> list[str]:
         wanted = super()._stage_subscriptions()
         if len(self._group) > 1:
-            wanted.append(self.worker.topics.syncs(self.run.index))
+            wanted.append(self.worker.topics.stage_filter(Family.SYNC, self.run.index))
         return wanted
 
     # -- the session's interface -----------------------------------------------------------------
+
+    def plan_view(self) -> PlanView:
+        return PlanView(self.run.run_id, self.run.plan_id, self.hy.groups.members)
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -210,7 +215,9 @@ class HybridSession(HybridIntake):
             epoch=batch_id // max(1, run.batches_per_epoch),
         )
         activation = dataclasses.replace(activation, rows=[lo, hi], total=total)
-        run.codecs.message_sent(worker.send(worker.topics.activations(run.index), activation))
+        run.codecs.message_sent(
+            worker.send(worker.topics.activations(run.index, worker.device_id), activation)
+        )
 
     def _backward_rows(self, batch_id: int) -> None:
         run, worker, hy = self.run, self.worker, self.hy
@@ -273,7 +280,7 @@ class HybridSession(HybridIntake):
             row_correct=correct,
             device_times=times,
         )
-        run.codecs.message_sent(worker.send(worker.topics.gradients(run.index), gradient))
+        run.codecs.message_sent(worker.send(worker.topics.gradients(run.index, worker.device_id), gradient))
 
     # -- the update: the members' gradients added up -----------------------------------------------
 
@@ -293,7 +300,7 @@ class HybridSession(HybridIntake):
         )
         hy.syncs.setdefault(batch_id, {}).setdefault(hy.groups.version, {})[worker.device_id] = msg
         if len(self._group) > 1:
-            worker.send(worker.topics.syncs(run.index), msg)
+            worker.send(worker.topics.syncs(run.index, worker.device_id), msg)
 
     def _whole(self, batch_id: int) -> list[GradSync] | None:
         """The contributions that make the batch's update whole (one groups version), in row order."""
@@ -391,7 +398,9 @@ class HybridSession(HybridIntake):
                 epoch=0,
             )
             activation = dataclasses.replace(activation, rows=[lo, hi], total=buffer.total)
-            run.codecs.message_sent(worker.send(worker.topics.activations(run.index), activation))
+            run.codecs.message_sent(
+                worker.send(worker.topics.activations(run.index, worker.device_id), activation)
+            )
             return
         result = EvalResult(
             run_id=run.run_id,
@@ -403,7 +412,7 @@ class HybridSession(HybridIntake):
             rows=[lo, hi],
             total=buffer.total,
         )
-        worker.send(worker.topics.results(run.index), result)
+        worker.send(worker.topics.results(run.index, worker.device_id), result)
 
     # -- failover inside a stage, re-splits --------------------------------------------------------
 
@@ -426,6 +435,7 @@ class HybridSession(HybridIntake):
             self._end(rejoin=True)
             return
         changed = new.members[run.index] != self._group
+        self.worker.senders.see(self.plan_view())  # the members leaving may still deliver this plan's pieces
         hy.groups = new
         run.worker_list = new.primaries
         self.replicas.sends = self._is_primary

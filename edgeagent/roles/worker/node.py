@@ -27,6 +27,7 @@ from edgeagent.ops.profiles import DeviceProfile, parse_profile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.predictor.measure import Characterisation
 from edgeagent.protocol.commands import Characterise, Emulate
+from edgeagent.protocol.identity import HasPlan
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import (
     Announce,
@@ -138,7 +139,7 @@ class Worker(Role):
         if h == "latest":
             h = self.characteriser.latest(self.slowdown)
         self.send(
-            self.topics.fixed(Family.ANNOUNCE),
+            self.topics.device(Family.ANNOUNCE, self.device_id),
             Announce(
                 device_id=self.device_id,
                 busy_with=busy,
@@ -187,6 +188,11 @@ class Worker(Role):
         if self.session is not None and self.session.run_id != msg.run_id:
             self.report_error("busy", f"already training run {self.session.run_id}", msg.run_id)
             return
+        refusal = self.config.model_refusal(msg.model.get("name"))
+        if refusal is not None:
+            log.error("%s: %s", self.device_id, refusal)
+            self.report_error("assign", refusal, msg.run_id)
+            return
         try:
             training = mode(msg.mode)
         except ConfigError as exc:
@@ -196,6 +202,8 @@ class Worker(Role):
         if session is None:
             return
         self.session = session
+        # Stage outputs are taken only from the devices the session's plan says hold the stage.
+        self.senders.plan = session.plan_view if isinstance(session, HasPlan) else None
         handlers = session.handlers()
         self._installed = list(handlers)
         for kind, handler in handlers.items():
@@ -224,6 +232,7 @@ class Worker(Role):
                 self.on(kind, own)
         self._installed = []
         self.session = None
+        self.senders.plan = None
         self.completed_runs += 1
         self.set_status("idle")
 
@@ -333,7 +342,12 @@ class Worker(Role):
             self.announce(None)
 
     def _characterise(self, model: dict[str, Any], batch_size: int, *, fresh: bool) -> Characterisation:
-        """``h`` for ``model`` at the current slowdown, measured with this device's torch threads."""
+        """``h`` for ``model`` at the current slowdown, measured with this device's torch threads; a
+        :class:`ConfigError` for a model this worker may not build (``allowed_models``)."""
+        refusal = self.config.model_refusal(model.get("name"))
+        if refusal is not None:
+            log.error("%s: not measuring h: %s", self.device_id, refusal)
+            raise ConfigError(refusal)
         threads = self.profile.threads if self.profile else self.config.threads
         return self.characteriser.measure(
             model, batch_size, slowdown=self.slowdown, threads=threads, fresh=fresh

@@ -23,6 +23,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.protocol.commands import Collect, Command, MeasureLink, Ping, SetCompression, Stop
+from edgeagent.protocol.identity import PlanView
 from edgeagent.protocol.messages import (
     Activation,
     Assign,
@@ -160,9 +161,9 @@ class PipelineSession:
         """The stage's inputs (activations of the stage before, gradients of the stage after) and the
         chain replicas it holds."""
         run, topics = self.run, self.worker.topics
-        wanted = [topics.activations(run.index - 1)]
+        wanted = [topics.stage_filter(Family.ACTIVATIONS, run.index - 1)]
         if not run.is_last:
-            wanted.append(topics.gradients(run.index + 1))
+            wanted.append(topics.stage_filter(Family.GRADIENTS, run.index + 1))
         # Chain replicas of the ``replicas`` stages before this one, wrapping around after the last stage
         # as planner.recovery.holders_of does (never of the central node's stage 0, which keeps its own).
         n = len(run.worker_list)
@@ -213,6 +214,10 @@ class PipelineSession:
         self.worker.end_run(rejoin=rejoin)
 
     # -- the session's interface (modes.base.WorkerSession) ------------------------------------
+
+    def plan_view(self) -> PlanView:
+        """Who holds each stage now: the worker takes stage outputs only from them (protocol/identity.py)."""
+        return PlanView(self.run.run_id, self.run.plan_id, [[d] for d in self.run.worker_list])
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -516,7 +521,9 @@ class PipelineSession:
         )
         if msg.rows:  # a micro-batch of the sync schedule: its rows of the batch go on with it
             activation = dataclasses.replace(activation, rows=msg.rows, total=msg.total)
-        run.codecs.message_sent(worker.send(worker.topics.activations(run.index), activation))
+        run.codecs.message_sent(
+            worker.send(worker.topics.activations(run.index, worker.device_id), activation)
+        )
 
     def _backward(self, msg: Gradient) -> None:
         run, worker = self.run, self.worker
@@ -557,7 +564,7 @@ class PipelineSession:
             correct=correct,
             downstream=downstream,
         )
-        run.codecs.message_sent(worker.send(worker.topics.gradients(run.index), gradient))
+        run.codecs.message_sent(worker.send(worker.topics.gradients(run.index, worker.device_id), gradient))
 
     def _evaluate(self, msg: Activation) -> None:
         run, worker = self.run, self.worker
@@ -576,7 +583,9 @@ class PipelineSession:
                 mode="eval",
                 epoch=0,
             )
-            run.codecs.message_sent(worker.send(worker.topics.activations(run.index), activation))
+            run.codecs.message_sent(
+                worker.send(worker.topics.activations(run.index, worker.device_id), activation)
+            )
             return
         loss_sum = float(torch.nn.functional.cross_entropy(out, msg.y, reduction="sum"))
         correct = int((out.argmax(dim=1) == msg.y).sum())
@@ -588,7 +597,7 @@ class PipelineSession:
             count=int(msg.y.shape[0]),
             loss_sum=loss_sum,
         )
-        worker.send(worker.topics.results(run.index), result)
+        worker.send(worker.topics.results(run.index, worker.device_id), result)
 
     def _batch_done(self, item: int) -> None:
         """A batch's forward and backward are both done here: record its time; replicate at the points.
