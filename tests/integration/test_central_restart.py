@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +30,14 @@ import pytest
 import torch
 import yaml
 
+from edgeagent.broker import BrokerTls, EmbeddedBroker
+from edgeagent.broker.certs import Site, init_site
 from edgeagent.cli.demo import worker_command
 from edgeagent.errors import ProtocolError
 from edgeagent.protocol.messages import Announce, Event, Message, Status
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode
-from edgeagent.transport.mqtt import MqttTransport
+from edgeagent.transport.mqtt import MqttTransport, TlsOptions
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +52,11 @@ PER_EPOCH = 44  # digits: 1437 training samples, whole batches of 32
 
 
 def unit_settings() -> dict[str, str]:
-    """The ``[Service]`` keys of the central node's unit (the last value of each)."""
+    """The ``[Service]`` keys of the central node's unit (the last value of each); a line ending in a
+    backslash goes on on the next, as systemd reads it."""
     values: dict[str, str] = {}
-    for line in UNIT.read_text().splitlines():
+    text = UNIT.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep and not line.startswith("#"):
             values[key.strip()] = value.strip()
@@ -62,6 +68,7 @@ def unit_command(state: Path, config: Path) -> tuple[list[str], Path]:
     directory and installed program replaced by the test's."""
     service = unit_settings()
     line = service["ExecStart"].replace("${STATE_DIRECTORY}", str(state))
+    line = line.replace("${CREDENTIALS_DIRECTORY}", str(state / "credentials"))
     argv = shlex.split(line)
     assert argv[0] == INSTALLED and "/etc/edgeagent/central.yaml" in argv, line
     program = Path(sys.executable).with_name("edgeagent")  # this venv's installed edgeagent
@@ -85,7 +92,46 @@ def unit_config(folder: Path, broker: str, cluster: str, **top: Any) -> Path:
 
 def service_env(state: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-    return {**env, "STATE_DIRECTORY": str(state), "PYTHONUNBUFFERED": "1"}
+    return {
+        **env,
+        "STATE_DIRECTORY": str(state),
+        "CREDENTIALS_DIRECTORY": str(state / "credentials"),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def unit_credentials(state: Path, site: Site) -> None:
+    """What ``LoadCredential=`` hands the unit: the site CA and the central node's client certificate."""
+    folder = state / "credentials"
+    folder.mkdir(parents=True)
+    central = site.devices["central"]
+    for name, source in (("ca.pem", site.ca.cert), ("client.pem", central.cert), ("client.key", central.key)):
+        shutil.copyfile(source, folder / name)
+
+
+def tls_flags(site: Site, device: str) -> tuple[str, ...]:
+    pair = site.devices[device]
+    return ("--ca-file", str(site.ca.cert), "--cert-file", str(pair.cert), "--key-file", str(pair.key))
+
+
+@dataclass(frozen=True)
+class TlsBroker:
+    url: str
+    site: Site
+
+
+@pytest.fixture
+def tls_broker(tmp_path: Path) -> Iterator[TlsBroker]:
+    """The embedded broker over TLS with client certificates, as the shipped units run it (mqtts://)."""
+    site = init_site(
+        tmp_path / "tls", ["localhost", "127.0.0.1"], ["central", "worker-1", "worker-2", "watch"]
+    )
+    tls = BrokerTls(str(site.broker.cert), str(site.broker.key), str(site.ca.cert), require_client_cert=True)
+    broker = EmbeddedBroker(tls=tls).start()
+    try:
+        yield TlsBroker(broker.url.replace("mqtt://", "mqtts://").replace("127.0.0.1", "localhost"), site)
+    finally:
+        broker.stop()
 
 
 class Central:
@@ -116,14 +162,18 @@ class Wire:
     """What the cluster says on ``run/events``, every device's status and ``announce``, decoded, as it
     arrives: the tests wait for these, never for time."""
 
-    def __init__(self, broker: str, cluster: str) -> None:
+    def __init__(self, broker: str, cluster: str, site: Site | None = None) -> None:
         self.topics = Topics(cluster)
         self.seen: list[tuple[float, str, Message]] = []
         self.changed = threading.Condition()
-        self.transport = MqttTransport(broker, f"watch-{cluster}-{uuid.uuid4().hex[:6]}")
+        tls = None
+        if site is not None:
+            pair = site.devices["watch"]
+            tls = TlsOptions(str(site.ca.cert), str(pair.cert), str(pair.key))
+        self.transport = MqttTransport(broker, f"watch-{cluster}-{uuid.uuid4().hex[:6]}", tls=tls)
         for pattern in (
             self.topics.fixed(Family.EVENTS),
-            self.topics.fixed(Family.ANNOUNCE),
+            self.topics.devices(Family.ANNOUNCE),
             self.topics.devices(Family.STATUS),
         ):
             self.transport.subscribe(pattern, self._on)
@@ -208,12 +258,36 @@ def checkpoint_at_least(version: int) -> Callable[[str, Message], bool]:
     return match
 
 
+def start_workers(url: str, cluster: str, site: Site | None = None) -> list[subprocess.Popen[bytes]]:
+    """worker-1 and worker-2 serving runs until stopped, as their unit runs them (no ``--once``)."""
+    return [
+        subprocess.Popen(
+            worker_command(
+                f"worker-{i}",
+                url,
+                cluster,
+                1.0,
+                once=False,
+                extra=tls_flags(site, f"worker-{i}") if site else (),
+            )
+        )
+        for i in (1, 2)
+    ]
+
+
 @pytest.fixture
 def workers(amqtt_url: str, cluster: str) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """worker-1 and worker-2 serving runs until stopped, as their unit runs them (no ``--once``)."""
-    procs = [
-        subprocess.Popen(worker_command(f"worker-{i}", amqtt_url, cluster, 1.0, once=False)) for i in (1, 2)
-    ]
+    procs = start_workers(amqtt_url, cluster)
+    yield from _stopped_after(procs)
+
+
+@pytest.fixture
+def tls_workers(tls_broker: TlsBroker, cluster: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = start_workers(tls_broker.url, cluster, tls_broker.site)
+    yield from _stopped_after(procs)
+
+
+def _stopped_after(procs: list[subprocess.Popen[bytes]]) -> Iterator[list[subprocess.Popen[bytes]]]:
     try:
         yield procs
     finally:
@@ -236,16 +310,17 @@ def checkpoints_under(folder: Path) -> dict[Path, bytes]:
 
 
 def _killed_and_rerun(
-    amqtt_url: str, cluster: str, tmp_path: Path, sig: signal.Signals
+    broker: TlsBroker, cluster: str, tmp_path: Path, sig: signal.Signals
 ) -> tuple[Wire, dict[str, Any], str, Event]:
-    """Start the unit's command, send ``sig`` once its checkpoint of version 40 (mid-epoch 0) is
-    announced, check how it ended, run the same command again: (wire, report, run id, the checkpoint
-    event)."""
+    """Start the unit's command (over TLS with its credentials, as the unit has it), send ``sig`` once its
+    checkpoint of version 40 (mid-epoch 0) is announced, check how it ended, run the same command again:
+    (wire, report, run id, the checkpoint event)."""
     state = tmp_path / "state"
     state.mkdir()
-    argv, cwd = unit_command(state, unit_config(tmp_path, amqtt_url, cluster))
+    unit_credentials(state, broker.site)
+    argv, cwd = unit_command(state, unit_config(tmp_path, broker.url, cluster))
     assert cwd == state  # WorkingDirectory: the report lands in the state directory
-    wire = Wire(amqtt_url, cluster)
+    wire = Wire(broker.url, cluster, broker.site)
     first = Central(argv, cwd, service_env(state), tmp_path / "first.log")
     try:
         _, ckpt = wire.wait("checkpoint of version 40", checkpoint_at_least(40), timeout=240, central=first)
@@ -276,12 +351,12 @@ def _killed_and_rerun(
 
 
 def test_the_units_command_sigkilled_mid_epoch_resumes_its_run(
-    amqtt_url: str, cluster: str, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
+    tls_broker: TlsBroker, cluster: str, tmp_path: Path, tls_workers: list[subprocess.Popen[bytes]]
 ) -> None:
     """The unit restarted `edgeagent central` without --resume: a new run, "only 0 of 2 workers", and at
     the next restart a new run overwrote the old one's checkpoint. Now the same command resumes the run,
     and the workers still in it rejoin."""
-    wire, report, run_id, _ = _killed_and_rerun(amqtt_url, cluster, tmp_path, signal.SIGKILL)
+    wire, report, run_id, _ = _killed_and_rerun(tls_broker, cluster, tmp_path, signal.SIGKILL)
     try:
         assert report["run_id"] == run_id
         (resumed,) = [r for r in report["recoveries"] if r.get("case") == "central"]
@@ -297,12 +372,12 @@ def test_the_units_command_sigkilled_mid_epoch_resumes_its_run(
 
 
 def test_the_units_command_sigtermed_exits_0_with_a_checkpoint_and_resumes(
-    amqtt_url: str, cluster: str, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
+    tls_broker: TlsBroker, cluster: str, tmp_path: Path, tls_workers: list[subprocess.Popen[bytes]]
 ) -> None:
     """`systemctl stop` was a SIGKILL (no handler). Now SIGTERM writes the newest consistent state, says
     the run is suspended (an event, the retained status "left" naming the run), exits 0 at once, and the
     same command resumes the run from that checkpoint."""
-    wire, report, run_id, _ = _killed_and_rerun(amqtt_url, cluster, tmp_path, signal.SIGTERM)
+    wire, report, run_id, _ = _killed_and_rerun(tls_broker, cluster, tmp_path, signal.SIGTERM)
     try:
         (suspended,) = wire.events("run-suspended")
         version = suspended.details["version"]
