@@ -218,8 +218,10 @@ class LocalWorkers:
         cpu_root: Path = CPU_ROOT,
         datasets: list[str] | None = None,
         downs: list[float] | None = None,
+        extra: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.broker, self.cluster = broker, cluster
+        self.extra = dict(extra or {})  # device id -> more worker flags (tests: --send-nan, ...)
         # Split-federated training: each worker's own data set (--dataset), in worker order.
         self.datasets = {f"worker-{i + 1}": path for i, path in enumerate(datasets or [])}
         self.downs = {f"worker-{i + 1}": mbps for i, mbps in enumerate(downs or [])}  # emulated downlinks
@@ -263,6 +265,7 @@ class LocalWorkers:
         if self.tls_dir:
             for key, path in tls_files(self.tls_dir, device).items():
                 extra = (*extra, f"--{key.replace('_', '-')}", path)
+        extra = (*extra, *self.extra.get(device, ()))
         cmd = worker_command(
             device,
             self.broker,

@@ -547,12 +547,9 @@ def central(**kw: Any) -> None:
     type=click.IntRange(1, 16),
     help="Windows per sub-model measured for h, the fastest taken (default 2).",
 )
-@click.option(
-    "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
-)
-@click.option(
-    "--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th evaluation batch."
-)
+@click.option("--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this backward.")
+@click.option("--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th eval batch.")
+@click.option("--send-nan", hidden=True, help="Fault injection: NaN in what it sends (KIND@BATCH[+]).")
 @click.option("--dataset", help="Split-federated: this device's own training data (FILE.npz, X and y).")
 @click.option("--down-mbps", type=float, help="Split-federated: emulated downlink in Mbit/s (received).")
 @click.option("--once", is_flag=True, default=None, help="Exit after one run.")

@@ -16,11 +16,13 @@ from edgeagent.errors import ProtocolError, TrainingError
 from edgeagent.protocol.limits import (
     INVALID,
     MALFORMED,
+    NONFINITE,
     SENDER,
     TOPIC,
     InboxGate,
     InboxLimits,
     Verdict,
+    nonfinite_problem,
     sender_problem,
 )
 from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, StatusState
@@ -128,6 +130,12 @@ class Role:
             detail = f"dropped {_a(message.KIND.value)} message on {topic}: {problem}"
             self._dropped(self.gate.reject(topic, SENDER, detail, now))
             return None
+        problem = nonfinite_problem(message)
+        if problem is not None:
+            detail = f"dropped {_a(message.KIND.value)} message from {sender!r} on {topic}: {problem}"
+            self._dropped(self.gate.reject(topic, NONFINITE, detail, now))
+            self.on_nonfinite(sender, message, problem)
+            return None
         return info, sender, message
 
     def discard(self, item: Inbound, reason: str) -> None:
@@ -149,6 +157,11 @@ class Role:
         if verdict.log is not None:  # logged first: whoever sees the count also finds the line
             log.warning("%s", verdict.log)
         self.dropped += 1
+
+    def on_nonfinite(self, sender: str, message: Message, problem: str) -> None:
+        """Called on the network thread for a message dropped because a tensor in it is not finite
+        (after the line about it is logged and the drop counted): the roles tell who sent it to whoever
+        must stop a run that such a device keeps poisoning (the central node)."""
 
     def on_arrival(self, sender: str, message: Message) -> None:
         """Called on the network thread for every well-formed message the limits accept (size, rate,

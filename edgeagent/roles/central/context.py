@@ -32,6 +32,7 @@ from edgeagent.planner.deadlines import Deadlines
 from edgeagent.planner.dp import Link, TieBreak
 from edgeagent.planner.policy import RepartitionPolicy
 from edgeagent.planner.profiler import LayerProfile, profile_layers
+from edgeagent.planner.recovery import Stalls
 from edgeagent.predictor.tracker import DeviceTimes
 from edgeagent.protocol.messages import (
     Announce,
@@ -150,6 +151,7 @@ class RunState:
         self.eval_seconds = 0.0
         self.last_progress = 0.0
         self.policy = RepartitionPolicy(config.repartition_first, config.repartition_every)
+        self.stalls = Stalls()  # recoveries in a row without progress (the run ends at the limit)
         self.deadlines = Deadlines(config.timeout_multiplier, config.batch_timeout, config.probe_timeout)
         self.batch_deadline = config.batch_timeout  # from the measured step: see refresh_deadline
         self.known_caps: dict[str, float] = {}  # the latest measured capacity of every device

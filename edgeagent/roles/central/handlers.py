@@ -151,6 +151,11 @@ class Handlers(Checkpoints):
     def on_error(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, ErrorReport)
+        if msg.code == "nonfinite":  # a worker dropped what another device sent (logged there)
+            if self._ours(msg) and msg.about:
+                self.node.nonfinite[msg.about] += 1
+            log.warning("worker %s %s", msg.device_id, msg.reason)
+            return
         log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
         if self._ours(msg) and msg.code == "diverged" and msg.device_id in self.worker_list:
             self.inbox.diverged = msg.reason

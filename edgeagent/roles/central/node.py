@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -124,6 +125,9 @@ class Central(Role):
         self.mode = mode(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
         self.active: CentralRun | None = None  # the mode's run, once its devices are known
         self._checkpoints = 0  # written by this process (--die-after-checkpoint counts them)
+        # Messages of this run dropped because they held values that are not finite, by the device that
+        # sent them: dropped here (on_nonfinite) or reported by the worker that dropped them.
+        self.nonfinite: Counter[str] = Counter()
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -331,6 +335,10 @@ class Central(Role):
         while len(self.announced) > _MAX_ANNOUNCED:
             oldest = next(d for d in self.announced if d not in keep)
             del self.announced[oldest]
+
+    def on_nonfinite(self, sender: str, message: Message, problem: str) -> None:
+        if getattr(message, "run_id", None) == self.run_id:
+            self.nonfinite[sender] += 1
 
     def on_arrival(self, sender: str, message: Message) -> None:
         # Network thread: liveness is stamped on arrival (see Role.on_arrival). Any message from a
