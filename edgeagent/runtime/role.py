@@ -231,12 +231,15 @@ class Role:
         *,
         fault: Callable[[], F | None] | None = None,
         poll: float = 0.2,
+        expired: Callable[[str], F] | None = None,
     ) -> F | None:
         """Handle messages until ``done()`` holds (returns None) or ``fault()`` finds one (returns it).
 
         The one waiting primitive of every role: handlers change the state that ``done`` and ``fault``
-        look at. After ``timeout`` seconds a :class:`TrainingError` says ``what`` (or what ``what()``
-        returns then) did not happen; callers derive ``timeout`` from what was measured.
+        look at. After ``timeout`` seconds ``what`` (or what ``what()`` returns then) did not happen: with
+        ``expired``, that is a fault too (``expired(why)`` is returned: a mid-run wait that runs out is
+        recovered from), else a :class:`TrainingError` says so (set-up). Callers derive ``timeout`` from
+        what was measured.
         """
         deadline = time.monotonic() + timeout
         while not done():
@@ -246,7 +249,10 @@ class Role:
                     return found
             if time.monotonic() > deadline:
                 told = what() if callable(what) else what
-                raise TrainingError(f"{told} (waited {timeout:.0f} s)")
+                why = f"{told} (waited {timeout:.0f} s)"
+                if expired is not None:
+                    return expired(why)
+                raise TrainingError(why)
             self.pump(poll)
         return None
 
@@ -346,9 +352,12 @@ class Role:
             self._scheduler.reschedule_job("metrics", trigger="interval", seconds=interval)
 
     def set_heartbeat_interval(self, interval: float) -> None:
+        changed = interval != self.heartbeat_interval
         self.heartbeat_interval = interval
         if self._scheduler is not None:
             self._scheduler.reschedule_job("heartbeat", trigger="interval", seconds=interval)
+            if changed:  # at once: the central node judges this device's silence by the interval it says
+                self._beat()
 
     def _beat(self) -> None:
         if not self.transport.connected:

@@ -69,6 +69,7 @@ class DeviceState:
     slowdown: float = 1.0
     memory_limit: float = 0.0
     online: bool = True
+    heartbeat_interval: float = 0.0  # the device's own, as its heartbeats say (0: none seen yet)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,9 @@ class RunState:
         self.last_progress = 0.0
         self.policy = RepartitionPolicy(config.repartition_first, config.repartition_every)
         self.stalls = Stalls()  # recoveries in a row without progress (the run ends at the limit)
-        self.deadlines = Deadlines(config.timeout_multiplier, config.batch_timeout, config.probe_timeout)
+        self.deadlines = Deadlines(
+            config.timeout_multiplier, config.batch_timeout, config.probe_timeout, config.startup_timeout
+        )
         self.batch_deadline = config.batch_timeout  # from the measured step: see refresh_deadline
         self.known_caps: dict[str, float] = {}  # the latest measured capacity of every device
         self.options = TrainOptions.of(self.train)
@@ -178,6 +181,9 @@ class RunState:
         self.joiners: list[str] = []
         self.switch: Switch | None = None
         self.links: list[Link] = []  # measured once the workers are built (setup)
+        # Every device's measured uplink, the last stage's to the central node included (not a link of
+        # the pipeline's DP, but what its replicas, fetched layers and heartbeats cross): the waits'.
+        self.uplinks: dict[str, Link] = {}
         self.groups = Groups.single(self.worker_list)  # the devices of every stage (hybrid: several)
         model = build_model(spec, seed=self.train.seed)
         self.param_bytes = tuple(
