@@ -116,7 +116,18 @@ class Switching(Liveness):
 
         # Every wait of the switch follows the bytes it moves over the measured links (a MobileNetV2
         # stage on a 0.5 Mbit/s uplink takes minutes); running out of it is a fault like any other.
-        until = time.monotonic() + self._barrier(self._fetch_bytes(order, new_groups))
+        moved, replicas = self._fetch_bytes(order, new_groups), self._replica_bytes(list(points))
+        fetching, building = self._barrier(moved), self._barrier(replicas)
+        log.info(
+            "plan %d: up to %.0f s for the layers (%.1f MB from the busiest holder), then up to %.0f s for "
+            "the devices to replicate their new stages and say built (%.1f MB for the largest)",
+            order.plan_id,
+            fetching,
+            moved / 1e6,
+            building,
+            replicas / 1e6,
+        )
+        until = time.monotonic() + fetching
         fault = self.node.wait_until(
             lambda: switch.complete,
             until - time.monotonic(),
@@ -142,8 +153,7 @@ class Switching(Liveness):
         # workers' global replicas of it arrive before their "built" (same topic).
         self.store.clear()
         self.store.snapshot(self.stage)
-        deadline = self._barrier(self._replica_bytes(list(points)))
-        fault = self._wait_ready(order.plan_id, "built", set(everyone), timeout=deadline)
+        fault = self._wait_ready(order.plan_id, "built", set(everyone), timeout=building)
         if fault is not None:
             return fault
         self.stage_times = []
