@@ -357,6 +357,28 @@ def model_path(name: str) -> str | None:
     return f"{module}:{attribute}" if module and attribute else None
 
 
+NAN_KINDS = ("activation", "gradient", "replica", "sync")
+"""What ``--send-nan`` can fill with NaN: outgoing activations, gradients, chain and global replicas, or a
+replicated stage's gradient sums (hybrid)."""
+
+
+def parse_send_nan(text: str) -> tuple[str, int, bool]:
+    """``"gradient@40"`` -> ``("gradient", 40, False)``: NaN in that one message; ``"gradient@40+"``: in
+    every such message from batch 40 on (a replica's batch is its version)."""
+    kind, _, rest = text.partition("@")
+    forever = rest.endswith("+")
+    try:
+        batch = int(rest.removesuffix("+"))
+    except ValueError:
+        batch = -1
+    if kind not in NAN_KINDS or batch < 0:
+        raise ConfigError(
+            f"--send-nan {text!r}: expected KIND@BATCH or KIND@BATCH+ with KIND one of "
+            f"{', '.join(NAN_KINDS)} and BATCH >= 0, e.g. gradient@40"
+        )
+    return kind, batch, forever
+
+
 class WorkerConfig(BrokerAccess):
     cluster: str = "default"
     device_id: str = "worker"
@@ -383,6 +405,8 @@ class WorkerConfig(BrokerAccess):
     # backward pass here, or when it takes its N-th evaluation batch (1-based, over the process's life).
     die_at_backward: int | None = None
     die_at_eval: int | None = Field(None, ge=1)
+    # Fault injection: fill what this device sends with NaN (parse_send_nan: KIND@BATCH, or KIND@BATCH+).
+    send_nan: str | None = None
     # Split-federated training: this device's own training data (a .npz with X and y); it never leaves it.
     dataset: str | None = None
     # Emulated downlink in Mbit/s (what this device receives; split-federated mode); 0 = the real link only.
@@ -415,6 +439,12 @@ class WorkerConfig(BrokerAccess):
             f"so a worker builds only the built-in models and those named in its configuration "
             f"(worker.yaml: allowed_models: [{path}], or `edgeagent worker --allow-model {path}`)"
         )
+
+    @model_validator(mode="after")
+    def _check_send_nan(self) -> WorkerConfig:
+        if self.send_nan is not None:
+            parse_send_nan(self.send_nan)
+        return self
 
 
 class DemoConfig(_Frozen):

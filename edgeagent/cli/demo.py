@@ -219,10 +219,12 @@ class LocalWorkers:
         datasets: list[str] | None = None,
         downs: list[float] | None = None,
         allowed_models: list[str] | None = None,
+        extra: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.broker, self.cluster = broker, cluster
         # User models the workers may build (--allow-model): the one the demo trains (see allowed_for).
         self.allowed_models = list(allowed_models or [])
+        self.extra = dict(extra or {})  # device id -> more worker flags (tests: --send-nan, ...)
         # Split-federated training: each worker's own data set (--dataset), in worker order.
         self.datasets = {f"worker-{i + 1}": path for i, path in enumerate(datasets or [])}
         self.downs = {f"worker-{i + 1}": mbps for i, mbps in enumerate(downs or [])}  # emulated downlinks
@@ -268,6 +270,7 @@ class LocalWorkers:
         if self.tls_dir:
             for key, path in tls_files(self.tls_dir, device).items():
                 extra = (*extra, f"--{key.replace('_', '-')}", path)
+        extra = (*extra, *self.extra.get(device, ()))
         cmd = worker_command(
             device,
             self.broker,

@@ -528,12 +528,9 @@ def central(**kw: Any) -> None:
     help="Seconds the run's central node may stay offline before this device leaves the run and "
     "announces itself idle, at least (30; the window is 10 of the central node's heartbeat intervals).",
 )
-@click.option(
-    "--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this batch's backward."
-)
-@click.option(
-    "--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th evaluation batch."
-)
+@click.option("--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this backward.")
+@click.option("--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th eval batch.")
+@click.option("--send-nan", hidden=True, help="Fault injection: NaN in what it sends (KIND@BATCH[+]).")
 @click.option("--dataset", help="Split-federated: this device's own training data (FILE.npz, X and y).")
 @click.option("--down-mbps", type=float, help="Split-federated: emulated downlink in Mbit/s (received).")
 @click.option(

@@ -16,7 +16,8 @@ from typing import Any
 import cbor2
 import torch
 
-from edgeagent.compression import CodecState, Compressed, get_codec, to_wire
+from edgeagent.compression import CodecState, Compressed, CompressionError, get_codec, to_wire
+from edgeagent.protocol.limits import all_finite
 
 NONE = 32  # "bits" meaning: no compression
 
@@ -101,7 +102,16 @@ class StageCodecs:
 
 
 def restore(value: torch.Tensor | Compressed) -> torch.Tensor:
-    """The tensor a message carries: itself, or its decompressed form. Raises ``CompressionError``."""
+    """The tensor a message carries: itself, or its decompressed form. Raises ``CompressionError``, also
+    for a decompressed tensor that is not finite (finite parameters can still overflow: a scale near
+    float32's largest value times a code; the raw tensors were checked at intake, see ``Role``)."""
     if isinstance(value, Compressed):
-        return get_codec(value.codec).decompress(value)
+        return finite(get_codec(value.codec).decompress(value))
     return value
+
+
+def finite(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if every value is finite, else :class:`CompressionError`."""
+    if not all_finite(t):
+        raise CompressionError(f"decompressed {tuple(t.shape)} tensor holds values that are not finite")
+    return t

@@ -7,7 +7,7 @@ weight versions every device can serve (its own snapshots and the replicas it ho
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgeagent.errors import TrainingError
 
@@ -122,3 +122,45 @@ def respipe_points(
     ends = [*starts[1:], points[-1]]
     new_points = [*starts, ends[-1]]
     return new_points, [old[i] for i in keep]
+
+
+RECOVERIES_WITHOUT_PROGRESS = 3
+"""Recoveries in a row after which the run has not got past the batch where the first of them was
+needed: then it ends. A fault that a recovery repairs is followed by progress; one that comes back at
+the same batch every time (a device that keeps sending values that are not finite, a loss that cannot
+be computed) would otherwise make the run recover forever."""
+
+
+@dataclass
+class Stalls:
+    """Counts recoveries that made no progress (pure; the training loop reports every fault)."""
+
+    limit: int = RECOVERIES_WITHOUT_PROGRESS
+    best: int | None = None  # the highest committed batch id at a fault so far
+    in_a_row: int = 0  # faults since then with nothing committed past it
+    # Messages dropped as not finite per sending device, as counted when ``best`` last rose.
+    baseline: dict[str, int] = field(default_factory=dict)
+
+    def fault(self, committed: int, reason: str, nonfinite: Mapping[str, int]) -> str | None:
+        """A fault with batches up to ``committed`` committed; ``nonfinite``: messages of the run dropped so
+        far because they held values that are not finite, per sender. Returns why the run must end (the
+        ``limit``-th recovery in a row without progress is due), or None: recover."""
+        if self.best is None or committed > self.best:
+            self.best, self.in_a_row, self.baseline = committed, 0, dict(nonfinite)
+            return None
+        self.in_a_row += 1
+        if self.in_a_row < self.limit:
+            return None
+        stuck = self.best + 1
+        recent = {d: n - self.baseline.get(d, 0) for d, n in nonfinite.items() if n > self.baseline.get(d, 0)}
+        if recent:
+            device, count = max(recent.items(), key=lambda item: (item[1], item[0]))
+            return (
+                f"{device} keeps sending values that are not finite ({count} of its messages dropped since "
+                f"batch {stuck}); the run made no progress past batch {stuck} in {self.in_a_row} recoveries "
+                f"in a row: check {device} (its memory, its software) or start the run without it"
+            )
+        return (
+            f"the run made no progress past batch {stuck} in {self.in_a_row} recoveries in a row; the last "
+            f"fault: {reason}"
+        )

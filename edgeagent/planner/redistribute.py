@@ -10,7 +10,7 @@ Two views of the same question, "which layers does a device need and where does 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from edgeagent.planner.partition import check_points, stage_of_layer
@@ -186,3 +186,22 @@ def redistribution_plan(
             fetch={source: tuple(layers) for source, layers in fetch.items()},
         )
     return plans
+
+
+def bytes_sent(
+    plans: Mapping[str, DevicePlan], layer_bytes: Sequence[int], *, helpers: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Bytes every source device sends in a switch (the data outstanding of its barrier): the weights and
+    momentum (2 x the parameter bytes) of each layer a device fetches from it. ``helpers``: a replicated
+    stage's primary (hybrid) -> its other devices, which fetch the primary's whole new stage: counted
+    as sent by the primary (an upper bound, whoever serves them)."""
+    sent: dict[str, int] = {}
+    for plan in plans.values():
+        for source, layers in plan.fetch.items():
+            sent[source] = sent.get(source, 0) + 2 * sum(layer_bytes[j] for j in layers)
+    for primary, count in (helpers or {}).items():
+        own = plans.get(primary)
+        if own is not None and count > 0:
+            stage = 2 * sum(layer_bytes[j] for j in range(own.start, own.end))
+            sent[primary] = sent.get(primary, 0) + count * stage
+    return sent

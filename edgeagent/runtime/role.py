@@ -17,11 +17,13 @@ from edgeagent.protocol.identity import StageSenders, identity_problem
 from edgeagent.protocol.limits import (
     INVALID,
     MALFORMED,
+    NONFINITE,
     SENDER,
     TOPIC,
     InboxGate,
     InboxLimits,
     Verdict,
+    nonfinite_problem,
 )
 from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, StatusState
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
@@ -132,6 +134,12 @@ class Role:
             detail = f"dropped {_a(message.KIND.value)} message on {topic}: {problem}"
             self._dropped(self.gate.reject(topic, SENDER, detail, now))
             return None
+        problem = nonfinite_problem(message)
+        if problem is not None:
+            detail = f"dropped {_a(message.KIND.value)} message from {sender!r} on {topic}: {problem}"
+            self._dropped(self.gate.reject(topic, NONFINITE, detail, now))
+            self.on_nonfinite(sender, message, problem)
+            return None
         return info, sender, message
 
     def discard(self, item: Inbound, reason: str) -> None:
@@ -160,6 +168,11 @@ class Role:
         if verdict.log is not None:  # logged first: whoever sees the count also finds the line
             log.warning("%s", verdict.log)
         self.dropped += 1
+
+    def on_nonfinite(self, sender: str, message: Message, problem: str) -> None:
+        """Called on the network thread for a message dropped because a tensor in it is not finite
+        (after the line about it is logged and the drop counted): the roles tell who sent it to whoever
+        must stop a run that such a device keeps poisoning (the central node)."""
 
     def on_arrival(self, sender: str, message: Message) -> None:
         """Called on the network thread for every well-formed message the limits accept (size, rate,
@@ -236,12 +249,15 @@ class Role:
         *,
         fault: Callable[[], F | None] | None = None,
         poll: float = 0.2,
+        expired: Callable[[str], F] | None = None,
     ) -> F | None:
         """Handle messages until ``done()`` holds (returns None) or ``fault()`` finds one (returns it).
 
         The one waiting primitive of every role: handlers change the state that ``done`` and ``fault``
-        look at. After ``timeout`` seconds a :class:`TrainingError` says ``what`` (or what ``what()``
-        returns then) did not happen; callers derive ``timeout`` from what was measured.
+        look at. After ``timeout`` seconds ``what`` (or what ``what()`` returns then) did not happen: with
+        ``expired``, that is a fault too (``expired(why)`` is returned: a mid-run wait that runs out is
+        recovered from), else a :class:`TrainingError` says so (set-up). Callers derive ``timeout`` from
+        what was measured.
         """
         deadline = time.monotonic() + timeout
         while not done():
@@ -251,7 +267,10 @@ class Role:
                     return found
             if time.monotonic() > deadline:
                 told = what() if callable(what) else what
-                raise TrainingError(f"{told} (waited {timeout:.0f} s)")
+                why = f"{told} (waited {timeout:.0f} s)"
+                if expired is not None:
+                    return expired(why)
+                raise TrainingError(why)
             self.pump(poll)
         return None
 
@@ -352,9 +371,12 @@ class Role:
             self._scheduler.reschedule_job("metrics", trigger="interval", seconds=interval)
 
     def set_heartbeat_interval(self, interval: float) -> None:
+        changed = interval != self.heartbeat_interval
         self.heartbeat_interval = interval
         if self._scheduler is not None:
             self._scheduler.reschedule_job("heartbeat", trigger="interval", seconds=interval)
+            if changed:  # at once: the central node judges this device's silence by the interval it says
+                self._beat()
 
     def _beat(self) -> None:
         if not self.transport.connected:

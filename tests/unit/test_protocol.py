@@ -1324,37 +1324,68 @@ def test_chunk_disagreeing_with_earlier_chunks_is_rejected() -> None:
     assert r.pending == 0
 
 
-def test_pending_partials_are_bounded() -> None:
+def test_pending_partials_are_bounded_before_anything_is_kept() -> None:
     r = Reassembler(max_pending=3)
     messages = [random.Random(i).randbytes(700) for i in range(5)]
     split = [split_payload(m, 500) for m in messages]
     assert all(len(frames) == 2 for frames in split)
-    for i, frames in enumerate(split):
-        assert r.feed("t", frames[0], now=float(i)) is None
-        assert r.pending == min(i + 1, 3)
-    # The two oldest were evicted: their second halves cannot complete them any more.
-    assert r.feed("t", split[0][1], now=5.0) is None
-    # The newest survives and completes.
-    assert r.feed("t", split[4][1], now=5.0) == messages[4]
-    assert r.pending <= 3
+    for i, frames in enumerate(split[:3]):
+        assert r.feed(f"t{i}", frames[0], now=float(i)) is None
+    # No room for more: the newcomers are refused (nothing of them kept), the partials already in stay.
+    for i, frames in enumerate(split[3:], start=3):
+        with pytest.raises(ProtocolError, match="refused a 700-byte message"):
+            r.feed(f"t{i}", frames[0], now=3.0)
+        with pytest.raises(ProtocolError, match="refused"):  # its other chunks too
+            r.feed(f"t{i}", frames[1], now=3.0)
+    assert r.pending == 3
+    for i, frames in enumerate(split[:3]):
+        assert r.feed(f"t{i}", frames[1], now=4.0) == messages[i]
+    assert r.pending == 0 and r.buffered == 0
 
 
-def test_pending_partials_expire_after_timeout() -> None:
-    payload = random.Random(3).randbytes(700)
-    frames = split_payload(payload, 500)
-    r = Reassembler(timeout=10.0)
-    assert r.feed("t", frames[0], now=100.0) is None
-    assert r.pending == 1
-    # At exactly the timeout the partial is still there and completes.
-    assert r.feed("t", frames[1], now=110.0) == payload
+def test_one_source_gets_a_bounded_share_and_the_others_get_through() -> None:
+    r = Reassembler(max_pending_per_source=2, max_source_bytes=10_000)
+    flood = [split_payload(random.Random(i).randbytes(900), 500) for i in range(50)]
+    legit = random.Random(99).randbytes(2000)
+    frames = split_payload(legit, 500)
+    assert r.feed("other", frames[0]) is None
+    refused = 0
+    for pieces in flood:
+        try:
+            r.feed("flood", pieces[0])
+        except ProtocolError:
+            refused += 1
+    assert refused == 48 and r.pending_from("flood") == 2
+    assert r.buffered <= 2 * 500 + 500  # two flood partials' first chunks and the legit one's
+    for frame in frames[1:-1]:
+        assert r.feed("other", frame) is None
+    assert r.feed("other", frames[-1]) == legit
+    # Bytes: a source announcing more than its share is refused at the first chunk.
+    with pytest.raises(ProtocolError, match="announce 0 bytes already"):
+        r.feed("greedy", _frame("g", 0, 3, 10_001, b"\0" * 32, b"x"))
+    assert r.pending_from("greedy") == 0
 
-    r = Reassembler(timeout=10.0)
-    assert r.feed("t", frames[0], now=100.0) is None
+
+def test_a_partial_lives_as_long_as_its_chunks_keep_coming() -> None:
+    # A slow link: a chunk every 50 s, far more than a minute in all; never cut off while it moves.
+    payload = random.Random(3).randbytes(5000)
+    frames = split_payload(payload, 600)
+    r = Reassembler(floor=60.0)
+    for i, f in enumerate(frames[:-1]):
+        assert r.feed("t", f, now=100.0 + 50.0 * i) is None
+    assert r.feed("t", frames[-1], now=100.0 + 50.0 * (len(frames) - 1)) == payload
+
+    # Chunks that stop: forgotten after 4x the longest gap so far (at least the floor), and said so.
+    r = Reassembler(floor=60.0)
+    assert r.feed("t", frames[0], now=0.0) is None
+    assert r.feed("t", frames[1], now=30.0) is None  # gap 30 s: kept for 120 s more
     other = split_payload(b"o" * 700, 500)
-    assert r.feed("t", other[0], now=110.5) is None  # expires the first partial, starts another
-    assert r.pending == 1
-    assert r.feed("t", frames[1], now=110.6) is None  # a fresh partial, not a completion
+    assert r.feed("u", other[0], now=149.0) is None
     assert r.pending == 2
+    assert r.feed("u", other[1], now=150.5) == b"o" * 700  # expires the first partial
+    assert r.pending == 0 and r.expired == 1
+    assert r.feed("t", frames[2], now=151.0) is None  # a fresh partial, not a completion
+    assert r.pending == 1
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import shard, steps_per_epoch
 from edgeagent.errors import TrainingError
 from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.planner.deadlines import silence
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message, Ready
 from edgeagent.protocol.topics import Family
@@ -312,7 +313,8 @@ class AllreduceRun:
             return False
         # A crash is its last will (at once); silence counts only when long: on a loaded machine (31
         # devices on 2 cores) heartbeats come late, and excluding a live device costs a step.
-        return time.monotonic() - state.last_heartbeat <= max(10.0, 5 * self.config.heartbeat_interval)
+        limit = silence(state.heartbeat_interval, floor=self.config.heartbeat_interval, missed=5)
+        return time.monotonic() - state.last_heartbeat <= max(10.0, limit)
 
     def _deadline(self) -> float:
         recent = self.durations[-20:]

@@ -32,6 +32,7 @@ from edgeagent.planner.deadlines import Deadlines
 from edgeagent.planner.dp import Link, TieBreak
 from edgeagent.planner.policy import RepartitionPolicy
 from edgeagent.planner.profiler import LayerProfile, profile_layers
+from edgeagent.planner.recovery import Stalls
 from edgeagent.predictor.tracker import DeviceTimes
 from edgeagent.protocol.identity import PlanView
 from edgeagent.protocol.messages import (
@@ -69,6 +70,7 @@ class DeviceState:
     slowdown: float = 1.0
     memory_limit: float = 0.0
     online: bool = True
+    heartbeat_interval: float = 0.0  # the device's own, as its heartbeats say (0: none seen yet)
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,10 @@ class RunState:
         self.eval_seconds = 0.0
         self.last_progress = 0.0
         self.policy = RepartitionPolicy(config.repartition_first, config.repartition_every)
-        self.deadlines = Deadlines(config.timeout_multiplier, config.batch_timeout, config.probe_timeout)
+        self.stalls = Stalls()  # recoveries in a row without progress (the run ends at the limit)
+        self.deadlines = Deadlines(
+            config.timeout_multiplier, config.batch_timeout, config.probe_timeout, config.startup_timeout
+        )
         self.batch_deadline = config.batch_timeout  # from the measured step: see refresh_deadline
         self.known_caps: dict[str, float] = {}  # the latest measured capacity of every device
         self.options = TrainOptions.of(self.train)
@@ -177,6 +182,9 @@ class RunState:
         self.joiners: list[str] = []
         self.switch: Switch | None = None
         self.links: list[Link] = []  # measured once the workers are built (setup)
+        # Every device's measured uplink, the last stage's to the central node included (not a link of
+        # the pipeline's DP, but what its replicas, fetched layers and heartbeats cross): the waits'.
+        self.uplinks: dict[str, Link] = {}
         self.groups = Groups.single(self.worker_list)  # the devices of every stage (hybrid: several)
         model = build_model(spec, seed=self.train.seed)
         self.param_bytes = tuple(

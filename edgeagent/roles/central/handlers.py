@@ -182,6 +182,11 @@ class Handlers(Checkpoints):
         assert isinstance(msg, ErrorReport)
         if self._ours(msg) and not self._member(item, msg.device_id):
             return  # another device cannot end this run
+        if msg.code == "nonfinite":  # a worker dropped what another device sent (logged there)
+            if self._ours(msg) and msg.about:
+                self.node.nonfinite[msg.about] += 1
+            log.warning("worker %s %s", msg.device_id, msg.reason)
+            return
         log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
         if self._ours(msg) and msg.code == "diverged" and msg.device_id in self.worker_list:
             self.inbox.diverged = msg.reason

@@ -7,6 +7,7 @@ import logging
 import math
 import time
 
+from edgeagent.planner.deadlines import silence
 from edgeagent.planner.dp import Link, compute_time, predict
 from edgeagent.roles.central.context import Fault
 from edgeagent.roles.central.planning import Planning
@@ -34,18 +35,26 @@ class Liveness(Planning):
     def _check_liveness(self) -> Fault | None:
         """Detect faults (Sec. III-F): a batch whose gradients are late, missed heartbeats, a last will."""
         now = time.monotonic()
+        own = self.config.heartbeat_interval
         if not self.node.transport.connected:
             # Our own link to the broker is down: nobody can be judged by heartbeats meanwhile.
-            self.grace_until = now + 3 * self.config.heartbeat_interval
+            self.grace_until = now + 3 * own
             return None
         if now < self.grace_until:
             for w in self.workers.values():
-                w.last_heartbeat = max(w.last_heartbeat, now - self.config.heartbeat_interval)
-        limit = 3 * self.config.heartbeat_interval + self._transfer_slack()
+                w.last_heartbeat = max(w.last_heartbeat, now - max(own, w.heartbeat_interval))
+        slack = self._transfer_slack()
         for w in self.workers.values():
+            # Each device by its own heartbeat interval (a profile may set up to 60 s), never ours.
+            limit = silence(w.heartbeat_interval, floor=own, slack=slack)
             if w.online and now - w.last_heartbeat > limit:
                 w.online = False
-                log.warning("worker %s missed heartbeats for %.1f s", w.device_id, now - w.last_heartbeat)
+                log.warning(
+                    "worker %s missed heartbeats for %.1f s (it beats every %.1f s)",
+                    w.device_id,
+                    now - w.last_heartbeat,
+                    max(own, w.heartbeat_interval),
+                )
         dead = [
             w.device_id for w in self.workers.values() if not w.online and w.device_id in self.worker_list
         ]
@@ -115,13 +124,35 @@ class Liveness(Planning):
         round_trip = 2 * max((lk.latency for lk in self.links), default=0.0) + self._transfer_slack()
         return self.deadlines.probe(slowest, round_trip)
 
+    def _barrier(self, nbytes: float) -> float:
+        """How long a mid-run barrier that moves ``nbytes`` may take: over the slowest measured link (any
+        link may carry them; the last device's uplink is not measured), after the replica traffic that
+        may be queued on it (planner/deadlines.py)."""
+        slowest = self._slowest_link()
+        return self.deadlines.barrier(
+            nbytes, slowest.bandwidth, latency=slowest.latency, queued=self._replica_slack()
+        )
+
+    def _slowest_link(self) -> Link:
+        """The slowest measured link: of the pipeline, or a device's uplink (the last stage's)."""
+        measured = [*self.links, *self.uplinks.values()]
+        return min(measured, key=lambda lk: lk.bandwidth, default=Link(math.inf))
+
+    def _replica_bytes(self, points: list[int]) -> int:
+        """Bytes a device sends before it says "built" on the split ``points``: the chain and global
+        replicas (weights and momentum) of the largest stage."""
+        copies = int(self.config.chain_every > 0) + int(self.config.global_every > 0)
+        params = self.param_bytes
+        stages = [sum(params[points[k] : points[k + 1]]) for k in range(len(points) - 1)]
+        return copies * 2 * max(stages, default=0)
+
     def _transfer_slack(self) -> float:
         """How long a worker's uplink may be busy before its next message (a heartbeat included) gets
         through on the slowest measured link: every batch in flight's activation, and the chain and
         global replicas of the largest stage (weights and momentum), queued ahead of it."""
         if not self.links:
             return 0.0
-        slowest = min(lk.bandwidth for lk in self.links)
+        slowest = self._slowest_link().bandwidth
         # output_bytes were profiled on one training batch: the size of a real activation message.
         activations = self.bound() * max(self.profile.output_bytes)
         return 2 * activations / slowest + self._replica_slack()
@@ -131,7 +162,7 @@ class Liveness(Planning):
         parameter bytes) occupy the slowest measured link, doubled for protocol overhead and jitter."""
         if not self.links or not (self.config.chain_every or self.config.global_every):
             return 0.0
-        slowest = min(lk.bandwidth for lk in self.links)
+        slowest = self._slowest_link().bandwidth
         params = self.param_bytes
         stages = range(len(self.points) - 1)
         replicas = 2 * 2 * max((sum(params[self.points[k] : self.points[k + 1]]) for k in stages), default=0)

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +140,12 @@ class Central(Role):
         self.mode = mode(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
         self.active: CentralRun | None = None  # the mode's run, once its devices are known
         self._checkpoints = 0  # written by this process (--die-after-checkpoint counts them)
+        # Messages of this run dropped because they held values that are not finite, by the device that
+        # sent them: dropped here (on_nonfinite) or reported by the worker that dropped them.
+        self.nonfinite: Counter[str] = Counter()
+        # Every device's own heartbeat interval, as its heartbeats say (liveness waits for its own, not
+        # ours: a device profile may set up to 60 s); bounded like the announcements.
+        self.heartbeat_intervals: dict[str, float] = {}
 
     def _pick_run(self, config: CentralConfig) -> tuple[str, dict[str, Any] | None, str | None]:
         """(run id, loaded checkpoint, its path): ``--resume FILE``'s; else the cluster's latest run if it
@@ -395,7 +402,11 @@ class Central(Role):
         now = time.monotonic()
         for d in chosen:
             self.workers[d] = DeviceState(
-                d, now, slowdown=found[d].slowdown, memory_limit=found[d].memory_limit
+                d,
+                now,
+                slowdown=found[d].slowdown,
+                memory_limit=found[d].memory_limit,
+                heartbeat_interval=self.heartbeat_intervals.get(d, 0.0),
             )
             self.remember(found[d], keep=chosen)
         log.info("workers: %s", ", ".join(chosen))
@@ -457,10 +468,30 @@ class Central(Role):
             oldest = next(d for d in self.announced if d not in keep)
             del self.announced[oldest]
 
+    def _note_interval(self, device: str, interval: float) -> None:
+        """Network thread: ``device`` beats every ``interval`` seconds (a profile may change it)."""
+        intervals = self.heartbeat_intervals
+        if device not in intervals and len(intervals) >= _MAX_ANNOUNCED:
+            keep = set(self.workers)
+            oldest = next((d for d in intervals if d not in keep), None)
+            if oldest is None:
+                return
+            del intervals[oldest]
+        intervals[device] = interval
+        w = self.workers.get(device)
+        if w is not None:
+            w.heartbeat_interval = interval
+
+    def on_nonfinite(self, sender: str, message: Message, problem: str) -> None:
+        if getattr(message, "run_id", None) == self.run_id:
+            self.nonfinite[sender] += 1
+
     def on_arrival(self, sender: str, message: Message) -> None:
         # Network thread: liveness is stamped on arrival (see Role.on_arrival). Any message from a
         # worker is a sign of life, not only heartbeats: on a saturated slow uplink its heartbeats
         # wait behind the activations in the same TCP stream.
+        if isinstance(message, Heartbeat) and message.device_id == sender:
+            self._note_interval(sender, message.interval)
         w = self.workers.get(sender)
         if isinstance(message, Status) and message.state == "offline":
             if w is not None:

@@ -73,7 +73,9 @@ class Recovery(Evaluation):
             f"{sorted(outcome.restarted)}; rolled back to version {point.version}"
         )
         new_links = self._links_for(outcome.workers)
-        again = self._wait_ready(self.plan_id, "built", outcome.restarted) or self._switch_to(
+        # A restarted device builds an empty stage (status 1: no replicas before "built").
+        built = self._barrier(0)
+        again = self._wait_ready(self.plan_id, "built", outcome.restarted, timeout=built) or self._switch_to(
             outcome.points,
             version=point.version,
             workers=outcome.workers,

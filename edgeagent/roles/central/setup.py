@@ -27,10 +27,15 @@ class Setup(Handlers):
     def _worker_from(self, device: str) -> DeviceState:
         """A device that joins or comes back: what it announced (speed, memory limit) counts again."""
         announce = self.announced.get(device)
+        interval = self.node.heartbeat_intervals.get(device, 0.0)
         if announce is None:
-            return DeviceState(device, time.monotonic())
+            return DeviceState(device, time.monotonic(), heartbeat_interval=interval)
         return DeviceState(
-            device, time.monotonic(), slowdown=announce.slowdown, memory_limit=announce.memory_limit
+            device,
+            time.monotonic(),
+            slowdown=announce.slowdown,
+            memory_limit=announce.memory_limit,
+            heartbeat_interval=interval,
         )
 
     def _assign(
@@ -119,9 +124,13 @@ class Setup(Handlers):
         for topic in self._stage_topics():
             self.stop_listening(topic)
 
-    def _wait_ready(self, plan_id: int, phase: str, devices: set[str]) -> Fault | None:
+    def _wait_ready(
+        self, plan_id: int, phase: str, devices: set[str], *, timeout: float | None = None
+    ) -> Fault | None:
         """Wait until ``devices`` report ``phase`` for ``plan_id``; a Fault if one of them stops meanwhile
-        (once training has started), a TrainingError if one of them fails or the start-up time runs out."""
+        (once training has started) or, mid-run, ``timeout`` (derived from the bytes the phase moves:
+        :meth:`_barrier`) runs out; a TrainingError if one of them fails, or at set-up (no ``timeout``)
+        when the start-up time runs out."""
         self.inbox.error = ""
 
         def pending() -> set[str]:
@@ -137,9 +146,10 @@ class Setup(Handlers):
 
         return self.node.wait_until(
             lambda: not pending(),
-            self.config.startup_timeout,
+            self.config.startup_timeout if timeout is None else timeout,
             lambda: f"workers {sorted(pending())} did not report {phase!r} for plan {plan_id}",
             fault=fault,
+            expired=None if timeout is None else lambda why: Fault([], why),
         )
 
     def _measure_links(self) -> list[Link]:
@@ -155,20 +165,34 @@ class Setup(Handlers):
         bandwidth, latency = self.node.probes.measure(self.worker_list[1])
         links = {self.device_id: Link(bandwidth, latency)}
 
-        def measured() -> bool:
+        def measured(sources: list[str]) -> bool:
             for source, rep in list(self.inbox.links.items()):
                 links[source] = Link(rep.bandwidth, rep.latency)
-            return len(links) >= n - 1
+            return set(sources) <= set(links)
 
-        self.node.wait_until(
-            measured,
-            self.config.startup_timeout,
-            lambda: f"link measurements missing from {sorted(set(self.worker_list[:-1]) - set(links))}",
+        def missing() -> str:
+            return f"link measurements missing from {sorted(set(self.worker_list) - set(links))}"
+
+        self.node.wait_until(lambda: measured(self.worker_list[:-1]), self.config.startup_timeout, missing)
+        # Then the last device's uplink (to the central node): no link of the DP, but its gradients,
+        # replicas, served layers and heartbeats cross it, and every wait for those follows it. Measured
+        # after the others: its echoes of its predecessor's probes must not queue behind its own probes.
+        last = self.worker_list[-1]
+        self.node.probes.watch(last)  # echo its probes
+        self.send(
+            self.topics.fixed(Family.COMMAND),
+            MeasureLink(run_id=self.run_id, source=last, target=self.device_id),
         )
+        self.node.wait_until(lambda: measured(self.worker_list), self.config.startup_timeout, missing)
+        self.uplinks = dict(links)
         result = [links[d] for d in self.worker_list[:-1]]
-        for k, lk in enumerate(result):
+        for k, lk in enumerate([*result, links[last]]):
             log.info(
-                "link %d->%d: %.1f MB/s, %.2f ms per message", k, k + 1, lk.bandwidth / 1e6, lk.latency * 1e3
+                "link %d->%d: %.1f MB/s, %.2f ms per message",
+                k,
+                (k + 1) % n,
+                lk.bandwidth / 1e6,
+                lk.latency * 1e3,
             )
         return result
 

@@ -31,6 +31,7 @@ from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_
 from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
 from edgeagent.pipeline.sgd import SGD
 from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.planner.deadlines import silence
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
@@ -261,7 +262,8 @@ class SplitFedRun(SplitFedPlanning):
         state = self.central.workers.get(device)
         if state is None or not state.online:
             return False
-        return time.monotonic() - state.last_heartbeat <= 3 * self.config.heartbeat_interval + 1.0
+        limit = silence(state.heartbeat_interval, floor=self.config.heartbeat_interval, slack=1.0)
+        return time.monotonic() - state.last_heartbeat <= limit
 
     def _epoch(self, epoch: int) -> None:
         participants = self._participants(epoch)

@@ -4,9 +4,11 @@ then a commit barrier; joiners are admitted the same way. Used by re-splits and 
 from __future__ import annotations
 
 import logging
+import time
 
 from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.runner import StageRunner
+from edgeagent.planner.redistribute import bytes_sent, redistribution_plan
 from edgeagent.protocol.messages import Commit, Repartition
 from edgeagent.protocol.topics import Family
 from edgeagent.replication.switch import Switch
@@ -17,7 +19,20 @@ log = logging.getLogger("edgeagent.roles.central")
 
 
 class Switching(Liveness):
-    """Moves the pipeline to a new split; every wait returns a :class:`Fault` if a device stops."""
+    """Moves the pipeline to a new split; every wait returns a :class:`Fault` if a device stops or its
+    time (derived from the bytes it moves) runs out."""
+
+    def _fetch_bytes(self, order: Repartition, groups: Groups) -> int:
+        """The most bytes one device sends in the fetches of ``order`` (each sends on its own uplink)."""
+        sources = order.sources or order.previous_workers
+        try:
+            plans = redistribution_plan(
+                order.previous_points, order.points, sources, order.worker_list, alive=set(sources)
+            )
+        except ValueError:  # Switch.start reports it; the wait assumes the whole model moves
+            return 2 * sum(self.param_bytes)
+        helpers = {members[0]: len(members) - 1 for members in groups.members if len(members) > 1}
+        return max(bytes_sent(plans, self.param_bytes, helpers=helpers).values(), default=0)
 
     def _admit_joiners(self, plan: Plan, version: int) -> Fault | None:
         """Give joining devices the run's state for the new split; they fetch their layers in the switch."""
@@ -29,7 +44,9 @@ class Switching(Liveness):
                 device, committed=version - 1, worker_list=plan.workers, points=plan.points, groups=groups
             )
             self.workers[device] = self._worker_from(device)
-        fault = self._wait_ready(self.plan_id, "built", set(joiners))
+        # A joiner replicates its (seeded) stage of the new split before it says "built".
+        deadline = self._barrier(self._replica_bytes(plan.points))
+        fault = self._wait_ready(self.plan_id, "built", set(joiners), timeout=deadline)
         if fault is not None:
             return fault
         for device in joiners:
@@ -97,12 +114,29 @@ class Switching(Liveness):
                 Fault(gone, f"{gone} stopped while serving layers for plan {order.plan_id}") if gone else None
             )
 
+        # Every wait of the switch follows the bytes it moves over the measured links (a MobileNetV2
+        # stage on a 0.5 Mbit/s uplink takes minutes); running out of it is a fault like any other.
+        moved, replicas = self._fetch_bytes(order, new_groups), self._replica_bytes(list(points))
+        fetching, building = self._barrier(moved), self._barrier(replicas)
+        log.info(
+            "plan %d: up to %.0f s for the layers (%.1f MB from the busiest holder), then up to %.0f s for "
+            "the devices to replicate their new stages and say built (%.1f MB for the largest)",
+            order.plan_id,
+            fetching,
+            moved / 1e6,
+            building,
+            replicas / 1e6,
+        )
+        until = time.monotonic() + fetching
         fault = self.node.wait_until(
             lambda: switch.complete,
-            self.config.startup_timeout,
+            until - time.monotonic(),
             lambda: f"layers {switch.pending} never arrived for plan {order.plan_id}",
             fault=holder_gone,
-        ) or self._wait_ready(order.plan_id, "fetched", set(everyone))
+            expired=lambda why: Fault([], why),
+        ) or self._wait_ready(
+            order.plan_id, "fetched", set(everyone), timeout=max(0.0, until - time.monotonic())
+        )
         if fault is not None:
             return fault
         self.send(self.topics.fixed(Family.COMMIT), Commit(run_id=self.run_id, plan_id=order.plan_id))
@@ -119,7 +153,7 @@ class Switching(Liveness):
         # workers' global replicas of it arrive before their "built" (same topic).
         self.store.clear()
         self.store.snapshot(self.stage)
-        fault = self._wait_ready(order.plan_id, "built", set(everyone))
+        fault = self._wait_ready(order.plan_id, "built", set(everyone), timeout=building)
         if fault is not None:
             return fault
         self.stage_times = []

@@ -110,6 +110,11 @@ class PipelineRun(Recovery):
         self._refresh_deadline()
         try:
             while (fault := self._run_until_fault(loop)) is not None:
+                # A fault that comes back at the same batch after every recovery (a device that keeps
+                # sending NaN) must not make the run recover forever.
+                stalled = self.stalls.fault(loop.committed, fault.reason, self.node.nonfinite)
+                if stalled is not None:
+                    raise TrainingError(stalled)
                 loop.committed = self._recover_until_done(fault, loop.committed)
                 loop.next_f = loop.committed + 1
                 loop.reset_micro()

@@ -2,6 +2,6 @@
 pipeline mode :mod:`.session` runs one stage and :mod:`.run` holds what it knows about the run."""
 
 from edgeagent.roles.worker.node import Worker
-from edgeagent.roles.worker.run import EVAL_QUEUE_LIMIT, stage_input
+from edgeagent.roles.worker.run import stage_input
 
-__all__ = ["EVAL_QUEUE_LIMIT", "Worker", "stage_input"]
+__all__ = ["Worker", "stage_input"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from edgeagent.compression.base import Compressed, CompressionError
+from edgeagent.compression.stage import finite
 from edgeagent.compression.stochastic import StochasticQuantizer
 from edgeagent.errors import ConfigError
 
@@ -75,7 +76,7 @@ class LinkCodec:
             raise CompressionError(f"{kind} compressed with {data.codec}, not {self.codec.wire_id}")
         if len(data.shape) != 1 or not 0 <= data.shape[0] <= limit or data.dtype != "float32":
             raise CompressionError(f"{kind} of shape {data.shape} {data.dtype}: not <= {limit} float32")
-        return self.codec.decompress(data)
+        return finite(self.codec.decompress(data))
 
 
 __all__ = ["ALLOWED", "REDUCE_KINDS", "LinkCodec", "gradient_bits"]

@@ -205,7 +205,7 @@ class HybridSession(HybridIntake):
             return
         runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
         activation = runner.activation(
-            out,
+            worker.poisoned("activation", batch_id, out),
             y,
             run_id=run.run_id,
             plan_id=run.plan_id,
@@ -264,7 +264,7 @@ class HybridSession(HybridIntake):
         # This device's seconds per whole batch (its time over its share of the rows) rides along.
         times = {**downstream_times, worker.device_id: run.runner.per_batch() * total / (hi - lo)}
         gradient = run.runner.gradient(
-            grad,
+            worker.poisoned("gradient", batch_id, grad),
             run_id=run.run_id,
             plan_id=run.plan_id,
             batch_id=batch_id,
@@ -300,7 +300,9 @@ class HybridSession(HybridIntake):
         )
         hy.syncs.setdefault(batch_id, {}).setdefault(hy.groups.version, {})[worker.device_id] = msg
         if len(self._group) > 1:
-            worker.send(worker.topics.syncs(run.index, worker.device_id), msg)
+            sent = {name: worker.poisoned("sync", batch_id, g) for name, g in grads.items()}
+            topic = worker.topics.syncs(run.index, worker.device_id)
+            worker.send(topic, dataclasses.replace(msg, grads=sent))
 
     def _whole(self, batch_id: int) -> list[GradSync] | None:
         """The contributions that make the batch's update whole (one groups version), in row order."""

@@ -17,7 +17,6 @@ from edgeagent.compression.stage import restore
 from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.rows import RowBuffer, Rows, gradient_piece
 from edgeagent.protocol.messages import Activation, Gradient, GradSync
-from edgeagent.roles.worker.run import EVAL_QUEUE_LIMIT
 from edgeagent.roles.worker.session import PipelineSession
 from edgeagent.runtime.role import Inbound
 
@@ -71,13 +70,10 @@ class HybridIntake(PipelineSession):
         if train and msg.batch_id < hy.next_apply:
             return  # already updated here (a duplicate, or a piece computed again after a failover)
         problem = run.activation_problem(msg)
-        if (
-            problem is None
-            and not train
-            and msg.batch_id not in hy.evals
-            and len(hy.evals) >= EVAL_QUEUE_LIMIT
-        ):
-            problem = f"{len(hy.evals)} evaluation batches already wait here"
+        # Evaluation pieces stay until training goes on (a failover computes them again): count those due.
+        due = sum(1 for eid in hy.evals if eid not in hy.eval_done)
+        if problem is None and not train and msg.batch_id not in hy.evals and due >= run.eval_window:
+            problem = f"{due} evaluation batches already wait here (at most {run.eval_window})"
         taken: Activation | None = None
         if problem is None:
             taken, problem = run.runner.take_activation(

@@ -12,14 +12,17 @@ device's ``h`` (papers/004 Sec. 3.2) is measured when a ``Discover`` names the m
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
 import time
 from typing import Any, Literal
 
+import torch
+
 from edgeagent import __version__
-from edgeagent.config import WorkerConfig
+from edgeagent.config import WorkerConfig, parse_send_nan
 from edgeagent.errors import ConfigError, EdgeAgentError
 from edgeagent.modes import mode
 from edgeagent.modes.base import WorkerSession
@@ -77,7 +80,10 @@ class Worker(Role):
         self.profile: DeviceProfile | None = None  # the last good one
         self._stopping = False
         self._error_window: tuple[float, int] = (0.0, 0)  # (start, reports) of the error-report budget
+        self._error_lock = threading.Lock()
         self._eval_batches = 0  # evaluation batches taken in this process's life (fault injection)
+        self._nan = parse_send_nan(config.send_nan) if config.send_nan else None
+        self._nan_sent = 0  # messages filled with NaN so far (fault injection)
         self.characteriser = Characteriser(
             config.device_id, config.characterise_budget, rounds=config.characterise_rounds
         )
@@ -371,18 +377,30 @@ class Worker(Role):
             ),
         )
 
-    def report_error(self, code: ErrorCode, reason: str, run_id: str = "") -> None:
+    def on_nonfinite(self, sender: str, message: Message, problem: str) -> None:
+        """A message of this device's run held values that are not finite (dropped on the network
+        thread): tell the central node who sent it; a device that keeps doing so ends the run there."""
+        session = self.session
+        run_id = getattr(message, "run_id", None)
+        if session is not None and run_id == session.run_id:
+            what = f"dropped {message.KIND.value} from {sender}: {problem}"
+            self.report_error("nonfinite", what, run_id, about=sender)
+
+    def report_error(self, code: ErrorCode, reason: str, run_id: str = "", *, about: str = "") -> None:
         """Tell the central node, at most a few times per 10 s: bad input must not turn into a flood."""
         now = time.monotonic()
-        if now - self._error_window[0] > 10.0:
-            self._error_window = (now, 0)
-        if self._error_window[1] >= _ERROR_REPORTS_PER_10S:
+        with self._error_lock:  # also called on the network thread (on_nonfinite)
+            if now - self._error_window[0] > 10.0:
+                self._error_window = (now, 0)
+            full = self._error_window[1] >= _ERROR_REPORTS_PER_10S
+            if not full:
+                self._error_window = (self._error_window[0], self._error_window[1] + 1)
+        if full:
             log.warning("%s: %s (not reported: too many error reports)", self.device_id, reason)
             return
-        self._error_window = (self._error_window[0], self._error_window[1] + 1)
         self.send(
             self.topics.device(Family.REPLY, self.device_id),
-            ErrorReport(device_id=self.device_id, code=code, reason=reason, run_id=run_id),
+            ErrorReport(device_id=self.device_id, code=code, reason=reason, run_id=run_id, about=about),
         )
 
     # -- device profiles (operations) ---------------------------------------------------------
@@ -444,6 +462,19 @@ class Worker(Role):
         self._eval_batches += 1
         if self.config.die_at_eval == self._eval_batches:
             self._die(f"at evaluation batch {self._eval_batches} (id {batch_id})")
+
+    def poisoned(self, kind: str, batch: int, tensor: torch.Tensor) -> torch.Tensor:
+        """``--send-nan KIND@BATCH[+]``: ``tensor`` filled with NaN if it goes out in the message it names
+        (once per process life, or from that batch on with ``+``), else ``tensor`` itself."""
+        if self._nan is None:
+            return tensor
+        wanted, at, forever = self._nan
+        if kind != wanted or batch < at or not (forever or (batch == at and not self._nan_sent)):
+            return tensor
+        self._nan_sent += 1
+        if self._nan_sent <= 3:
+            log.warning("%s: fault injection: NaN in the %s of batch %d", self.device_id, kind, batch)
+        return torch.full_like(tensor, math.nan)
 
     def _die(self, where: str) -> None:
         """SIGKILL this process (fault injection). What it sent before is delivered first, so that a

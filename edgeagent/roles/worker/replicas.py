@@ -8,6 +8,7 @@ it. A re-partition or a recovery fetches layers from it (:meth:`Replicas.serve`)
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from edgeagent.protocol.messages import FetchRequest, Weights
@@ -64,6 +65,10 @@ class Replicas:
         central node), with the topic of each."""
         run, worker = self.run, self.worker
         snap = self.store.snapshot(run.stage)
+        # Fault injection (--send-nan replica@V): what is sent, never what is kept, carries NaN.
+        sent = {k: worker.poisoned("replica", snap.version, t) for k, t in snap.weights.items()}
+        if any(sent[k] is not t for k, t in snap.weights.items()):
+            snap = dataclasses.replace(snap, weights=sent)
         messages = []
         if chain:
             msg = replica_message(run.run_id, worker.device_id, run.index, snap, "chain", run.plan_id)

@@ -23,8 +23,6 @@ from edgeagent.protocol.limits import TensorMeta
 from edgeagent.protocol.messages import Activation, Gradient
 from edgeagent.replication.switch import Switch
 
-EVAL_QUEUE_LIMIT = 4096  # evaluation batches waiting here (a test set of 1M samples in batches of 256)
-
 
 def stage_input(spec: ModelSpec, start: int, shapes: list[list[int]], dtypes: list[str]) -> TensorMeta | None:
     """One sample of what layer ``start`` takes, from the central node's layer profile (``Assign``):
@@ -97,8 +95,35 @@ class Run:
     def is_last(self) -> bool:
         return self.index == self.num_stages - 1
 
+    @property
+    def eval_window(self) -> int:
+        """Evaluation batches that may wait here: the central node streams the test set with at most
+        ``max(2, in_flight)`` chunks ahead of their results; twice that (QoS 1 may deliver one twice)."""
+        return 2 * max(2, self.in_flight)
+
     def matches(self, run_id: str, plan_id: int) -> bool:
         return run_id == self.run_id and plan_id == self.plan_id
+
+    def evaluation_problem(self) -> str | None:
+        """Why no evaluation can be in progress here now, or None.
+
+        The central node evaluates only with the pipeline drained at an epoch's end (or after the run's
+        last batch): every training batch forwarded here has had its backward pass, and the next one
+        starts an epoch. Evaluation batches at any other time are not the run's (or are stale): each
+        would be computed and forwarded, so they are dropped.
+        """
+        held = self.next_forward - self.next_backward
+        if held > 0:
+            return f"{held} training batches are in flight here"
+        options = self.options
+        batch = options.batch_of(self.next_forward)
+        per, total = self.batches_per_epoch, options.total_batches
+        at_end = self.next_forward == options.first_item(batch) and (
+            per <= 0 or batch % per == 0 or batch == total
+        )
+        if not at_end:
+            return f"training is at batch {batch} here, not at an epoch's end"
+        return None
 
     def activation_problem(self, msg: Activation) -> str | None:
         """Why an activation of the current run and plan cannot be taken here, or None.
@@ -111,8 +136,11 @@ class Run:
         if msg.mode == "eval":
             if msg.batch_id < 0:
                 return "negative batch id"
-            if len(self.evals) >= EVAL_QUEUE_LIMIT:
-                return f"{len(self.evals)} evaluation batches already wait here"
+            outside = self.evaluation_problem()
+            if outside is not None:
+                return f"an evaluation batch while no evaluation can be in progress: {outside}"
+            if len(self.evals) >= self.eval_window:
+                return f"{len(self.evals)} evaluation batches already wait here (at most {self.eval_window})"
         elif msg.batch_id >= self.next_forward + self.window:
             return (
                 f"more than {self.window} batches ahead of the next one here ({self.next_forward}); "

@@ -510,7 +510,7 @@ class PipelineSession:
             return
         runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
         activation = runner.activation(
-            out,
+            worker.poisoned("activation", run.options.batch_of(msg.batch_id), out),
             msg.y,
             run_id=msg.run_id,
             plan_id=msg.plan_id,
@@ -556,7 +556,7 @@ class PipelineSession:
             raise TrainingError(f"stage {run.index} produced no input gradient for batch {batch_id}")
         # The average time per batch rides with the gradients to the central node (Sec. III-D).
         gradient = run.runner.gradient(
-            grad,
+            worker.poisoned("gradient", run.options.batch_of(batch_id), grad),
             run_id=run.run_id,
             plan_id=run.plan_id,
             batch_id=batch_id,
