@@ -30,7 +30,7 @@ from edgeagent.models import layer_output_shapes
 from edgeagent.protocol.messages import Activation, EvalResult
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
-from edgeagent.roles.central import Central, PipelineRun
+from edgeagent.roles.central import Central, PipelineRun, latest_checkpoint
 from edgeagent.roles.central.checkpoint import load_checkpoint
 from edgeagent.transport.mqtt import MqttTransport
 
@@ -54,7 +54,12 @@ def central_and_workers(
     settings.setdefault("train", TrainConfig(epochs=2))
     settings.setdefault("restart_window", 0.0)  # nobody restarts the workers: recover at once
     config = CentralConfig(cluster=cluster, broker=broker, workers=workers, progress=False, **settings)
-    local = LocalWorkers(workers, broker, cluster, slowdowns or [1.0] * workers, extra=flags)
+    train = config.train
+    # A user model (the hybrid test's) is built only by workers whose allow-list names it.
+    allowed = [train.model] if ":" in train.model or "." in train.model else []
+    local = LocalWorkers(
+        workers, broker, cluster, slowdowns or [1.0] * workers, extra=flags, allowed_models=allowed
+    )
     return Central(config, progress=progress), local
 
 
@@ -71,7 +76,7 @@ def test_one_nan_from_one_device_is_dropped_and_every_weight_stays_finite(
 ) -> None:
     # Replication every 20 batches, global every 40 (checkpoints at 40 and 80): the NaN replica of batch 80
     # would be the last checkpoint's.
-    saved, checkpoint = tmp_path / "model.pt", tmp_path / "run.ckpt"
+    saved, checkpoints = tmp_path / "model.pt", tmp_path / "checkpoints"
     at = 80 if kind == "replica" else 20
     central, local = central_and_workers(
         amqtt_url,
@@ -79,7 +84,7 @@ def test_one_nan_from_one_device_is_dropped_and_every_weight_stays_finite(
         batch_timeout=3.0,
         chain_every=20,
         global_every=40,
-        checkpoint=str(checkpoint),
+        checkpoint=str(checkpoints),
         save_model=str(saved),
     )
     local.start_all()
@@ -90,6 +95,8 @@ def test_one_nan_from_one_device_is_dropped_and_every_weight_stays_finite(
     assert report.epochs == 2 and not report.diverged, report.diverged
     assert report.final_accuracy > 0.5, report.test_accuracy_per_epoch
     assert finite(torch.load(saved, weights_only=True))
+    checkpoint = latest_checkpoint(checkpoints, central.config.cluster)
+    assert checkpoint is not None
     state = load_checkpoint(str(checkpoint))
     assert finite(state["weights"]) and finite(state["momentum"])
     # The poisoned version was never written: the checkpoint before it stands.
