@@ -39,6 +39,11 @@ def ends_run(losses: list[float], num_classes: int) -> bool:
     return len(tail) == DIVERGED_EPOCHS and all(above_chance(v, num_classes) for v in tail)
 
 
+def loss_not_finite(batch: int, loss: float, learning_rate: float) -> str:
+    """The line that ends a run whose training loss of ``batch`` is not finite."""
+    return f"loss diverged at batch {batch}: the training loss is {loss}; lower --lr (now {learning_rate:g})"
+
+
 def divergence(
     epoch: int,
     mean_loss: float,
@@ -66,4 +71,12 @@ def divergence(
     return f"loss diverged at epoch {epoch}: its mean training loss {what}; " + ", ".join(remedies)
 
 
-__all__ = ["CHANCE_MARGIN", "DIVERGED_EPOCHS", "above_chance", "chance_loss", "divergence", "ends_run"]
+__all__ = [
+    "CHANCE_MARGIN",
+    "DIVERGED_EPOCHS",
+    "above_chance",
+    "chance_loss",
+    "divergence",
+    "ends_run",
+    "loss_not_finite",
+]

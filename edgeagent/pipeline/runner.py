@@ -21,7 +21,7 @@ from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import StageCodecs, restore
 from edgeagent.pipeline.stage import Stage
 from edgeagent.protocol.limits import TensorMeta, activation_problem, gradient_problem
-from edgeagent.protocol.messages import Activation, ActivationMode, Gradient
+from edgeagent.protocol.messages import Activation, ActivationMode, EvalResult, Gradient
 
 STAGE_TIME_WINDOW = 10  # batches in the moving window of step times (a device that slows down shows)
 
@@ -144,6 +144,19 @@ class StageRunner:
             loss=loss,
             correct=correct,
             stage_times=[self.per_batch(), *downstream],
+        )
+
+    def result(
+        self, out: torch.Tensor, y: torch.Tensor, *, run_id: str, plan_id: int, batch_id: int
+    ) -> EvalResult:
+        """The last stage's evaluation result of a batch: its correct predictions and summed loss."""
+        return EvalResult(
+            run_id=run_id,
+            plan_id=plan_id,
+            batch_id=batch_id,
+            correct=int((out.argmax(dim=1) == y).sum()),
+            count=int(y.shape[0]),
+            loss_sum=float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
         )
 
     def gradient_arrived(self, batch_id: int) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from edgeagent.data import batch_indices
 from edgeagent.errors import DivergedError, EdgeAgentError, TrainingError
+from edgeagent.pipeline.divergence import loss_not_finite
 from edgeagent.pipeline.rows import split_rows
 from edgeagent.pipeline.schedule import admit
 from edgeagent.protocol.messages import Gradient
@@ -228,7 +229,7 @@ class PipelineRun(Recovery):
             result = self.stage.backward(item, labels=y, total=int(self._batch(bid)[1].shape[0]))
             loss, correct = result.loss, result.correct
             if not math.isfinite(loss):
-                raise DivergedError(f"loss diverged at batch {bid}: the training loss is {loss}; lower --lr")
+                raise DivergedError(loss_not_finite(bid, loss, self.train.learning_rate))
         else:
             assert grad is not None
             self.stage.backward(item, grad_output=grad.tensor)
@@ -363,7 +364,7 @@ class PipelineRun(Recovery):
             result = self.stage.backward(bid, labels=y)
             loss, correct = result.loss, result.correct
             if not math.isfinite(loss):
-                raise DivergedError(f"loss diverged at batch {bid}: the training loss is {loss}; lower --lr")
+                raise DivergedError(loss_not_finite(bid, loss, self.train.learning_rate))
         else:
             assert grad is not None
             self.stage.backward(bid, grad_output=grad.tensor)

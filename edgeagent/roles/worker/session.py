@@ -21,6 +21,7 @@ from edgeagent.compression.stage import NONE
 from edgeagent.errors import EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec
 from edgeagent.pipeline.build import build_stage
+from edgeagent.pipeline.divergence import loss_not_finite
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.protocol.commands import Collect, Command, MeasureLink, Ping, SetCompression, Stop
 from edgeagent.protocol.identity import PlanView
@@ -28,7 +29,6 @@ from edgeagent.protocol.messages import (
     Activation,
     Assign,
     Commit,
-    EvalResult,
     FetchRequest,
     Gradient,
     Message,
@@ -424,21 +424,13 @@ class PipelineSession:
         """Send the stage's weights to the central node (the trained model)."""
         if self._command(item, Collect) is None:
             return
-        run, worker = self.run, self.worker
-        stage = run.stage
-        worker.send(
-            worker.topics.device(Family.REPLY, worker.device_id),
-            Weights(
-                run_id=run.run_id,
-                device_id=worker.device_id,
-                stage=run.index,
-                start=stage.module.start,
-                end=stage.module.end,
-                version=stage.version,
-                tensors=stage.state(),
-                purpose="collect",
-            ),
-        )
+        run, worker, stage = self.run, self.worker, self.run.stage
+        module = stage.module
+        weights = Weights(
+            run_id=run.run_id, device_id=worker.device_id, stage=run.index, start=module.start,
+            end=module.end, version=stage.version, tensors=stage.state(), purpose="collect",
+        )  # fmt: skip
+        worker.send(worker.topics.device(Family.REPLY, worker.device_id), weights)
 
     def _on_ping(self, item: Inbound) -> None:
         """Say this device is alive, and which weight versions it holds (a recovery's probe)."""
@@ -540,11 +532,7 @@ class PipelineSession:
     def _diverged(self, item: int, loss: float) -> None:
         """The loss is not finite: nothing downstream can use this batch; the central node ends the run."""
         run = self.run
-        batch = run.options.batch_of(item)
-        reason = (
-            f"loss diverged at batch {batch}: the training loss is {loss}; lower --lr "
-            f"(now {run.options.learning_rate:g})"
-        )
+        reason = loss_not_finite(run.options.batch_of(item), loss, run.options.learning_rate)
         log.error("%s: %s", self.worker.device_id, reason)
         self.worker.report_error("diverged", reason, run.run_id)
 
@@ -587,16 +575,7 @@ class PipelineSession:
                 worker.send(worker.topics.activations(run.index, worker.device_id), activation)
             )
             return
-        loss_sum = float(torch.nn.functional.cross_entropy(out, msg.y, reduction="sum"))
-        correct = int((out.argmax(dim=1) == msg.y).sum())
-        result = EvalResult(
-            run_id=msg.run_id,
-            plan_id=msg.plan_id,
-            batch_id=msg.batch_id,
-            correct=correct,
-            count=int(msg.y.shape[0]),
-            loss_sum=loss_sum,
-        )
+        result = run.runner.result(out, msg.y, run_id=msg.run_id, plan_id=msg.plan_id, batch_id=msg.batch_id)
         worker.send(worker.topics.results(run.index, worker.device_id), result)
 
     def _batch_done(self, item: int) -> None:
