@@ -268,6 +268,39 @@ def plot(results: dict[str, Any], args: argparse.Namespace, models: list[str], d
     print(f"plot: {args.png}")
 
 
+SPEED_METHODS = ("none", DEFAULT, "sync")
+
+
+def speed(args: argparse.Namespace, models: list[str], depths: list[int]) -> None:
+    """``--speed``: samples/s only, the default against plain async and the sync schedule, in alternating
+    rounds (one run to the next moves samples/s by 10-20 % on a 2-core machine: medians of ``--repeat``).
+    At ``--lr`` 0.005, where none of them diverges: a run's arithmetic does not depend on the rate, a
+    diverged run's (NaN, ended early) does."""
+    print(
+        f"samples/s, {args.epochs} epochs, lr {args.lr} (no run diverges), the last device {args.slow:g}x "
+        f"slower, medians of {args.repeat} alternating rounds",
+        flush=True,
+    )
+    for model in models:
+        for depth in depths:
+            got: dict[str, list[float]] = {m: [] for m in SPEED_METHODS}
+            for _ in range(args.repeat):
+                for method in SPEED_METHODS:
+                    r = run_one(model, depth, method, 0, args)
+                    # Every epoch trained (a run the NaN ended early is not a speed); told that an
+                    # epoch was above chance's loss is no matter here.
+                    if "error" not in r and len(r["accuracy"]) == args.epochs:
+                        got[method].append(r["samples_per_second"])
+            med = {m: _median(v) for m, v in got.items()}
+            rounds = "; ".join(f"{m} " + " ".join(f"{v:.0f}" for v in got[m]) for m in SPEED_METHODS)
+            print(
+                f"{model}, {depth} devices: {DEFAULT} {med[DEFAULT]:.0f}, none {med['none']:.0f}, sync "
+                f"{med['sync']:.0f} samples/s: {med[DEFAULT] / med['none']:.2f}x plain async, "
+                f"{med[DEFAULT] / med['sync']:.2f}x the sync schedule ({rounds})",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp,cnn,mobilenetv2")
@@ -282,6 +315,8 @@ def main() -> None:
     parser.add_argument(
         "--offline", action="store_true", help="replay the runs in this process (minutes, no samples/s)"
     )
+    parser.add_argument("--speed", action="store_true", help="samples/s only (see speed())")
+    parser.add_argument("--repeat", type=int, default=3, help="--speed: alternating rounds")
     parser.add_argument("--json", type=Path, default=Path("bench-staleness.json"))
     parser.add_argument("--png", type=Path, default=Path("bench-staleness.png"))
     args = parser.parse_args()
@@ -291,6 +326,9 @@ def main() -> None:
     models = args.models.split(",")
     depths = [int(d) for d in args.depths.split(",")]
     only = set(args.only.split(",")) if args.only else set(METHODS)
+    if args.speed:
+        speed(args, models, depths)
+        return
     results: dict[str, Any] = json.loads(args.json.read_text()) if args.json.exists() else {}
     print(
         f"digits, {args.epochs} epochs, batch 32, lr {args.lr} ({args.lr_schedule}), momentum "
