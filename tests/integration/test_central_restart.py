@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -34,6 +33,7 @@ from edgeagent.broker import BrokerTls, EmbeddedBroker
 from edgeagent.broker.certs import Site, init_site
 from edgeagent.cli.demo import worker_command
 from edgeagent.errors import ProtocolError
+from edgeagent.ops.units import ServiceUnit
 from edgeagent.protocol.messages import Announce, Event, Message, Status
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode
@@ -44,7 +44,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "edgeagent-central.service"
 CENTRAL_YAML = REPO / "configs" / "central.yaml"
-INSTALLED = "/opt/edgeagent/venv/bin/edgeagent"
 PER_EPOCH = 44  # digits: 1437 training samples, whole batches of 32
 
 
@@ -54,27 +53,21 @@ PER_EPOCH = 44  # digits: 1437 training samples, whole batches of 32
 def unit_settings() -> dict[str, str]:
     """The ``[Service]`` keys of the central node's unit (the last value of each); a line ending in a
     backslash goes on on the next, as systemd reads it."""
-    values: dict[str, str] = {}
-    text = UNIT.read_text().replace("\\\n", " ")
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and not line.startswith("#"):
-            values[key.strip()] = value.strip()
-    return values
+    return ServiceUnit.read(UNIT).settings
 
 
 def unit_command(state: Path, config: Path) -> tuple[list[str], Path]:
     """The unit's exact ``ExecStart`` and working directory for this machine: its config, state
     directory and installed program replaced by the test's."""
-    service = unit_settings()
-    line = service["ExecStart"].replace("${STATE_DIRECTORY}", str(state))
-    line = line.replace("${CREDENTIALS_DIRECTORY}", str(state / "credentials"))
-    argv = shlex.split(line)
-    assert argv[0] == INSTALLED and "/etc/edgeagent/central.yaml" in argv, line
+    unit = ServiceUnit.read(UNIT)
     program = Path(sys.executable).with_name("edgeagent")  # this venv's installed edgeagent
-    argv = [str(program), *(str(config) if a == "/etc/edgeagent/central.yaml" else a for a in argv[1:])]
-    cwd = Path(service.get("WorkingDirectory", "/").replace("%S/edgeagent", str(state)))
-    return argv, cwd
+    argv = unit.command(
+        program=program,
+        state=state,
+        credentials=state / "credentials",
+        files={"/etc/edgeagent/central.yaml": config},
+    )
+    return argv, unit.working_directory(state)
 
 
 def unit_config(folder: Path, broker: str, cluster: str, **top: Any) -> Path:
