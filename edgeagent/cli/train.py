@@ -548,7 +548,10 @@ def worker(**kw: Any) -> None:
     allowed = list(kw.pop("allowed_models"))
     overrides = {k: v for k, v in kw.items() if v is not None and k not in ("config_file", "log_level")}
     if "device_id" not in overrides:
-        overrides["device_id"] = os.uname().nodename.split(".")[0]
+        # The id is the login's user name: --id, else worker.yaml's device_id (the unit passes only
+        # --config), else the host name. The host name used to win over the file.
+        base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
+        overrides["device_id"] = base.get("device_id") or os.uname().nodename.split(".")[0]
     level = kw["log_level"] or os.environ.get("EDGEAGENT_LOG_LEVEL", "INFO")
     setup_logging(level, device=overrides["device_id"])
     config = load(WorkerConfig, kw["config_file"], overrides)

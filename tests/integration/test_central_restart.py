@@ -44,6 +44,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "edgeagent-central.service"
 CENTRAL_YAML = REPO / "configs" / "central.yaml"
+WORKER_UNIT = REPO / "systemd" / "edgeagent-worker.service"
+WORKER_YAML = REPO / "configs" / "worker.yaml"
 PER_EPOCH = 44  # digits: 1437 training samples, whole batches of 32
 
 
@@ -385,6 +387,42 @@ def test_the_units_command_sigtermed_exits_0_with_a_checkpoint_and_resumes(
         assert report["timeline"][0]["batch"] == version
         assert report["epochs"] == 3 and report["final_accuracy"] > 0.7
     finally:
+        wire.close()
+
+
+# -- the worker's unit ------------------------------------------------------------------------------
+
+
+def test_the_worker_units_command_takes_its_id_from_worker_yaml(
+    tls_broker: TlsBroker, cluster: str, tmp_path: Path
+) -> None:
+    """The worker unit passes only --config, and the worker took the host name as its id whatever
+    worker.yaml's device_id said: its login (the id) was refused, or every Pi named "raspberrypi" was one
+    device. Now the id is worker.yaml's (--id still overrides it; the host name only when neither says)."""
+    site = tls_broker.site
+    state, creds = tmp_path / "state", tmp_path / "state" / "credentials"
+    creds.mkdir(parents=True)
+    pair = site.devices["worker-1"]
+    for name, source in (("ca.pem", site.ca.cert), ("device.pem", pair.cert), ("device.key", pair.key)):
+        shutil.copyfile(source, creds / name)
+    data = yaml.safe_load(WORKER_YAML.read_text())
+    data.pop("password_file")  # the test broker has no logins
+    data.update(broker=tls_broker.url, cluster=cluster, device_id="worker-1", threads=1)
+    config = tmp_path / "worker.yaml"
+    config.write_text(yaml.safe_dump(data))
+    program = Path(sys.executable).with_name("edgeagent")
+    argv = ServiceUnit.read(WORKER_UNIT).command(
+        program=program, state=state, credentials=creds, files={"/etc/edgeagent/worker.yaml": config}
+    )
+    wire = Wire(tls_broker.url, cluster, site)
+    proc = subprocess.Popen(argv, env=service_env(state), cwd=state)
+    try:
+        seen = wire.wait("worker-1's announcement", idle_announce_of("worker-1"), timeout=60)
+        assert seen is not None
+        assert not [s for _, s, m in wire.seen if isinstance(m, Announce) and s != "worker-1"]
+    finally:
+        proc.terminate()
+        proc.wait(15)
         wire.close()
 
 
