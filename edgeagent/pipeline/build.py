@@ -8,6 +8,7 @@ import torch
 
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec, build_layers
+from edgeagent.pipeline import audit
 from edgeagent.pipeline.schedule import stage_bound
 from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
 from edgeagent.pipeline.staleness import stage_delay
@@ -96,4 +97,5 @@ def make_stage(
     )
     if momentum_buffers:
         stage.load_momentum(momentum_buffers)
+    stage.audit_copy = audit.built(index, start, end, version, seeded=weights is None)
     return stage

@@ -24,6 +24,7 @@ from torch import nn
 from torch.func import functional_call
 
 from edgeagent.errors import TrainingError
+from edgeagent.pipeline import audit
 from edgeagent.pipeline.backward import backward_with
 from edgeagent.pipeline.sgd import SGD, LrSchedule, rate_factor
 from edgeagent.pipeline.staleness import Staleness, forward_version, predicted, step_rule
@@ -152,6 +153,8 @@ class Stage:
         # Hybrid stages: the version of every batch not yet updated here, kept stashed so the batch can
         # be computed again (a replica of the stage died with some of its rows).
         self._pinned: dict[int, int] = {}
+        # This copy's id in the audit log (pipeline/audit.py; build.make_stage sets it): None when it is off.
+        self.audit_copy: int | None = None
 
     def _rate_factor(self, step: int) -> float:
         return rate_factor(self.options.lr_schedule, step, self.options.total_batches)
@@ -330,7 +333,7 @@ class Stage:
         if self.options.micro_batches:
             self._micro_batch_done(batch_id, entry.params)
         else:
-            self._apply_update({name: t.grad for name, t in entry.params.items()})
+            self._apply_update({name: t.grad for name, t in entry.params.items()}, batch=batch_id)
         return BackwardResult(grad_input, loss_value, correct, row_loss, row_correct)
 
     def _micro_batch_done(self, item: int, params: dict[str, torch.Tensor]) -> None:
@@ -344,7 +347,7 @@ class Stage:
         if (item + 1) % self.options.micro_batches:
             return
         summed, self._micro_grads = self._micro_grads, {}
-        self._apply_update({name: summed.get(name) for name in params})
+        self._apply_update({name: summed.get(name) for name in params}, batch=self.options.batch_of(item))
 
     def micro_pending(self) -> bool:
         """Whether some micro-batches of a batch have been backwarded here and its update is still due."""
@@ -357,7 +360,9 @@ class Stage:
             raise TrainingError(f"gradients for {sorted(grads)}, the stage's parameters are {sorted(names)}")
         self._apply_update(dict(grads))
 
-    def _apply_update(self, used: dict[str, torch.Tensor | None]) -> None:
+    def _apply_update(self, used: dict[str, torch.Tensor | None], *, batch: int | None = None) -> None:
+        """Apply one batch's update (``batch``: its id, for the audit log; a replicated stage's sum names
+        none: the version it is applied at stands for it)."""
         if self.options.staleness == "2bw":
             used = self._windowed(used)
         if self.optimizer is not None and used:
@@ -367,6 +372,9 @@ class Stage:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
+        if self.audit_copy is not None:  # once applied: a line in the log is an update in the weights
+            before = self.version - 1
+            audit.applied(self.audit_copy, before if batch is None else batch, before)
         self._maybe_aggregate()
         self._stash[self.version] = self._snapshot()
         if self.rule.predict:
