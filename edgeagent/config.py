@@ -407,6 +407,9 @@ class WorkerConfig(BrokerAccess):
     die_at_eval: int | None = Field(None, ge=1)
     # Fault injection: fill what this device sends with NaN (parse_send_nan: KIND@BATCH, or KIND@BATCH+).
     send_nan: str | None = None
+    # Fault injection at run time (bench/chaos.py): each SIGUSR1 fills the next message of this kind
+    # (one of NAN_KINDS) that the device sends with NaN.
+    nan_on_usr1: Literal["activation", "gradient", "replica", "sync"] | None = None
     # Split-federated training: this device's own training data (a .npz with X and y); it never leaves it.
     dataset: str | None = None
     # Emulated downlink in Mbit/s (what this device receives; split-federated mode); 0 = the real link only.

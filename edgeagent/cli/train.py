@@ -531,6 +531,12 @@ def central(**kw: Any) -> None:
 @click.option("--die-at-backward", type=int, hidden=True, help="Fault injection: SIGKILL at this backward.")
 @click.option("--die-at-eval", type=int, hidden=True, help="Fault injection: SIGKILL at the N-th eval batch.")
 @click.option("--send-nan", hidden=True, help="Fault injection: NaN in what it sends (KIND@BATCH[+]).")
+@click.option(
+    "--nan-on-usr1",
+    type=click.Choice(["activation", "gradient", "replica", "sync"]),
+    hidden=True,
+    help="Fault injection: each SIGUSR1 fills the next message of this kind it sends with NaN.",
+)
 @click.option("--dataset", help="Split-federated: this device's own training data (FILE.npz, X and y).")
 @click.option("--down-mbps", type=float, help="Split-federated: emulated downlink in Mbit/s (received).")
 @click.option(
@@ -562,6 +568,8 @@ def worker(**kw: Any) -> None:
 
     w = Worker(config)
     signal.signal(signal.SIGTERM, lambda *_: w.stop())
+    if config.nan_on_usr1 is not None:
+        signal.signal(signal.SIGUSR1, lambda *_: w.arm_nan())
     try:
         sys.exit(w.serve())
     except KeyboardInterrupt:

@@ -84,6 +84,7 @@ class Worker(Role):
         self._eval_batches = 0  # evaluation batches taken in this process's life (fault injection)
         self._nan = parse_send_nan(config.send_nan) if config.send_nan else None
         self._nan_sent = 0  # messages filled with NaN so far (fault injection)
+        self._nan_armed = False  # --nan-on-usr1: a SIGUSR1 came; the next such message carries NaN
         self.characteriser = Characteriser(
             config.device_id, config.characterise_budget, rounds=config.characterise_rounds
         )
@@ -463,9 +464,20 @@ class Worker(Role):
         if self.config.die_at_eval == self._eval_batches:
             self._die(f"at evaluation batch {self._eval_batches} (id {batch_id})")
 
+    def arm_nan(self) -> None:
+        """``--nan-on-usr1 KIND`` (its signal handler): the next KIND message this device sends is NaN."""
+        self._nan_armed = True
+
     def poisoned(self, kind: str, batch: int, tensor: torch.Tensor) -> torch.Tensor:
         """``--send-nan KIND@BATCH[+]``: ``tensor`` filled with NaN if it goes out in the message it names
-        (once per process life, or from that batch on with ``+``), else ``tensor`` itself."""
+        (once per process life, or from that batch on with ``+``), else ``tensor`` itself. ``--nan-on-usr1
+        KIND``: filled once after each SIGUSR1."""
+        if self._nan_armed and kind == self.config.nan_on_usr1:
+            self._nan_armed = False
+            log.warning(
+                "%s: fault injection (SIGUSR1): NaN in the %s of batch %d", self.device_id, kind, batch
+            )
+            return torch.full_like(tensor, math.nan)
         if self._nan is None:
             return tensor
         wanted, at, forever = self._nan
