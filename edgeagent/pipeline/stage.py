@@ -133,7 +133,10 @@ class Stage:
         self.base = version  # no version before this one was ever here (a rebuilt stage starts anew)
         # The compensation of this stage's delay (pipeline.staleness): its step and its forward's version.
         self.depth = max(1, depth)
-        self._params = list(module.parameters())
+        # Named once: module.named_parameters() walks every submodule (a MobileNetV2 stage's are deep), and
+        # the stash, the momentum snapshots and every update loop over them per batch.
+        self._named = list(module.named_parameters())
+        self._params = [p for _, p in self._named]
         self.delay = 0
         self.optimizer: SGD | None = None
         self.set_delay(delay)
@@ -182,13 +185,13 @@ class Stage:
     # -- bookkeeping -----------------------------------------------------------------------------
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach().clone() for name, p in self.module.named_parameters()}
+        return {name: p.detach().clone() for name, p in self._named}
 
     def _momentum_snapshot(self) -> dict[str, torch.Tensor]:
         if self.optimizer is None:
             return {}
         out: dict[str, torch.Tensor] = {}
-        for name, p in self.module.named_parameters():
+        for name, p in self._named:
             buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
             if buf is not None:
                 out[name] = buf.detach().clone()
@@ -355,7 +358,7 @@ class Stage:
 
     def apply_gradients(self, grads: dict[str, torch.Tensor]) -> None:
         """Apply one batch's parameter gradients (a replicated stage's sum over its members)."""
-        names = {name for name, _ in self.module.named_parameters()}
+        names = {name for name, _ in self._named}
         if set(grads) != names:
             raise TrainingError(f"gradients for {sorted(grads)}, the stage's parameters are {sorted(names)}")
         self._apply_update(dict(grads))
@@ -366,7 +369,7 @@ class Stage:
         if self.options.staleness == "2bw":
             used = self._windowed(used)
         if self.optimizer is not None and used:
-            for name, p in self.module.named_parameters():
+            for name, p in self._named:
                 p.grad = used[name]
             self.optimizer.lr = self.rule.learning_rate * self._rate_factor(self.version)
             self.optimizer.step()
@@ -408,7 +411,7 @@ class Stage:
         # The last `window` versions each grew from the same stale base with different batches;
         # their mean is the aggregated weight (papers/000 Sec. III-C, Fig. 2).
         with torch.no_grad():
-            for name, p in self.module.named_parameters():
+            for name, p in self._named:
                 p.copy_(torch.stack([v[name] for v in self._recent]).mean(dim=0))
         self._recent = [self._snapshot()]
 
@@ -439,7 +442,7 @@ class Stage:
         weights = {k: v for k, v in self.state().items() if k.split(".")[1] in wanted}
         momentum: dict[str, torch.Tensor] = {}
         if self.optimizer is not None:
-            for name, p in self.module.named_parameters():
+            for name, p in self._named:
                 buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
                 if buf is not None and name.split(".")[1] in wanted:
                     momentum[name] = buf.detach().clone()
@@ -449,7 +452,7 @@ class Stage:
         """Restore momentum buffers (moved here with their layers)."""
         if self.optimizer is None:
             return
-        for name, p in self.module.named_parameters():
+        for name, p in self._named:
             buf = momentum.get(name)
             if buf is not None:
                 if buf.shape != p.shape:

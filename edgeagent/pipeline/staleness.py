@@ -149,11 +149,18 @@ def predicted(
     momentum buffer yet is kept as it is."""
     if horizon <= 0 or not rule.predict:
         return weights
+    import torch
+
     scale = rule.learning_rate * horizon * (rule.momentum if rule.nesterov else 1.0)
-    out: dict[str, torch.Tensor] = {}
-    for name, w in weights.items():
-        m = momentum.get(name)
-        out[name] = w if m is None else w.detach() - scale * m  # (the stash and buffers need no grad)
+    names = [name for name in weights if name in momentum]
+    if not names:
+        return weights  # no momentum yet (the first updates): nothing to extrapolate
+    out = dict(weights)  # a parameter without a momentum buffer yet stays as it is
+    # One multi-tensor call (torch.optim's own fast path) instead of one Python op per parameter: a
+    # MobileNetV2 stage has over a hundred, and every forward of a delayed stage predicts them.
+    with torch.no_grad():
+        ahead = torch._foreach_add([weights[n] for n in names], [momentum[n] for n in names], alpha=-scale)
+    out.update(zip(names, ahead, strict=True))
     return out
 
 
