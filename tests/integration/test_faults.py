@@ -299,3 +299,103 @@ def test_recovery_after_a_re_split_restores_the_new_layout(amqtt_url: str) -> No
     assert rec["lost"] == ["worker-2"]
     assert rec["rolled_back_to"] >= joined[0]["batch"]  # not the chain replica of 50: its layout is gone
     assert report.epochs == 3
+
+
+class CuttableRelay:
+    """A TCP relay to the broker for the workers (the central node connects directly). :meth:`cut` closes
+    every relayed connection and refuses new ones for a while, as a broker restart does to its clients,
+    here to the workers alone: the central node probes while they are away."""
+
+    def __init__(self, broker_port: int) -> None:
+        import socket
+
+        self.broker_port = broker_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.server.getsockname()[1])
+        self.lock = threading.Lock()
+        self.pairs: list[tuple[Any, Any]] = []
+        self.refuse_until = 0.0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import contextlib
+        import socket
+        import time
+
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.server.accept()
+                with self.lock:
+                    if time.monotonic() < self.refuse_until:
+                        conn.close()
+                        continue
+                    up = socket.create_connection(("127.0.0.1", self.broker_port))
+                    self.pairs.append((conn, up))
+                for a, b in ((conn, up), (up, conn)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: Any, dst: Any) -> None:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def cut(self, seconds: float) -> None:
+        import contextlib
+        import socket
+        import time
+
+        with self.lock:
+            self.refuse_until = time.monotonic() + seconds
+            for pair in self.pairs:
+                for s in pair:
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)
+                        s.close()
+            self.pairs.clear()
+
+    def close(self) -> None:
+        self.cut(0)
+        self.server.close()
+
+
+def test_workers_off_the_broker_when_the_probe_goes_out_are_asked_again(amqtt_url: str) -> None:
+    """After a broker restart (bench/chaos.py) the central node reconnected first, probed, and the workers,
+    still reconnecting, never saw its one ping: at the end of the restart window every worker was taken for
+    gone (case 3, the central node alone). Here the workers' connections are cut for 3 s at batch 40, their
+    last wills start the probe while they are away; asked again, they answer: case 1, nobody dropped."""
+    from edgeagent.transport.mqtt import BrokerUrl
+
+    relay = CuttableRelay(BrokerUrl.parse(amqtt_url).port)
+    cut = threading.Event()
+
+    def cut_at_40(batch: int, local: LocalWorkers) -> None:
+        if batch == 40 and not cut.is_set():
+            cut.set()
+            relay.cut(3.0)
+
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    config = CentralConfig(
+        cluster=cluster, broker=amqtt_url, workers=2, train=TrainConfig(epochs=2), progress=False
+    )  # the default restart window (30 s): longer than the workers' time away
+    local = LocalWorkers(2, f"mqtt://127.0.0.1:{relay.port}", cluster, [1.0, 1.0]).start_all()
+
+    def progress(values: dict[str, Any]) -> None:
+        if "batch" in values:
+            cut_at_40(values["batch"], local)
+
+    try:
+        report = Central(config, progress=progress).run()
+    finally:
+        local.stop()
+        relay.close()
+    assert cut.is_set() and report.recoveries, "the cut did not start a recovery"
+    for rec in report.recoveries:
+        assert rec["case"] == 1 and rec["lost"] == [], rec  # everybody answered: nobody was dropped
+    assert report.partitions[-1].get("workers", ["worker-1", "worker-2"]) == ["worker-1", "worker-2"]
+    assert report.epochs == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,8 +110,12 @@ class Recovery(Evaluation):
         """
         self.inbox.alive.clear()
         self.announced.clear()
-        self.send(self.topics.fixed(Family.COMMAND), Ping(run_id=self.run_id))
-        self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
+
+        def ask() -> None:
+            self.send(self.topics.fixed(Family.COMMAND), Ping(run_id=self.run_id))
+            self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
+
+        ask()
         expected = set(self.worker_list[1:])
         down = {d for d in expected if (w := self.workers.get(d)) is not None and not w.online}
         started = time.monotonic()
@@ -124,8 +129,22 @@ class Recovery(Evaluation):
             now = time.monotonic()
             return not any(now < until[d] for d in pending)
 
-        # ``settled`` holds once every window is over: the timeout is never what ends this wait.
-        self.node.wait_until(settled, longest + 60.0, "the recovery's probe", poll=0.05)
+        # Asked again every probe window while the wait lasts: a device that was off the broker when the
+        # ping went out (after a broker restart every client reconnects, each after its own backoff, and
+        # a clean session keeps nothing for it) would never see it, and a live device of the run was
+        # taken for gone at the end of its restart window (bench/chaos.py, a broker restart: every worker
+        # dropped, the central node alone). Answers are idempotent. ``settled`` holds once every window
+        # is over: the timeout is never what ends this wait.
+        def asked_or_settled(again: float) -> Callable[[], bool]:
+            return lambda: settled() or time.monotonic() >= again
+
+        while True:
+            self.node.wait_until(
+                asked_or_settled(time.monotonic() + probe), probe + 60.0, "the recovery's probe", poll=0.05
+            )
+            if settled():
+                break
+            ask()
         idle = [d for d, a in self.announced.items() if not a.busy_with]
         return set(self.inbox.alive), idle
 
