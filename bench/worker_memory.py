@@ -103,8 +103,8 @@ def main() -> None:
         "MobileNetV2 (default width)": (["--model", "mobilenetv2"], args.max_batches),
     }
     print(f"workers: {args.worker_python}; peak RSS (ru_maxrss) of each of 2 workers, central + 2 on digits")
-    print(f"{'process':44s} {'peak MB':>9s} {'- import torch':>15s} {'ratio':>6s}")
-    print(f"{'python -c import torch (median of 3)':44s} {torch_mb:9.1f} {0.0:15.1f} {1.0:6.2f}")
+    print(f"{'process':52s} {'peak MB':>9s} {'- import torch':>15s} {'ratio':>6s}")
+    print(f"{'python -c import torch (median of 3)':52s} {torch_mb:9.1f} {0.0:15.1f} {1.0:6.2f}")
     mlp_peak = 0.0
     with tempfile.TemporaryDirectory(prefix="edgeagent-memory-") as tmp:
         for name, (model, max_batches) in runs.items():
@@ -115,7 +115,7 @@ def main() -> None:
             mlp_peak = mlp_peak or peak
             each = " / ".join(f"{p:.0f}" for p in peaks)
             print(
-                f"{'worker, ' + name:44s} {peak:9.1f} {peak - torch_mb:+15.1f} {peak / torch_mb:6.2f}"
+                f"{'worker, ' + name:52s} {peak:9.1f} {peak - torch_mb:+15.1f} {peak / torch_mb:6.2f}"
                 f"   (workers {each} MB; run {seconds:.0f} s)"
             )
     held = mlp_peak - torch_mb <= TARGET_MB
