@@ -2,8 +2,8 @@
 
 Every device of a pipeline loads the same data set with the same seed and derives the same batch order
 from ``(seed, epoch)``, so a micro-batch is named by its index alone and labels never travel over the
-network. Nothing here downloads anything: ``digits`` ships with scikit-learn, ``synthetic`` is generated
-and ``.npz`` files are read from local disk.
+network. Nothing here downloads anything: ``digits`` ships with edgeagent (:data:`DIGITS_FILE`),
+``synthetic`` is generated and ``.npz`` files are read from local disk.
 """
 
 from __future__ import annotations
@@ -19,12 +19,18 @@ import torch
 
 __all__ = [
     "DATASET_NAMES",
+    "DIGITS_FILE",
     "Dataset",
     "batch_indices",
     "batches_per_epoch",
     "epoch_order",
     "load_dataset",
 ]
+
+# The 8x8 digits (UCI's optical recognition of handwritten digits, test part: 1,797 images), written once
+# from scikit-learn 1.9.1's load_digits() (images as uint8 0..16, target as uint8 0..9): 45 KB, where
+# scikit-learn and scipy cost a worker about 190 MB of install for this one array.
+DIGITS_FILE = Path(__file__).resolve().parent / "share" / "data" / "digits.npz"
 
 DATASET_NAMES: tuple[str, ...] = ("digits", "digits28", "synthetic")
 
@@ -115,14 +121,13 @@ def _make_dataset(
 
 
 def _load_digits(name: str, seed: int, test_fraction: float) -> Dataset:
-    from sklearn.datasets import load_digits  # deferred: sklearn import is slow and only digits needs it
-
-    digits = load_digits()
-    x = (digits.images.astype(np.float32) / 16.0)[:, None, :, :]  # (N, 1, 8, 8) in [0, 1]
+    with np.load(DIGITS_FILE, allow_pickle=False) as npz:
+        images, target = npz["images"], npz["target"]  # (N, 8, 8) uint8 in 0..16, (N,) uint8
+    x = (images.astype(np.float32) / 16.0)[:, None, :, :]  # (N, 1, 8, 8) in [0, 1]
     if name == "digits28":  # MNIST-sized (papers/001's 784-512-10 MLP): bilinear upsampling
         up = torch.nn.functional.interpolate(torch.from_numpy(x), size=(28, 28), mode="bilinear")
         x = up.numpy()  # (N, 1, 28, 28)
-    y = digits.target.astype(np.int64)  # (N,)
+    y = target.astype(np.int64)  # (N,)
     train, test = _stratified_split(y, test_fraction, seed)
     # One scalar mean/std (a single channel): per-pixel std is 0 on the always-blank border pixels.
     mean = float(x[train].mean())
@@ -244,7 +249,7 @@ def _load_npz(name: str, seed: int, test_fraction: float) -> Dataset:
 def load_dataset(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
     """Load a data set by name; the same ``(name, seed, test_fraction)`` gives identical tensors everywhere.
 
-    ``name`` is ``"digits"`` (scikit-learn's 8x8 digits, standardised with the train mean/std),
+    ``name`` is ``"digits"`` (the 8x8 digits of :data:`DIGITS_FILE`, standardised with the train mean/std),
     ``"synthetic"`` or ``"synthetic:N:CxHxW:K"`` / ``"synthetic:N:F:K"`` (N samples in total, before the
     split; defaults 4096, 3x32x32, 10), or a path ending in ``.npz`` with keys ``X`` and ``y`` and
     optionally ``X_test`` and ``y_test`` (when absent, the data is split by ``test_fraction``).

@@ -1,5 +1,6 @@
 """A small private PKI for one site: a CA, the broker's server certificate and one client certificate per
-device, for ``mqtts://`` with the embedded broker or Mosquitto (``edgeagent certs``).
+device, for ``mqtts://`` with the embedded broker or Mosquitto (``edgeagent certs``, whose command is in
+:mod:`edgeagent.cli.broker`).
 
 Keys are EC P-256 (fast to make and to handshake with on a Raspberry Pi), certificates are PEM files, key
 files are mode 0600. The CA is valid for 10 years, the broker and device certificates for 2. Nothing is
@@ -16,7 +17,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import click
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -364,55 +364,3 @@ def init_site(
             issue(directory, site.ca, device, client=True)
             site.written += [pair.cert, pair.key]
     return site
-
-
-@click.command("certs")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--host",
-    "hosts",
-    multiple=True,
-    metavar="NAME|IP",
-    help="A DNS name or IP address the broker is reached by (repeat; localhost and 127.0.0.1 are always in).",
-)
-@click.option(
-    "--device",
-    "devices",
-    multiple=True,
-    metavar="ID",
-    help="A device id to issue a client certificate for (repeat).",
-)
-def certs_command(directory: Path, hosts: tuple[str, ...], devices: tuple[str, ...]) -> None:
-    """Make (or complete) the site's TLS certificates in DIRECTORY: a CA, the broker's and one per device.
-
-    Existing files are never overwritten: run it again with more --device to add devices.
-    """
-    try:
-        site = init_site(directory, hosts, devices)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from exc
-    for path in site.written:
-        click.echo(f"wrote {path}" + (" (private key, mode 0600)" if path.suffix == ".key" else ""))
-    kept = sorted({p.with_suffix("").name for p in site.kept})
-    if kept:
-        click.echo(f"kept the existing {', '.join(kept)} (nothing is overwritten)")
-    if not site.written:
-        click.echo("nothing to write: every certificate asked for is there")
-    names = ", ".join(san_hosts(site.broker.load_certificate()))
-    click.echo(f"the broker certificate is valid for: {names}")
-    for note in site.notes:
-        click.echo(f"note: {note}")
-    d = site.directory
-    example = next(iter(site.devices), "DEVICE")
-    host = next((h for h in hosts if h not in ("localhost", "127.0.0.1")), "BROKER_HOST")
-    click.echo(
-        "\nnext steps:\n"
-        f"  keep {d / 'ca.key'} on this machine only (it signs new certificates); copy nothing but\n"
-        f"  ca.pem and a device's own DEVICE.pem/DEVICE.key to that device.\n"
-        "  broker:\n"
-        f"    edgeagent broker --host 0.0.0.0 --port 8883 --credentials DIR --tls-cert {d / 'broker.pem'} "
-        f"--tls-key {d / 'broker.key'} --tls-ca {d / 'ca.pem'} --require-client-cert\n"
-        "  each worker (and the central node, with its own device certificate):\n"
-        f"    edgeagent worker --broker mqtts://{host}:8883 --ca-file ca.pem --cert-file {example}.pem "
-        f"--key-file {example}.key ..."
-    )

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from edgeagent.broker.certs import certs_command
 from edgeagent.errors import ConfigError
 from edgeagent.ops.logs import console, setup_logging
 
@@ -189,3 +188,57 @@ def credentials_list(directory: str) -> None:
         prefix = grant.home_assistant_prefix
         extra = f"  home assistant {prefix}" if prefix != DEFAULT_PREFIX and grant.role != "device" else ""
         console.print(f"{name:24} {grant.role:9} cluster {grant.cluster}{extra}", highlight=False)
+
+
+@click.command("certs")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    metavar="NAME|IP",
+    help="A DNS name or IP address the broker is reached by (repeat; localhost and 127.0.0.1 are always in).",
+)
+@click.option(
+    "--device",
+    "devices",
+    multiple=True,
+    metavar="ID",
+    help="A device id to issue a client certificate for (repeat).",
+)
+def certs_command(directory: Path, hosts: tuple[str, ...], devices: tuple[str, ...]) -> None:
+    """Make (or complete) the site's TLS certificates in DIRECTORY: a CA, the broker's and one per device.
+
+    Existing files are never overwritten: run it again with more --device to add devices.
+    """
+    from edgeagent.broker.certs import init_site, san_hosts  # cryptography: the [central] or [broker] extra
+
+    try:
+        site = init_site(directory, hosts, devices)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for path in site.written:
+        click.echo(f"wrote {path}" + (" (private key, mode 0600)" if path.suffix == ".key" else ""))
+    kept = sorted({p.with_suffix("").name for p in site.kept})
+    if kept:
+        click.echo(f"kept the existing {', '.join(kept)} (nothing is overwritten)")
+    if not site.written:
+        click.echo("nothing to write: every certificate asked for is there")
+    names = ", ".join(san_hosts(site.broker.load_certificate()))
+    click.echo(f"the broker certificate is valid for: {names}")
+    for note in site.notes:
+        click.echo(f"note: {note}")
+    d = site.directory
+    example = next(iter(site.devices), "DEVICE")
+    host = next((h for h in hosts if h not in ("localhost", "127.0.0.1")), "BROKER_HOST")
+    click.echo(
+        "\nnext steps:\n"
+        f"  keep {d / 'ca.key'} on this machine only (it signs new certificates); copy nothing but\n"
+        f"  ca.pem and a device's own DEVICE.pem/DEVICE.key to that device.\n"
+        "  broker:\n"
+        f"    edgeagent broker --host 0.0.0.0 --port 8883 --credentials DIR --tls-cert {d / 'broker.pem'} "
+        f"--tls-key {d / 'broker.key'} --tls-ca {d / 'ca.pem'} --require-client-cert\n"
+        "  each worker (and the central node, with its own device certificate):\n"
+        f"    edgeagent worker --broker mqtts://{host}:8883 --ca-file ca.pem --cert-file {example}.pem "
+        f"--key-file {example}.key ..."
+    )

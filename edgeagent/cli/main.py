@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import click
 
-from edgeagent.errors import EdgeAgentError, ProtocolError, StorageError, TrainingError
+from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, StorageError, TrainingError
 
 log = logging.getLogger("edgeagent")
 
@@ -53,6 +53,27 @@ def _fail(exc: BaseException, command: str = "edgeagent") -> NoReturn:
     log.debug("%s failed", command, exc_info=exc)
     click.echo(click.style("error:", fg="red", bold=True) + " " + _message(exc, command), err=True)
     sys.exit(1 if isinstance(exc, TrainingError | ProtocolError | StorageError) else 2)
+
+
+# An optional dependency -> the extra that installs it (pyproject.toml): a worker's install has none of them.
+EXTRAS: dict[str, str] = {
+    "amqtt": "broker",
+    "pwdlib": "broker",
+    "argon2": "broker",
+    "cryptography": "central",
+    "matplotlib": "central",
+}
+
+
+def _missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """What to install when ``exc`` is an optional dependency this install left out, else None."""
+    extra = EXTRAS.get((exc.name or "").partition(".")[0])
+    if extra is None:
+        return None
+    return (
+        f"this command needs {exc.name}, which this install of edgeagent leaves out (a worker needs none "
+        f"of it): pip install 'edgeagent[{extra}]' (or 'edgeagent[all]')"
+    )
 
 
 # command name -> (module, attribute): imported on first use (see the module doc).
@@ -89,6 +110,11 @@ class _Cli(click.Group):
             return super().invoke(ctx)
         except (EdgeAgentError, *_INPUT_ERRORS) as exc:
             _fail(exc, " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand))))
+        except ModuleNotFoundError as exc:
+            hint = _missing_extra(exc)
+            if hint is None:
+                raise
+            _fail(ConfigError(hint))
 
 
 @click.group(cls=_Cli)

@@ -17,23 +17,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import torch
 
-from edgeagent.models import ModelSpec
-from edgeagent.ops.logs import setup_logging
-from edgeagent.ops.signals import sigterm_unwinds
-from edgeagent.predictor import collect as collection
-from edgeagent.predictor.evaluate import evaluate, fewer_windows
-from edgeagent.predictor.machine import machine_info
-from edgeagent.predictor.measure import model_key
-from edgeagent.predictor.net import STEPS, VARIANTS, LatencyPredictor
-from edgeagent.predictor.store import load, samples_of, save, shipped_path
+# Only what the options show (their choices and defaults): the help of every command without torch;
+# each command imports the rest when it runs.
+from edgeagent.predictor.configs import SETS
+from edgeagent.predictor.defaults import ROUNDS, STEPS, VARIANTS
+
+if TYPE_CHECKING:
+    from edgeagent.models import ModelSpec
 
 
 def _spec(model: str, in_shape: str, classes: int) -> ModelSpec:
+    from edgeagent.models import ModelSpec
+
     try:
         shape = tuple(int(v) for v in in_shape.lower().split("x"))
     except ValueError:
@@ -46,17 +45,21 @@ def _model_of(records: list[dict[str, object]], path: str) -> ModelSpec:
         raise click.ClickException(f"{path}: no records; run `edgeagent predictor collect` first")
     model = records[0]["model"]
     assert isinstance(model, dict)
+    from edgeagent.models import ModelSpec
+
     return ModelSpec.from_dict(model)
 
 
 def _training(paths: tuple[str, ...]) -> tuple[ModelSpec, list[dict[str, Any]], list[dict[str, Any]]]:
     """The model, the records of every training file, in order, and each file's document; ClickException
     when a file is empty or of another model than the first."""
+    from edgeagent.predictor.dataset import load_document
+
     records: list[dict[str, Any]] = []
     documents = []
     for path in paths:
         try:
-            document = collection.load_document(path)
+            document = load_document(path)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
         spec = _model_of(document["records"], path)
@@ -80,13 +83,11 @@ def predictor() -> None:
 @click.option("--model", default="mobilenetv2", show_default=True, help="Built-in model name.")
 @click.option("--in-shape", default="1x8x8", show_default=True, help="One sample's shape (digits: 1x8x8).")
 @click.option("--classes", default=10, show_default=True, type=int)
-@click.option(
-    "--set", "which", type=click.Choice(sorted(collection.SETS)), default="training", show_default=True
-)
+@click.option("--set", "which", type=click.Choice(sorted(SETS)), default="training", show_default=True)
 @click.option("--reps", default=2, show_default=True, type=int, help="Least timed runs per window.")
 @click.option(
     "--rounds",
-    default=collection.ROUNDS,
+    default=ROUNDS,
     show_default=True,
     type=click.IntRange(min=1, max=1000),
     help="Windows per sub-model, interleaved; the fastest is its time.",
@@ -97,6 +98,10 @@ def collect_command(
     model: str, in_shape: str, classes: int, which: str, reps: int, rounds: int, out: str, resume: bool
 ) -> None:
     """Measure every sub-model under many resource configurations (one process each; root for quotas)."""
+    from edgeagent.ops.logs import setup_logging
+    from edgeagent.ops.signals import sigterm_unwinds
+    from edgeagent.predictor import collect as collection
+
     setup_logging()  # a line per configuration (its time, its split-half agreement), formatted warnings
     spec = _spec(model, in_shape, classes)
     configs = collection.config_set(which)
@@ -137,6 +142,13 @@ _DATA = click.option(
 @click.option("--out", type=click.Path(dir_okay=False), help="Default: where runs look for it.")
 def train_command(data: tuple[str, ...], variant: str, steps: int | None, seed: int, out: str | None) -> None:
     """Pre-train a predictor on collected data sets (one or more machines)."""
+    import torch
+
+    from edgeagent.predictor.machine import machine_info
+    from edgeagent.predictor.measure import model_key
+    from edgeagent.predictor.net import LatencyPredictor
+    from edgeagent.predictor.store import samples_of, save, shipped_path
+
     torch.set_num_threads(1)  # tiny networks: a second thread only adds contention
     spec, records, documents = _training(data)
     started = time.perf_counter()
@@ -175,6 +187,12 @@ def train_command(data: tuple[str, ...], variant: str, steps: int | None, seed: 
 def evaluate_command(data: tuple[str, ...], held_out: str, weights: str | None, adapt_steps: int) -> None:
     """Share of sub-models within ±5 % / ±10 % on held-out configurations, against the baselines, every
     method on the sub-models no method measured (not a single layer, a representative or a tile)."""
+    import torch
+
+    from edgeagent.predictor import collect as collection
+    from edgeagent.predictor.evaluate import evaluate, fewer_windows
+    from edgeagent.predictor.store import load, shipped_path
+
     torch.set_num_threads(1)
     spec, training, _documents = _training(data)
     trained, _header = load(Path(weights) if weights else shipped_path(spec))

@@ -69,6 +69,7 @@ from edgeagent.predictor.configs import (
     training_configs,
 )
 from edgeagent.predictor.dataset import FORMAT, check_record, dumps_document, load_document, load_records
+from edgeagent.predictor.defaults import ROUNDS
 from edgeagent.predictor.evaluate import repeatability
 from edgeagent.predictor.machine import cpu_model, machine_info
 from edgeagent.predictor.measure import ModelLayers, best_window, characterise, measure_rounds, model_key
@@ -79,10 +80,7 @@ log = logging.getLogger(__name__)
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 GROUP_ROOT = CGROUP_V1_CPU / "edgeagent-predictor"
 H_BUDGET = 600.0  # seconds the child may spend on h (characterise's bound); collection is not bounded
-# Every sub-model is timed in ROUNDS windows of at least WINDOW s, interleaved over the collection
-# (measure_rounds), and its time is the fastest of them (best_window): under a CPU quota one 0.2 s window
-# repeated within 10 % for 50-60 % of sub-models here, the fastest of two interleaved windows for 78-93 %.
-ROUNDS = 4
+# ROUNDS (in .defaults, for the CLI's help): windows per sub-model, of at least WINDOW s each.
 WINDOW = 0.25
 # A configuration whose windows agree with each other (split-half, within ±10 %) for fewer sub-models than
 # this is reported noisy. The training machine's own ran 14-99 % (4 rounds); the VMs whose sets no method
@@ -556,6 +554,7 @@ __all__ = [
     "FORMAT",
     "GROUP_ROOT",
     "NOISY",
+    "ROUNDS",
     "SETS",
     "TARGET",
     "ResourceConfig",

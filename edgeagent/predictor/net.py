@@ -27,19 +27,16 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from edgeagent.predictor.defaults import STEPS, VARIANTS, Variant
 from edgeagent.predictor.submodels import REPRESENTATIVES, Range, all_ranges, encode, representative
 
-Variant = Literal["paper", "features"]
-VARIANTS: tuple[Variant, ...] = ("paper", "features")
 _FLOPS_FLOOR = 1e5  # a layer without FLOPs (flatten) still costs a little: keeps log FLOPs finite
 WIDTHS: dict[Variant, int] = {"paper": 64, "features": 128}
-STEPS: dict[Variant, int] = {"paper": 3000, "features": 8000}  # pre-training steps
 
 
 @dataclass(frozen=True)

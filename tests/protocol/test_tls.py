@@ -34,7 +34,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from edgeagent.broker import BrokerTls, EmbeddedBroker, broker_config
-from edgeagent.broker.certs import KeyPair, Site, certs_command, init_site, issue, make_ca, san_hosts
+from edgeagent.broker.certs import KeyPair, Site, init_site, issue, make_ca, san_hosts
+from edgeagent.cli.broker import certs_command
 from edgeagent.errors import ConfigError
 from edgeagent.transport.mqtt import MqttTransport, TlsOptions
 
