@@ -77,6 +77,14 @@ def test_install_service_config_and_cli(tmp_path: Path) -> None:
     written = ServiceUnit.read(tmp_path / "units" / "edgeagent-broker.service")
     assert written.value("ExecStart").startswith("/v/bin/edgeagent broker --host 0.0.0.0")
     assert (tmp_path / "units" / "edgeagent-broker.service").stat().st_mode & 0o777 == 0o644
+    # A first install of the central node gets the shipped central.yaml where its unit reads it.
+    etc = tmp_path / "etc"
+    args = ["install-service", "central", "--dest", str(tmp_path / "units"), "--etc", str(etc)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert (etc / "central.yaml").read_text() == (shipped.CONFIGS / "central.yaml").read_text()
+    (etc / "central.yaml").write_text("workers: 3\n")
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert (etc / "central.yaml").read_text() == "workers: 3\n"  # never overwritten
 
 
 def test_bundle_holds_what_a_pi_needs(tmp_path: Path) -> None:

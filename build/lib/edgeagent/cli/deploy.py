@@ -58,8 +58,7 @@ def install_service(
     unit = target.stem
     console.print(f"wrote {target} (runs {paths.program})", highlight=False)
     console.print(
-        f"next: systemctl daemon-reload && systemctl enable --now {unit}; "
-        f"journalctl -u {unit} -f",
+        f"next: systemctl daemon-reload && systemctl enable --now {unit}; journalctl -u {unit} -f",
         highlight=False,
     )
 

@@ -7,7 +7,8 @@
 * :mod:`.deploy`: ``install-service``, ``bundle``.
 
 A command's module is imported when that command runs: ``broker``, ``credentials``, ``certs``,
-``monitor``, ``profile``, ``install-service`` and ``bundle`` never import torch (seconds on a Pi), nor does a typo in a command name.
+``monitor``, ``profile``, ``install-service`` and ``bundle`` never import torch (seconds on a Pi), nor
+does a typo in a command name.
 """
 
 from __future__ import annotations

@@ -97,7 +97,9 @@ def device_certificate(device: str, tls: Path) -> tuple[bytes, bytes, bytes, str
     done = f"the certificate of {device} from {tls}"
     if not pair.exists():
         if not ca.key.is_file():
-            raise ConfigError(f"{device} has no certificate in {tls} and the CA's key is not there to issue one")
+            raise ConfigError(
+                f"{device} has no certificate in {tls} and the CA's key is not there to issue one"
+            )
         issue(tls, ca, device, client=True)
         done = f"a new certificate for {device} in {tls}"
     elif not (pair.cert.is_file() and pair.key.is_file()):
@@ -151,4 +153,12 @@ def write_archive(bundle: Bundle, target: Path) -> Path:
     return target
 
 
-__all__ = ["Bundle", "Member", "device_certificate", "device_password", "make_bundle", "worker_yaml", "write_archive"]
+__all__ = [
+    "Bundle",
+    "Member",
+    "device_certificate",
+    "device_password",
+    "make_bundle",
+    "worker_yaml",
+    "write_archive",
+]
