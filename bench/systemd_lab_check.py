@@ -274,11 +274,22 @@ def run() -> bool:
         return record("start", False, "the observer cannot reach the broker", t)
     states = {s: show(s, "ActiveState") for s in SERVICES}
     kinds = {s: show(s, "Type") for s in SERVICES}
-    ok = started.returncode == 0 and set(states.values()) == {"active"} and set(kinds.values()) == {"notify"}
+    # The limits as systemd applies them: MemoryMax in bytes, a system call filter in force.
+    limits = {s: show(s, "MemoryMax") for s in SERVICES}
+    filtered = all(show(s, "SystemCallFilter") for s in SERVICES)
+    ok = (
+        started.returncode == 0
+        and set(states.values()) == {"active"}
+        and set(kinds.values()) == {"notify"}
+        and all(v.isdigit() for v in limits.values())
+        and filtered
+    )
     record(
         "start",
         ok,
-        f"{', '.join(f'{s} {v}' for s, v in states.items())} (Type=notify: READY=1 came)"
+        f"{', '.join(f'{s} {v}' for s, v in states.items())} (Type=notify: READY=1 came); MemoryMax "
+        f"{', '.join(f'{int(v) >> 20} MiB' if v.isdigit() else v for v in limits.values())}; "
+        f"SystemCallFilter {'in force' if filtered else 'missing'}"
         f"{started.stderr.strip()[:300]}",
         t,
     )
