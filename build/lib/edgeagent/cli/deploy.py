@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import click
@@ -57,6 +58,14 @@ def install_service(
     target = write_unit(role, paths, dest)
     unit = target.stem
     console.print(f"wrote {target} (runs {paths.program})", highlight=False)
+    if role != "broker":
+        # A first install gets the shipped example where the unit reads it; an existing file is kept.
+        wanted = paths.config or paths.etc / f"{role}.yaml"
+        if not wanted.exists():
+            wanted.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(CONFIGS / f"{role}.yaml", wanted)
+            wanted.chmod(0o644)
+            console.print(f"wrote {wanted} (the shipped example: edit it before the start)", highlight=False)
     console.print(
         f"next: systemctl daemon-reload && systemctl enable --now {unit}; journalctl -u {unit} -f",
         highlight=False,
