@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: demo test lint unit bench pi-lab clean
+.PHONY: demo test lint unit bench pi-lab systemd-lab clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,12 @@ bench: $(BIN)/.installed
 #   sudo make pi-lab [ARGS="--cpu 25,35,50 --mbps 20 --no-restart ..."]
 pi-lab: $(BIN)/.installed
 	$(BIN)/python bench/pi_lab.py $(ARGS)
+
+# The shipped units under a real systemd (a Debian container, systemd as PID 1; root): install, start,
+# SIGKILL the central node, restart a worker, stop; see docs/deployment.md.
+#   sudo make systemd-lab [ARGS="--epochs 6 --keep"]
+systemd-lab: $(BIN)/.installed
+	$(BIN)/python bench/systemd_lab.py $(ARGS)
 
 clean:
 	rm -rf $(VENV)

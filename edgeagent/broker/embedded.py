@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeagent.errors import ConfigError
+from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.transport.hosts import is_loopback
 
 log = logging.getLogger(__name__)
@@ -283,6 +284,19 @@ class EmbeddedBroker:
                     timeout,
                 )
 
+    def alive(self, timeout: float = 2.0) -> bool:
+        """Whether the broker's event loop runs and answers within ``timeout`` seconds (systemd's
+        watchdog asks this: a loop stuck in a callback stops the pets, and systemd restarts the broker)."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return False
+        answered = threading.Event()
+        try:
+            loop.call_soon_threadsafe(answered.set)
+        except RuntimeError:  # the loop is closed
+            return False
+        return answered.wait(timeout)
+
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
@@ -298,10 +312,16 @@ def serve_forever(
     tls: BrokerTls | None = None,
     insecure_plaintext: bool = False,
 ) -> None:
-    """Run the broker in the foreground until interrupted (``edgeagent broker``)."""
+    """Run the broker in the foreground until interrupted (``edgeagent broker``). Under systemd
+    (``Type=notify``): READY=1 once the listener accepts connections, the watchdog petted while the event
+    loop answers, STOPPING=1 on the way out."""
     broker = EmbeddedBroker(
         host, port, credentials=credentials, tls=tls, insecure_plaintext=insecure_plaintext
     ).start()
+    notifier = Notifier()
+    notifier.ready(f"listening on {broker.url}")
+    interval = watchdog_interval()
+    dog = Watchdog(notifier, broker.alive, interval).start() if interval else None
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
@@ -309,4 +329,7 @@ def serve_forever(
     except KeyboardInterrupt:
         pass
     finally:
+        notifier.send("STOPPING=1")
+        if dog is not None:
+            dog.stop()
         broker.stop()

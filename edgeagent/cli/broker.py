@@ -104,7 +104,7 @@ _credentials_dir = click.option(
 @click.option(
     "--profiles",
     type=click.Path(exists=True, file_okay=False),
-    help="Also add a device login for every profile in this directory (e.g. configs/devices).",
+    help="Also add a device login for every profile in this directory (e.g. /etc/edgeagent/devices).",
 )
 @click.option(
     "--password-out",

@@ -3,10 +3,12 @@
 * :mod:`.train`: ``demo``, ``central``, ``worker``;
 * :mod:`.broker`: ``broker``, ``credentials``, ``certs``;
 * :mod:`.ops`: ``monitor``, ``profile``;
-* :mod:`.predictor`: ``predictor``.
+* :mod:`.predictor`: ``predictor``;
+* :mod:`.deploy`: ``install-service``, ``bundle``.
 
 A command's module is imported when that command runs: ``broker``, ``credentials``, ``certs``,
-``monitor`` and ``profile`` never import torch (seconds on a Pi), nor does a typo in a command name.
+``monitor``, ``profile``, ``install-service`` and ``bundle`` never import torch (seconds on a Pi), nor
+does a typo in a command name.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "monitor": ("edgeagent.cli.ops", "monitor"),
     "profile": ("edgeagent.cli.ops", "profile"),
     "predictor": ("edgeagent.cli.predictor", "predictor"),
+    "install-service": ("edgeagent.cli.deploy", "install_service"),
+    "bundle": ("edgeagent.cli.deploy", "bundle"),
 }
 
 

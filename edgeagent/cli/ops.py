@@ -12,6 +12,7 @@ import click
 from edgeagent.cli.options import F, access_options, resolve_access
 from edgeagent.errors import ConfigError, EdgeAgentError
 from edgeagent.ops.logs import console, setup_logging
+from edgeagent.ops.shipped import CONFIGS
 
 __all__ = ["monitor", "profile"]
 
@@ -63,7 +64,8 @@ def monitor(
 
 @click.group()
 def profile() -> None:
-    """Device profiles (configs/devices/<id>.yaml), pushed from the central node as retained messages."""
+    """Device profiles (/etc/edgeagent/devices/<id>.yaml), pushed from the central node as retained
+    messages."""
 
 
 def _profile_transport(broker: str, cluster: str, kw: dict[str, Any]) -> tuple[Any, Any]:
@@ -81,11 +83,18 @@ def _profile_transport(broker: str, cluster: str, kw: dict[str, Any]) -> tuple[A
     return transport, Topics(cluster)
 
 
+PROFILES = CONFIGS / "devices"
+
 _profile_options = [
     click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True),
     click.option("--cluster", default="default", show_default=True),
     click.option(
-        "--dir", "directory", default="configs/devices", show_default=True, type=click.Path(file_okay=False)
+        "--dir",
+        "directory",
+        default="/etc/edgeagent/devices",
+        show_default=True,
+        type=click.Path(file_okay=False),
+        help=f"The <id>.yaml profiles (docs/deployment.md installs them here; examples: {PROFILES}).",
     ),
 ]
 

@@ -14,6 +14,7 @@ import yaml
 from edgeagent.cli.options import ACCESS_KEYS, F, access_options
 from edgeagent.cli.runfiles import finish_report, preflight
 from edgeagent.config import CentralConfig, DemoConfig, WorkerConfig, build, load, load_yaml, merge
+from edgeagent.ops import shipped
 from edgeagent.ops.logs import setup_logging
 from edgeagent.ops.signals import StopRequested, sigterm_stops, sigterm_unwinds
 
@@ -31,12 +32,22 @@ def _floats(text: str | None) -> list[float]:
         raise click.BadParameter(f"expected comma-separated numbers like 1,1,6; got {text!r}") from None
 
 
+def _shipped_config(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    return None if value is None else str(shipped.config_file(value))
+
+
+CONFIG_OPTION: dict[str, Any] = {
+    "type": click.Path(dir_okay=False),
+    "callback": _shipped_config,
+    "help": f"YAML file; a name not found here (central.yaml, configs/worker.yaml) is taken from the "
+    f"shipped examples in {shipped.CONFIGS}.",
+}
+
+
 def train_options(f: F) -> F:
     """Flags shared by ``demo`` and ``central``; each one overrides the YAML file's value."""
     options = [
-        click.option(
-            "--config", "config_file", type=click.Path(dir_okay=False), help="YAML file (see configs/)."
-        ),
+        click.option("--config", "config_file", **CONFIG_OPTION),
         click.option("--epochs", type=int, help="Epochs to train."),
         click.option("--model", help="mlp | cnn | mobilenetv2 | pkg.module:function."),
         click.option(
@@ -423,8 +434,9 @@ def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
 def demo(**kw: Any) -> None:
     """Broker + central node + local workers: the whole job on this machine."""
     setup_logging(kw["log_level"], device="central")
-    source = kw["config_file"] or "<arguments>"
-    base = load_yaml(kw["config_file"]) if kw["config_file"] else {}
+    # Without --config the demo runs the shipped demo.yaml (its values are the demo's documented ones).
+    source = kw["config_file"] or str(shipped.CONFIGS / "demo.yaml")
+    base = load_yaml(source)
     section = build(DemoConfig, base.pop("demo", None) or {}, source=f"{source} (demo:)")
     config = build(CentralConfig, merge(base, _central_overrides({**kw, "broker": None})), source=source)
     preflight(config)
@@ -502,7 +514,7 @@ def central(**kw: Any) -> None:
 
 
 @click.command()
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file (see configs/).")
+@click.option("--config", "config_file", **CONFIG_OPTION)
 @click.option("--id", "device_id", help="Device id (default: the host name).")
 @click.option("--broker", help="mqtt://[user:pass@]host:port or mqtts://...")
 @access_options

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 console = Console(stderr=True)
+# Off a terminal (journald, a pipe) console.print keeps a line whole instead of wrapping it at 80 columns.
+console.soft_wrap = not console.is_terminal
 
 # Libraries that narrate every packet at INFO.
 _NOISY = ("amqtt", "transitions", "apscheduler", "paho")

@@ -1,4 +1,5 @@
-"""The shipped systemd units (``systemd/*.service``) read as systemd reads them: pure, no I/O beyond the file.
+"""The shipped systemd units (``edgeagent/share/systemd/*.service``) read as systemd reads them: pure, no
+I/O beyond the file.
 
 The tests and the chaos benchmark run a role with its unit's exact ``ExecStart`` (and restart it as
 ``Restart=`` would), on a machine without the installed paths: :meth:`ServiceUnit.command` expands the
@@ -98,8 +99,10 @@ class ServiceUnit:
         return [str(program), *(replace.get(a, a) for a in argv[1:])]
 
     def working_directory(self, state: str | Path) -> Path:
-        """``WorkingDirectory=`` with ``%S/edgeagent`` (the state directory) as ``state``; ``/`` if unset."""
-        return Path(self.value("WorkingDirectory", "/").replace("%S/edgeagent", str(state)))
+        """``WorkingDirectory=`` with ``%S/<StateDirectory=>`` (the state directory) as ``state``; ``/`` if
+        unset."""
+        own = f"%S/{self.value('StateDirectory')}"
+        return Path(self.value("WorkingDirectory", "/").replace(own, str(state)))
 
     @property
     def restart_sec(self) -> float:

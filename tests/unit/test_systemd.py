@@ -12,6 +12,7 @@ import pytest
 
 from edgeagent.broker import EmbeddedBroker
 from edgeagent.config import WorkerConfig
+from edgeagent.ops import shipped
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.roles.worker import Worker
 
@@ -148,7 +149,7 @@ def test_a_broker_outage_does_not_stop_the_pets(fake: FakeSystemd, monkeypatch: 
         thread.join(10)
 
 
-UNITS = sorted((Path(__file__).resolve().parents[2] / "systemd").glob("*.service"))
+UNITS = sorted(shipped.UNITS.glob("*.service"))
 
 
 @pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
@@ -160,8 +161,13 @@ def test_units_verify(unit: Path, tmp_path: Path) -> None:
     if analyze is None:
         pytest.skip("systemd-analyze is not installed")
     text = unit.read_text()
-    assert "Restart=on-failure" in text and "DynamicUser=yes" in text and "StateDirectory=" in text
-    assert "MemoryDenyWriteExecute" not in text.replace("Not MemoryDenyWriteExecute", "")
+    assert "Restart=on-failure" in text and "DynamicUser=yes" in text
+    # Its own state directory (a dynamic user owns one), the working directory for relative paths.
+    assert f"StateDirectory={unit.stem}\n" in text and f"WorkingDirectory=%S/{unit.stem}\n" in text
+    for key in ("Type=notify", "WatchdogSec=", "MemoryMax=", "SystemCallFilter=@system-service"):
+        assert f"\n{key}" in text, key
+    # torch's oneDNN needs writable executable memory: only the broker (no torch) takes it.
+    assert ("\nMemoryDenyWriteExecute=yes" in text) == (unit.stem == "edgeagent-broker")
     # The installed command does not exist on this machine: point ExecStart at one that does.
     local = tmp_path / unit.name
     local.write_text(text.replace("/opt/edgeagent/venv/bin/edgeagent", str(shutil.which("true"))))
@@ -193,3 +199,39 @@ def test_central_says_ready_and_status_per_epoch_and_stopping(
     assert fake.wait_for("STOPPING=1")
     statuses = [m for m in fake.messages if "epoch 1 test accuracy" in m]
     assert statuses, fake.messages
+
+
+def test_the_broker_says_ready_pets_while_its_loop_answers_and_says_stopping(fake: FakeSystemd) -> None:
+    """``edgeagent broker`` (its unit is Type=notify): READY once listening, WATCHDOG while the event loop
+    answers, STOPPING on SIGTERM; a loop stuck in a callback is not alive."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from edgeagent.broker.embedded import free_port
+
+    env = {**os.environ, "NOTIFY_SOCKET": str(fake.path), "WATCHDOG_USEC": "100000"}
+    env.pop("WATCHDOG_PID", None)
+    program = Path(sys.executable).with_name("edgeagent")
+    proc = subprocess.Popen([str(program), "broker", "--port", str(free_port())], env=env)
+    try:
+        assert fake.wait_for("READY=1", timeout=30)
+        assert fake.wait_for("WATCHDOG=1", n=3)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert fake.wait_for("STOPPING=1")
+    finally:
+        proc.kill()
+        proc.wait(10)
+    with EmbeddedBroker() as broker:
+        assert broker.alive()
+        assert broker._loop is not None
+        release = threading.Event()
+        broker._loop.call_soon_threadsafe(release.wait, 5)  # a callback that blocks the loop
+        try:
+            assert not broker.alive(0.3)
+        finally:
+            release.set()
+        assert broker.alive()
+    assert not broker.alive()

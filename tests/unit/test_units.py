@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from edgeagent.ops import shipped
 from edgeagent.ops.units import INSTALLED_PROGRAM, ServiceUnit
 
-UNITS = Path(__file__).resolve().parents[2] / "systemd"
+UNITS = shipped.UNITS
 
 
 def test_the_central_units_exec_start_with_this_machines_paths(tmp_path: Path) -> None:

@@ -1,0 +1,3 @@
+from edgeagent.cli.main import entry
+
+entry()

@@ -1,0 +1,54 @@
+"""Data-parallel training (``--mode allreduce``): every device holds a full replica and a shard of the data;
+every step each computes the gradient of its batch and the devices average them with a collective, so all
+replicas stay identical (papers/001, the fault-tolerant tree allreduce, and its baselines).
+
+The collectives are pure state machines (:mod:`edgeagent.allreduce`, ``--collective``); the central node's
+half is :class:`~edgeagent.roles.central.allreduce.AllreduceRun` (ranks, steps, membership, evaluation, the
+report), the worker's :class:`~edgeagent.roles.worker.allreduce.AllreduceSession` (the replica, the links,
+the collective's deadlines, ``--fail-link``). Both are imported when first used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from edgeagent.data import Dataset
+    from edgeagent.models import ModelSpec
+    from edgeagent.modes.base import WorkerSession
+    from edgeagent.protocol.messages import Assign
+    from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.worker import Worker
+
+
+class AllreduceMode:
+    """A replica per device, gradients averaged by an allreduce (see the module doc)."""
+
+    name: ClassVar[str] = "allreduce"
+
+    def check(self, spec: ModelSpec, workers: int) -> None:
+        """Any model; at least one worker (the central node coordinates, it holds no shard)."""
+        from edgeagent.errors import PlanningError
+
+        if workers < 1:
+            raise PlanningError("--mode allreduce trains on the workers: start at least one (--workers)")
+
+    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+        from edgeagent.roles.central.allreduce import AllreduceRun
+        from edgeagent.roles.worker.allreduce_codec import gradient_bits
+
+        gradient_bits(central.config.compression)  # a ConfigError before any device is assigned
+        run = AllreduceRun(central, data, spec, devices)
+        central.attach(run)
+        report = run.execute()
+        if central.config.save_model:
+            run.save_model(central.config.save_model)
+        return report
+
+    def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
+        from edgeagent.roles.worker.allreduce import AllreduceSession
+
+        return AllreduceSession.open(worker, assign)
+
+
+__all__ = ["AllreduceMode"]

@@ -1,0 +1,97 @@
+"""The training-mode interface: a mode is a strategy over the one role runtime.
+
+The runtime (:mod:`edgeagent.runtime`) owns the I/O: the transport, the inbox and its limits, handlers
+per message type, :meth:`~edgeagent.runtime.role.Role.wait_until`, status, heartbeats, liveness and
+metrics. A mode owns what differs between ways of training, in two halves:
+
+* on the central node, :meth:`TrainingMode.run` drives one run from the discovered devices to its
+  :class:`~edgeagent.roles.central.RunReport` (planning, the training loop, recovery, evaluation);
+* on a worker, :meth:`TrainingMode.worker_session` turns the run's ``Assign`` into a
+  :class:`WorkerSession`: the handlers of the mode's data plane, and a ``step`` the worker's loop calls
+  whenever the inbox is empty.
+
+The worker routes an ``Assign`` to the mode it names (``Assign.mode``); the central node picks the mode
+from ``--mode`` (``pipeline``, FTPipeHD's, by default). A new mode is a new module registered in
+:data:`edgeagent.modes.MODES`: it adds files, it does not edit the pipeline's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from edgeagent.data import Dataset
+    from edgeagent.models import ModelSpec
+    from edgeagent.protocol.messages import Assign, Message
+    from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.worker import Worker
+    from edgeagent.runtime.role import Inbound
+
+
+class WorkerSession(Protocol):
+    """One run of a mode on a worker, from its ``Assign`` until the run ends or leaves this device."""
+
+    run_id: str
+
+    def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]:
+        """The data plane's handlers, installed for the run's lifetime over the worker's own."""
+        ...
+
+    def has_work(self) -> bool:
+        """Whether :meth:`step` would do something now (the worker then does not block on its inbox)."""
+        ...
+
+    def step(self) -> None:
+        """Do one unit of work (a forward, a backward, an evaluation batch) if one is ready."""
+        ...
+
+    def close(self) -> None:
+        """The run is over here: unsubscribe, release what the session holds."""
+        ...
+
+    def metrics(self) -> dict[str, Any]:
+        """What the device publishes on its metrics topic while in this run (docs/protocol.md)."""
+        ...
+
+    def profile_changed(self) -> None:
+        """The worker applied a new device profile live: adapt what depends on it (a compression
+        override, say)."""
+        ...
+
+
+class CentralRun(Protocol):
+    """What the central node needs of a mode's run while it lasts: the handlers of its messages, its
+    metrics, the devices it uses (told to stop at the end) and the trained model."""
+
+    worker_list: list[str]
+
+    def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]: ...
+
+    def metrics(self) -> dict[str, Any] | None: ...
+
+    def collect_weights(self) -> dict[str, Any]: ...
+
+
+class TrainingMode(Protocol):
+    """A way to train over the runtime; ``name`` is what ``--mode`` and ``Assign.mode`` say."""
+
+    name: ClassVar[str]
+
+    def check(self, spec: ModelSpec, workers: int) -> None:
+        """Raise a :class:`~edgeagent.errors.PlanningError` before anything waits if the run cannot work
+        (a model too shallow for the devices, say)."""
+        ...
+
+    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+        """Drive one run on the central node over the discovered ``devices`` (the central node first);
+        :meth:`Central.attach` gives the node the run's handlers and metrics."""
+        ...
+
+    def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
+        """The worker's half of a run; None (after reporting why) when this device cannot take it.
+
+        ``assign`` may re-assign the run the worker is in (a recovery): once the new session can be
+        built, it leaves that run (``worker.leave_run()``) before it subscribes to anything.
+        """
+        ...

@@ -1,0 +1,1 @@
+"""Operations: monitor, run report, device profiles, systemd, Home Assistant, logging."""

@@ -1,0 +1,167 @@
+"""One stage's data path, shared by every worker and by stage 0 on the central node.
+
+A :class:`StageRunner` owns the :class:`~edgeagent.pipeline.stage.Stage` (its layers, stashed weight
+versions, optimizer), the codecs of what it sends, the shapes of the outputs whose gradients are due,
+and the window of its recent step times (they ride with the gradients to the central node, papers/000
+Sec. III-D). It accepts an activation or a gradient (returning the decoded message, or why it does not
+fit) and builds the outgoing Activation and Gradient messages. The roles only move messages: follow
+one batch from stage 0's forward to the last stage and its gradient back without leaving this module
+and :mod:`edgeagent.pipeline.stage`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from edgeagent.compression import CompressionError
+from edgeagent.compression.stage import StageCodecs, restore
+from edgeagent.pipeline.stage import Stage
+from edgeagent.protocol.limits import TensorMeta, activation_problem, gradient_problem
+from edgeagent.protocol.messages import Activation, ActivationMode, EvalResult, Gradient
+
+STAGE_TIME_WINDOW = 10  # batches in the moving window of step times (a device that slows down shows)
+
+
+@dataclass
+class StageRunner:
+    """A stage, its codecs, its batches in flight and its step-time window (see the module doc)."""
+
+    stage: Stage
+    index: int
+    codecs: StageCodecs = field(default_factory=StageCodecs)
+    # Output (shape, dtype) of every batch forwarded here whose gradient is due: what it must look like.
+    outputs: dict[int, TensorMeta] = field(default_factory=dict)
+    # Emulated compute (forward + backward) of the latest batches, and of the batch in progress.
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=STAGE_TIME_WINDOW))
+    step_seconds: float = 0.0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage.is_last
+
+    # -- timing ----------------------------------------------------------------------------------
+
+    def add_compute(self, seconds: float) -> None:
+        """Part of the batch in progress: a forward or a backward pass (emulated seconds)."""
+        self.step_seconds += seconds
+
+    def batch_done(self) -> None:
+        """The batch in progress finished its backward pass here: its time joins the window."""
+        self.recent.append(self.step_seconds)
+        self.step_seconds = 0.0
+
+    def per_batch(self) -> float:
+        """Mean seconds per batch over the window (0 before the first)."""
+        return sum(self.recent) / len(self.recent) if self.recent else 0.0
+
+    def reset_timing(self) -> None:
+        self.recent.clear()
+        self.step_seconds = 0.0
+
+    # -- inbound ---------------------------------------------------------------------------------
+
+    def take_activation(
+        self, msg: Activation, *, sample: TensorMeta | None, num_classes: int
+    ) -> tuple[Activation | None, str | None]:
+        """``(msg decoded, None)`` if this stage can forward it, else ``(None, why not)``."""
+        try:
+            msg = dataclasses.replace(msg, x=restore(msg.x))
+        except CompressionError as exc:
+            return None, f"activation of batch {msg.batch_id}: {exc}"
+        problem = activation_problem(msg.tensor, msg.y, sample=sample, num_classes=num_classes)
+        if problem is not None:
+            return None, f"activation of batch {msg.batch_id}: {problem}"
+        return msg, None
+
+    def take_gradient(self, msg: Gradient) -> tuple[Gradient | None, str | None]:
+        """``(msg decoded, None)`` for the gradient of a batch in flight here with its output's shape,
+        else ``(None, why not)``: anything else would make the backward pass raise after it took the
+        batch out of flight (and lose it)."""
+        try:
+            msg = dataclasses.replace(msg, g=restore(msg.g))
+        except CompressionError as exc:
+            return None, f"gradient of batch {msg.batch_id}: {exc}"
+        problem = gradient_problem(msg.tensor, self.outputs.get(msg.batch_id))
+        if problem is not None:
+            return None, f"gradient of batch {msg.batch_id}: {problem}"
+        return msg, None
+
+    # -- outbound --------------------------------------------------------------------------------
+
+    def activation(
+        self,
+        out: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        run_id: str,
+        plan_id: int,
+        batch_id: int,
+        version: int,
+        mode: ActivationMode,
+        epoch: int,
+    ) -> Activation:
+        """The message carrying this stage's output of a batch (compressed as the codecs say). A training
+        batch's output shape is kept: its gradient must have it."""
+        train = mode == "train"
+        if train:
+            self.outputs[batch_id] = (tuple(out.shape), out.dtype)
+        x = self.codecs.activation(out, epoch=epoch, train=train)
+        return Activation(
+            run_id=run_id,
+            plan_id=plan_id,
+            stage=self.index,
+            batch_id=batch_id,
+            version=version,
+            mode=mode,
+            x=x,
+            y=y,
+        )
+
+    def gradient(
+        self,
+        grad: torch.Tensor,
+        *,
+        run_id: str,
+        plan_id: int,
+        batch_id: int,
+        loss: float,
+        correct: int,
+        downstream: list[float],
+    ) -> Gradient:
+        """The gradient of this stage's input for a batch, with this stage's time per batch in front of
+        the stage times of the stages after it (for the central node's capacity estimate)."""
+        g = self.codecs.gradient(grad)
+        return Gradient(
+            run_id=run_id,
+            plan_id=plan_id,
+            stage=self.index,
+            batch_id=batch_id,
+            g=g,
+            loss=loss,
+            correct=correct,
+            stage_times=[self.per_batch(), *downstream],
+        )
+
+    def result(
+        self, out: torch.Tensor, y: torch.Tensor, *, run_id: str, plan_id: int, batch_id: int
+    ) -> EvalResult:
+        """The last stage's evaluation result of a batch: its correct predictions and summed loss."""
+        return EvalResult(
+            run_id=run_id,
+            plan_id=plan_id,
+            batch_id=batch_id,
+            correct=int((out.argmax(dim=1) == y).sum()),
+            count=int(y.shape[0]),
+            loss_sum=float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
+        )
+
+    def gradient_arrived(self, batch_id: int) -> None:
+        """The batch's gradient is here (about to be applied): its output shape is no longer due."""
+        self.outputs.pop(batch_id, None)
+
+
+__all__ = ["STAGE_TIME_WINDOW", "StageRunner"]

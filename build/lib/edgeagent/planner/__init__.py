@@ -1,0 +1,1 @@
+"""Pure planning policy: layer profiles, capacity estimates and partitions. No I/O."""

@@ -1,0 +1,1 @@
+"""Typed messages, topics, the wire format, receiver limits and topic rights."""

@@ -1,0 +1,130 @@
+"""The run's commands: central node -> devices on ``run/command``, one class per command.
+
+On the wire a command stays ``{"run_id": ..., "name": NAME, "args": {field: value}}`` (JSON, so users can
+send one by hand); :func:`edgeagent.protocol.wire.decode` picks the class by ``name`` from
+:data:`COMMAND_TYPES` and checks every argument's type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from edgeagent.errors import ProtocolError
+from edgeagent.protocol.messages import Message, MessageKind, check_groups, check_model_request
+
+
+@dataclasses.dataclass(frozen=True)
+class Command(Message):
+    """Central -> devices: one subclass per command, told apart by ``NAME``.
+
+    On the wire a command stays ``{"run_id": ..., "name": NAME, "args": {field: value}}`` (JSON, so users
+    can send one by hand); :func:`decode` picks the subclass by ``name`` and checks every argument's type,
+    so a role never sees an unknown command or a missing argument.
+    """
+
+    KIND = MessageKind.COMMAND
+    ENCODING = "json"
+    NAME: ClassVar[str] = ""
+    run_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop(Command):
+    """The run is over: leave it."""
+
+    NAME = "stop"
+
+
+@dataclasses.dataclass(frozen=True)
+class Collect(Command):
+    """Send the stage's weights to the central node (the trained model)."""
+
+    NAME = "collect"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ping(Command):
+    """Say you are alive and which weight versions you hold (a recovery's probe)."""
+
+    NAME = "ping"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureLink(Command):
+    """``source`` measures its link to ``target`` through the broker and reports it."""
+
+    NAME = "probe"
+    source: str
+    target: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Emulate(Command):
+    """``device`` emulates a device ``slowdown`` times slower from now on."""
+
+    NAME = "emulate"
+    device: str
+    slowdown: float
+
+    def __post_init__(self) -> None:
+        if self.slowdown < 1:
+            raise ProtocolError(f"emulate needs slowdown >= 1, got {self.slowdown}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Characterise(Command):
+    """``device`` measures its ``h`` for ``model`` (a ``ModelSpec.to_dict()``) at ``batch_size`` again,
+    whatever it measured before, and announces it (papers/004 Sec. 3.2: the central node asks when the
+    times it sees drift from the prediction beyond its tolerance)."""
+
+    NAME = "characterise"
+    device: str
+    model: dict[str, Any]
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        check_model_request(self.model, self.batch_size, f"characterise {self.device!r}", optional=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class SetCompression(Command):
+    """Bit widths per stage for plan ``plan_id``: a worker ignores another plan's, and leaves the run when
+    a newer plan goes on without it."""
+
+    NAME = "compression"
+    plan_id: int
+    forward: list[int]
+    backward: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.forward) != len(self.backward):
+            raise ProtocolError(
+                f"compression needs bits per stage both ways: {len(self.forward)} forward, "
+                f"{len(self.backward)} backward"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Reshare(Command):
+    """Inside plan ``plan_id``, the members of some stages changed (a replica died, say): from now on the
+    stages are held by ``groups`` (primaries first, ``worker_list``) with ``shares`` of every batch's rows.
+    Batches not yet updated on a changed stage are computed again there under the new shares."""
+
+    NAME = "reshare"
+    plan_id: int
+    share_version: int
+    worker_list: list[str]
+    groups: list[list[str]]
+    shares: list[list[float]]
+
+    def __post_init__(self) -> None:
+        check_groups(self.groups, self.shares, self.worker_list)
+        if not self.groups:
+            raise ProtocolError("reshare names no groups")
+
+
+COMMAND_TYPES: dict[str, type[Command]] = {
+    cls.NAME: cls
+    for cls in (Stop, Collect, Ping, MeasureLink, Emulate, Characterise, SetCompression, Reshare)
+}

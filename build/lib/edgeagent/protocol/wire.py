@@ -1,0 +1,323 @@
+"""The wire format: every message in its envelope, encoded and decoded with every field checked.
+
+Every payload is an envelope ``{"v": FORMAT_VERSION, "k": kind, "s": sender, "b": body}``. Messages
+that carry tensors (the data plane, assignments, weights) are CBOR; status, heartbeats, metrics,
+events and commands are JSON so that ``mosquitto_sub -v -t 'edgeagent/#'`` shows them readably.
+Tensors are RFC 8746 typed arrays (see :mod:`edgeagent.protocol.tensors`); nothing is pickled.
+:func:`decode` builds the message class of the envelope's kind (:data:`MESSAGE_TYPES`; a command's by
+its name) and checks every field against its type, ``Literal`` values included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, Union
+
+import cbor2
+import torch
+
+from edgeagent.compression.base import Compressed, from_wire, to_wire
+from edgeagent.errors import ProtocolError
+from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
+from edgeagent.protocol.commands import COMMAND_TYPES, Command
+from edgeagent.protocol.messages import (
+    Activation,
+    Announce,
+    Assign,
+    Commit,
+    Discover,
+    ErrorReport,
+    EvalResult,
+    Event,
+    FetchRequest,
+    Gradient,
+    GradSync,
+    Heartbeat,
+    LinkReport,
+    Message,
+    MessageKind,
+    Metrics,
+    Probe,
+    Profile,
+    Ready,
+    Repartition,
+    Status,
+    Weights,
+)
+from edgeagent.protocol.splitfed_messages import (
+    SplitActivation,
+    SplitGradient,
+    SplitProfile,
+    SplitRound,
+    SplitUpdate,
+)
+from edgeagent.protocol.tensors import decode_tensor, encode_tensor
+
+FORMAT_VERSION = 1
+MAX_DECODE_BYTES = 256 * 1024 * 1024
+
+MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
+    cls.KIND: cls
+    for cls in (
+        Discover,
+        Announce,
+        Status,
+        Heartbeat,
+        Assign,
+        Ready,
+        Activation,
+        Gradient,
+        EvalResult,
+        Command,
+        Weights,
+        Commit,
+        Metrics,
+        Event,
+        ErrorReport,
+        Probe,
+        Profile,
+        LinkReport,
+        Repartition,
+        FetchRequest,
+        GradSync,
+        SplitRound,
+        SplitActivation,
+        SplitGradient,
+        SplitUpdate,
+        SplitProfile,
+        AllreduceMsg,
+        AllreduceStep,
+        AllreduceDone,
+    )
+}
+
+
+def encode(msg: Message, *, sender: str) -> bytes:
+    """Serialise a message into its envelope (CBOR or JSON, by the message's kind)."""
+    body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    if isinstance(msg, Command):
+        run_id = body.pop("run_id")
+        body = {"run_id": run_id, "name": msg.NAME, "args": body}
+    envelope = {"v": FORMAT_VERSION, "k": msg.KIND.value, "s": sender, "b": body}
+    if msg.ENCODING == "json":
+        try:
+            return json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
+        except ValueError as exc:  # NaN or infinity, e.g. a diverging loss in metrics
+            raise ProtocolError(f"{msg.KIND.value} has a value JSON cannot carry: {exc}") from exc
+    return cbor2.dumps(_to_cbor(envelope))
+
+
+def _to_cbor(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return encode_tensor(value)
+    if isinstance(value, Compressed):
+        return to_wire(value)
+    if isinstance(value, TrainOptions):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _to_cbor(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_cbor(v) for v in value]
+    return value
+
+
+def decode(payload: bytes, *, open_values: bool = False) -> tuple[str, Message]:
+    """Return ``(sender, message)``. Raises :class:`ProtocolError` on anything malformed.
+
+    ``open_values`` accepts any string in a field with a fixed set of values (``Status.state``, say):
+    for observers such as the monitor, which show a newer device's new state rather than drop it. The
+    roles never set it: they act on these values.
+    """
+    if len(payload) > MAX_DECODE_BYTES:
+        raise ProtocolError(f"payload of {len(payload)} bytes exceeds the {MAX_DECODE_BYTES}-byte limit")
+    if not payload:
+        raise ProtocolError("empty payload")
+    try:
+        envelope = json.loads(payload) if payload[:1] == b"{" else cbor2.loads(payload)
+    except Exception as exc:  # json and cbor2 raise many types for garbage
+        raise ProtocolError(f"undecodable payload of {len(payload)} bytes: {exc}") from exc
+    if not isinstance(envelope, dict):
+        raise ProtocolError(f"envelope must be a map, got {type(envelope).__name__}")
+    version = envelope.get("v")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise ProtocolError(
+            f"format version {version!r} is not supported (this side speaks {FORMAT_VERSION})"
+        )
+    try:
+        kind = MessageKind(envelope.get("k"))
+    except ValueError as exc:
+        raise ProtocolError(f"unknown message kind {envelope.get('k')!r}") from exc
+    sender, body = envelope.get("s"), envelope.get("b")
+    if not isinstance(sender, str) or not isinstance(body, dict):
+        raise ProtocolError(f"{kind.value} envelope lacks a sender string or a body map")
+    checker = _OPEN if open_values else _STRICT
+    if kind is MessageKind.COMMAND:
+        return sender, _build_command(body, checker)
+    return sender, _build(MESSAGE_TYPES[kind], body, checker)
+
+
+def _build_command(body: dict[str, Any], checker: _Checker) -> Command:
+    name, args = body.get("name"), body.get("args", {})
+    cls = COMMAND_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown command {name!r}; known: {sorted(COMMAND_TYPES)}")
+    if not isinstance(args, dict):
+        raise ProtocolError(f"command.args: expected a map, got {type(args).__name__}")
+    unknown = set(body) - {"run_id", "name", "args"}
+    if unknown:
+        raise ProtocolError(f"command {name!r} has unknown fields {sorted(unknown)}")
+    if "run_id" in args:
+        raise ProtocolError(f"command {name!r}: run_id belongs in the body, not in args")
+    command = _build(cls, {**args, "run_id": body.get("run_id")}, checker)
+    assert isinstance(command, Command)
+    return command
+
+
+_SCHEMAS: dict[type[Any], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}
+
+
+def _schema(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """Type hints and fields of a message class, worked out once (get_type_hints is slow)."""
+    if cls not in _SCHEMAS:
+        _SCHEMAS[cls] = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    return _SCHEMAS[cls]
+
+
+def _build(cls: type[Any], body: dict[str, Any], checker: _Checker, name: str = "") -> Any:
+    """``cls`` (a message, or a record inside one) from a decoded map, every field checked."""
+    name = name or cls.KIND.value
+    hints, fields = _schema(cls)
+    if not all(isinstance(k, str) for k in body):
+        raise ProtocolError(f"{name} body has non-string keys")
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise ProtocolError(f"{name} has unknown fields {sorted(unknown)}")
+    values: dict[str, Any] = {}
+    for field_name, f in fields.items():
+        if field_name not in body:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{name} lacks field {field_name!r}")
+            continue
+        values[field_name] = checker.check(hints[field_name], body[field_name], f"{name}.{field_name}")
+    return cls(**values)
+
+
+class _Checker:
+    """Checks a decoded value against a field's type and returns it in that type (tensors decoded).
+
+    One method per kind of type: generic types (``list[int]``, ``X | None``, ``Literal[...]``) by their
+    origin, plain types by themselves.
+    """
+
+    def __init__(self, *, open_values: bool = False) -> None:
+        self.open_values = open_values
+
+    def check(self, tp: Any, value: Any, where: str) -> Any:
+        origin = typing.get_origin(tp)
+        method = _BY_ORIGIN.get(origin) if origin is not None else _BY_TYPE.get(tp)
+        if method is None:
+            # A programming error (a field type without a decoder), reported like bad input.
+            raise ProtocolError(f"{where}: no decoder for {tp}")
+        return method(self, tp, value, where)
+
+    def _union(self, tp: Any, value: Any, where: str) -> Any:
+        problems = []
+        for arg in typing.get_args(tp):
+            try:
+                return self.check(arg, value, where)
+            except ProtocolError as exc:
+                problems.append(str(exc))
+        raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp} ({'; '.join(problems)})")
+
+    def _literal(self, tp: Any, value: Any, where: str) -> Any:
+        allowed = typing.get_args(tp)
+        if any(type(value) is type(a) and value == a for a in allowed):
+            return value
+        if self.open_values and all(isinstance(a, str) for a in allowed) and isinstance(value, str):
+            return value
+        values = ", ".join(repr(a) for a in allowed)
+        if not isinstance(value, (str, int, float, bool)):
+            raise ProtocolError(f"{where}: expected one of {values}, got {type(value).__name__}")
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:36] + "...'"
+        raise ProtocolError(f"{where}: {shown} is not one of {values}")
+
+    def _none(self, tp: Any, value: Any, where: str) -> None:
+        if value is not None:
+            raise ProtocolError(f"{where}: expected null")
+
+    def _any(self, tp: Any, value: Any, where: str) -> Any:
+        return value
+
+    def _tensor(self, tp: Any, value: Any, where: str) -> torch.Tensor:
+        return decode_tensor(value)
+
+    def _record(self, tp: Any, value: Any, where: str) -> Any:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
+        return _build(tp, value, self, where)
+
+    def _compressed(self, tp: Any, value: Any, where: str) -> Compressed:
+        try:
+            return from_wire(value)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{where}: {exc}") from None
+
+    def _float(self, tp: Any, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ProtocolError(f"{where}: {str(value)[:20]}... does not fit a float") from None
+        if not math.isfinite(number):
+            raise ProtocolError(f"{where}: expected a finite number, got {number}")
+        return number
+
+    def _scalar(self, tp: Any, value: Any, where: str) -> Any:
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+        return value
+
+    def _list(self, tp: Any, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, (list, tuple)):
+            raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp)
+        return [self.check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+    def _dict(self, tp: Any, value: Any, where: str) -> dict[Any, Any]:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
+        key_t, val_t = typing.get_args(tp)
+        return {
+            self.check(key_t, k, f"{where} key"): self.check(val_t, v, f"{where}[{k!r}]")
+            for k, v in value.items()
+        }
+
+
+_Method = Callable[[_Checker, Any, Any, str], Any]
+_BY_ORIGIN: dict[Any, _Method] = {
+    Union: _Checker._union,
+    types.UnionType: _Checker._union,
+    Literal: _Checker._literal,
+    list: _Checker._list,
+    dict: _Checker._dict,
+}
+_BY_TYPE: dict[Any, _Method] = {
+    type(None): _Checker._none,
+    Any: _Checker._any,
+    torch.Tensor: _Checker._tensor,
+    Compressed: _Checker._compressed,
+    TrainOptions: _Checker._record,
+    float: _Checker._float,
+    int: _Checker._scalar,
+    str: _Checker._scalar,
+    bytes: _Checker._scalar,
+    bool: _Checker._scalar,
+}
+_STRICT, _OPEN = _Checker(), _Checker(open_values=True)

@@ -1,0 +1,1 @@
+"""Weight snapshots and replicas (chain, global) and the switch to a new split."""

@@ -1,0 +1,167 @@
+"""Checkpoints of the whole run (at global replication points), the trained model, and reading both."""
+
+from __future__ import annotations
+
+import logging
+import pickle  # only for its exception: torch.load(weights_only=True) raises it
+from typing import Any
+
+import torch
+
+from edgeagent.errors import StorageError, TrainingError
+from edgeagent.models import num_layers
+from edgeagent.ops.files import torch_bytes, write_atomic
+from edgeagent.protocol.commands import Collect
+from edgeagent.protocol.messages import Weights
+from edgeagent.protocol.topics import Family
+from edgeagent.roles.central.context import RunState
+
+log = logging.getLogger("edgeagent.roles.central")
+
+_HISTORY = ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch")
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """A checkpoint written by the central node; only tensors and plain data (``weights_only=True``)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        raise TrainingError(f"cannot read the checkpoint {path}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != 1:
+        raise TrainingError(f"{path} is not an edgeagent checkpoint (format 1)")
+    return state
+
+
+def checkpoint_version(state: dict[str, Any]) -> int:
+    """Where a checkpoint stands: the pipeline modes' weight version, the allreduce mode's step, the
+    split-federated mode's epoch (what its file name says)."""
+    for key in ("version", "step", "epoch"):
+        if isinstance(state.get(key), int):
+            return int(state[key])
+    return -1
+
+
+def save_checkpoint(path: str, state: dict[str, Any]) -> None:
+    """Write ``state`` (tensors and plain data) as a format-1 checkpoint at ``path``, atomically and
+    durably (:func:`~edgeagent.ops.files.write_atomic`; a :class:`StorageError` if the disk refuses). A
+    run's checkpoints go through :meth:`RunDirectory.save <edgeagent.roles.central.runs.RunDirectory.save>`,
+    which names them by run and version."""
+    write_atomic(path, torch_bytes({"format": 1, **state}), what="checkpoint", mode=0o600)
+
+
+def save_model(path: str, state: dict[str, torch.Tensor], what: str) -> bool:
+    """Write the trained model (a state dict) to ``path`` atomically; a disk that refuses is logged as one
+    line naming the path, the size and the free space (False) and the run ends all the same."""
+    try:
+        write_atomic(path, torch_bytes(state), what="model")
+    except StorageError as exc:
+        log.error("%s", exc)
+        return False
+    log.info("saved the trained model (%s, %d tensors) to %s", what, len(state), path)
+    return True
+
+
+def resume_of(state: dict[str, Any], mode: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A loaded checkpoint (``--resume``) checked to be of a ``mode`` run holding ``keys``."""
+    if state.get("mode") != mode:
+        kind = state.get("mode", "pipeline")
+        raise TrainingError(f"--resume: the checkpoint is of a {kind} run, not of a {mode} one")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise TrainingError(f"--resume: the {mode} checkpoint lacks {missing}")
+    return state
+
+
+class Checkpoints(RunState):
+    """Replication rounds seen complete, checkpoints written from them, the trained model collected."""
+
+    def _barrier(self, nbytes: float) -> float:  # liveness.Liveness gives the real one
+        raise NotImplementedError
+
+    def _replicated(self, msg: Weights) -> None:
+        """Tell monitors when a replication round is complete (all global replicas, or the last chain one)."""
+        held = self.store.holdings()
+        if msg.purpose == "global" and all(msg.version in held.get(d, []) for d in self.worker_list[1:]):
+            self.event("replication", kind="global", version=msg.version, devices=self.worker_list[1:])
+        elif msg.purpose == "chain" and msg.device_id == self.worker_list[-1]:
+            self.event("replication", kind="chain", version=msg.version, device=msg.device_id)
+
+    def _maybe_checkpoint(self, version: int) -> None:
+        """At a global replication point, once every stage's replica of it is in, write a checkpoint: called
+        when a worker's global replica arrives and when stage 0 takes its own snapshot, since either can
+        come last (the workers finish a batch's backward pass before stage 0 commits it: checking on the
+        replicas alone lost two to three of every seven checkpoints, and on a busy machine all but one).
+        A version is tried once (a replica delivered twice, or a disk that refused it, does not write it
+        again: the next point may fit)."""
+        if not self.node.checkpointing or not self.config.global_every or version % self.config.global_every:
+            return
+        if version <= self.checkpointed:
+            return
+        held = self.store.holdings()
+        if not all(version in held.get(d, []) for d in self.worker_list):
+            return
+        self.checkpointed = version
+        self.node.save_checkpoint(version, self._checkpoint_state(version), f"of version {version}")
+
+    def checkpoint_newest(self) -> int | None:
+        """On SIGTERM: the newest version whose snapshot every stage's is in (the latest global replication
+        point, or the start of the current split), written unless the run has it on disk already; the
+        version of the run's newest checkpoint then (None: none). Nothing is asked of the workers: the
+        state of a replication point is what exists without draining the pipeline, which systemd's stop
+        timeout would not wait for on a slow Pi."""
+        held = self.store.holdings()
+        common = set(held.get(self.worker_list[0], []))
+        for device in self.worker_list[1:]:
+            common &= set(held.get(device, []))
+        runs = self.node.runs
+        newest = runs.newest(self.run_id) if runs is not None else None
+        if not common or max(common) <= (newest if newest is not None else -1):
+            return newest
+        version = max(common)
+        self.checkpointed = max(self.checkpointed, version)
+        written = self.node.save_checkpoint(version, self._checkpoint_state(version), f"of version {version}")
+        return version if written else newest
+
+    def _checkpoint_state(self, version: int) -> dict[str, Any]:
+        """The whole model at ``version`` from every stage's snapshot, with what a resumed run needs."""
+        weights: dict[str, torch.Tensor] = {}
+        momentum: dict[str, torch.Tensor] = {}
+        for device in self.worker_list:
+            snap = self.store.snapshots[device][version]
+            weights.update(snap.weights)
+            momentum.update(snap.momentum)
+        return {
+            "run_id": self.run_id,
+            "version": version,
+            "points": list(self.points),
+            "worker_list": list(self.worker_list),
+            "weights": weights,
+            "momentum": momentum,
+            "config": self.config.model_dump_json(),
+            "plan_id": self.plan_id,
+            "history": {key: list(getattr(self.report, key)) for key in _HISTORY},
+        }
+
+    def collect_weights(self) -> dict[str, torch.Tensor]:
+        """The whole model's state, gathered from every stage (keys ``<layer>.<name>``)."""
+        self.inbox.weights.clear()
+        if len(self.worker_list) > 1:
+            self.send(self.topics.fixed(Family.COMMAND), Collect(run_id=self.run_id))
+        # The workers' weights cross their links (a device's uplink may be the slowest measured one).
+        others = sum(self.param_bytes) - sum(self.param_bytes[self.points[0] : self.points[1]])
+        self.node.wait_until(
+            lambda: len(self.inbox.weights) >= len(self.worker_list) - 1,
+            self._barrier(others),
+            lambda: (
+                f"workers {sorted(set(self.worker_list[1:]) - set(self.inbox.weights))} did not send "
+                "their weights"
+            ),
+        )
+        state: dict[str, torch.Tensor] = {}
+        for part in [self.stage.state(), *(w.tensors for w in self.inbox.weights.values())]:
+            for key, value in part.items():
+                state[key.removeprefix("layers.")] = value
+        return state
+
+    def save_model(self, path: str) -> bool:
+        return save_model(path, self.collect_weights(), f"{num_layers(self.spec)} layers")

@@ -1,0 +1,349 @@
+"""The run context: everything one pipeline run on the central node knows, built once and complete.
+
+:class:`RunState` is constructed after discovery, when the devices, the data and the model are known:
+its constructor profiles the layers, makes the initial split and builds stage 0, so no attribute is
+ever half-initialised. The modules of this package add behaviour to it as a chain of classes (setup,
+planning, liveness, switching, evaluation, recovery, the trainer); the node (:mod:`.node`) owns the
+runtime (transport, inbox, heartbeats) and hands it to the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from edgeagent.compression.stage import StageCodecs
+from edgeagent.config import CentralConfig, parse_slowdown_change
+from edgeagent.data import Dataset, batches_per_epoch
+from edgeagent.models import ModelSpec, build_model
+from edgeagent.pipeline.build import TrainOptions, build_stage
+from edgeagent.pipeline.groups import Groups
+from edgeagent.pipeline.runner import STAGE_TIME_WINDOW, StageRunner
+from edgeagent.pipeline.stage import Stage
+from edgeagent.planner.deadlines import Deadlines
+from edgeagent.planner.dp import Link, TieBreak
+from edgeagent.planner.policy import RepartitionPolicy
+from edgeagent.planner.profiler import LayerProfile, profile_layers
+from edgeagent.planner.recovery import Stalls
+from edgeagent.predictor.tracker import DeviceTimes
+from edgeagent.protocol.identity import PlanView
+from edgeagent.protocol.messages import (
+    Announce,
+    EvalResult,
+    Event,
+    Gradient,
+    LinkReport,
+    Message,
+    Ready,
+    Weights,
+)
+from edgeagent.protocol.topics import Family
+from edgeagent.replication.store import WeightStore
+from edgeagent.replication.switch import Switch
+from edgeagent.roles.central.report import RunReport
+
+if TYPE_CHECKING:
+    from edgeagent.roles.central.node import Central
+
+log = logging.getLogger("edgeagent.roles.central")
+# Gradients whose stage times the drift check takes the median of: each time is already a mean over
+# STAGE_TIME_WINDOW batches, so one slow batch (a collection, an evaluation beside it) lifts that many
+# consecutive times; over three windows' worth the median is the stage's steady time.
+DRIFT_HISTORY = 3 * STAGE_TIME_WINDOW
+
+
+@dataclass
+class DeviceState:
+    """What the central node knows of one worker: liveness (stamped on the network thread) and what it
+    announced (emulated slowdown, memory limit)."""
+
+    device_id: str
+    last_heartbeat: float
+    slowdown: float = 1.0
+    memory_limit: float = 0.0
+    online: bool = True
+    heartbeat_interval: float = 0.0  # the device's own, as its heartbeats say (0: none seen yet)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault the run detected (Sec. III-F): returned to the training loop, which recovers."""
+
+    dead: list[str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the planning job proposes: a split over a worker list (longer than now if devices joined)."""
+
+    points: list[int]
+    predicted: float
+    reason: str
+    workers: list[str]
+    groups: Groups | None = None  # hybrid stages: every stage's devices (primaries are ``workers``)
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass
+class Inbox:
+    """What the handlers collected for the run's waits (the training loop, evaluation, switches)."""
+
+    gradients: dict[int, Gradient] = field(default_factory=dict)
+    results: dict[int, EvalResult] = field(default_factory=dict)
+    weights: dict[str, Weights] = field(default_factory=dict)  # answers to "collect"
+    links: dict[str, LinkReport] = field(default_factory=dict)
+    ready: dict[int, dict[str, str]] = field(default_factory=dict)  # plan id -> device -> phase
+    alive: dict[str, Ready] = field(default_factory=dict)  # answers to a recovery's ping
+    eval_ids: set[int] = field(default_factory=set)  # evaluation batches whose results are due
+    error: str = ""  # the latest error a worker of the run reported ("" for none)
+    diverged: str = ""  # the last stage says the loss is not finite (why; "" while it is)
+
+
+class RunState:
+    """One run's state; see the module's docstring. ``resume`` is a loaded checkpoint (or None)."""
+
+    def __init__(
+        self,
+        node: Central,
+        config: CentralConfig,
+        data: Dataset,
+        spec: ModelSpec,
+        worker_list: list[str],
+        *,
+        resume: dict[str, Any] | None = None,
+    ) -> None:
+        self.node = node
+        self.topics = node.topics
+        self.device_id = node.device_id
+        self.times = node.times
+        self.config = config
+        self.train = config.train
+        self.run_id = node.run_id
+        self.data = data
+        self.spec = spec
+        self.resume = resume
+        self.start_version = int(resume["version"]) if resume else 0
+        # Plan ids above the dead central node's, so that no stale message of its plans is taken.
+        self.plan_id = int(resume["plan_id"]) + 1 if resume else 0
+        self.plan_counter = self.plan_id
+        self.workers: dict[str, DeviceState] = node.workers  # shared: the network thread stamps liveness
+        self.announced: dict[str, Announce] = node.announced
+        self.worker_list = list(worker_list)
+        self.per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
+        total = self.per_epoch * self.train.epochs
+        self.total = min(total, self.train.max_batches) if self.train.max_batches else total
+        self.store = WeightStore(config.device_id)
+        self.checkpointed = -1  # the version of the last checkpoint written (Checkpoints._maybe_checkpoint)
+        self.inbox = Inbox()
+        self.status = 0  # Table I: 1 while recovering from a fault
+        self.grace_until = 0.0
+        self.train_started = 0.0  # perf_counter at the first batch; 0 during set-up
+        self.eval_seconds = 0.0
+        self.last_progress = 0.0
+        self.policy = RepartitionPolicy(config.repartition_first, config.repartition_every)
+        self.stalls = Stalls()  # recoveries in a row without progress (the run ends at the limit)
+        self.deadlines = Deadlines(
+            config.timeout_multiplier, config.batch_timeout, config.probe_timeout, config.startup_timeout
+        )
+        self.batch_deadline = config.batch_timeout  # from the measured step: see refresh_deadline
+        self.known_caps: dict[str, float] = {}  # the latest measured capacity of every device
+        self.options = TrainOptions.of(self.train)
+        self.options = dataclasses.replace(self.options, total_batches=self.total)
+        if self.train.schedule == "sync":
+            # One micro-batch per stage unless set, never more than the batch has rows.
+            micro = min(self.train.micro_batches or len(self.worker_list), self.train.batch_size)
+            self.options = dataclasses.replace(self.options, micro_batches=micro)
+        else:
+            self.options = dataclasses.replace(self.options, micro_batches=0)
+        self.changes = sorted((parse_slowdown_change(c) for c in config.slowdown_changes), key=lambda c: c[1])
+        self.sent_at: dict[int, float] = {}
+        # device -> monotonic time until which its stage may be stalled measuring h (ask_h, on_h):
+        # batch timers do not expire before then.
+        self.measuring: dict[str, float] = {}
+        self.batch_orders: dict[int, list[torch.Tensor]] = {}  # the current epoch's batch order
+        self.stage_times: list[float] = []  # latest per-stage seconds per batch, stage 1 onwards
+        # The stage times of the last gradients (DRIFT_HISTORY), for the drift check's median.
+        self.stage_history: deque[tuple[float, ...]] = deque(maxlen=DRIFT_HISTORY)
+        self.plan_job: Future[Plan] | None = None
+        self.codecs = StageCodecs()
+        self.bits: tuple[list[int], list[int]] | None = None
+        self.joiners: list[str] = []
+        self.switch: Switch | None = None
+        self.links: list[Link] = []  # measured once the workers are built (setup)
+        # Every device's measured uplink, the last stage's to the central node included (not a link of
+        # the pipeline's DP, but what its replicas, fetched layers and heartbeats cross): the waits'.
+        self.uplinks: dict[str, Link] = {}
+        self.groups = Groups.single(self.worker_list)  # the devices of every stage (hybrid: several)
+        model = build_model(spec, seed=self.train.seed)
+        self.param_bytes = tuple(
+            sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in model
+        )
+        # Batch normalisation in the model: a replicated stage's members then need enough rows each.
+        self.normalises = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        self.profile = self._profile(model)
+        self.characterisations: list[dict[str, Any]] = []  # every h taken (copied into the report)
+        self.h_changed = False  # with the predictor: a device's h changed since the last plan
+        # With the predictor: the batch of an extra plan check after a re-plan for a standing gap (None:
+        # none), and how many such checks came in a row (at most GAP_RECHECKS).
+        self.recheck_at: int | None = None
+        self.rechecks = 0
+        self.device_times = self._device_times()  # the latency predictor (None: FTPipeHD's capacity)
+        self.points = self.initial_points()
+        if resume is not None and len(resume["points"]) == len(self.worker_list) + 1:
+            self.points = list(resume["points"])
+        self.report = self._new_report()
+        self.initial, self.initial_momentum = self._start_weights()
+        stage = build_stage(
+            spec,
+            seed=self.train.seed,
+            options=self.options,
+            points=self.points,
+            index=0,
+            weights=self.initial,
+            momentum_buffers=self.initial_momentum,
+            version=self.start_version,
+            in_flight=self.bound(),
+        )
+        self.runner = StageRunner(stage, 0, codecs=self.codecs)  # stage 0's data path (pipeline/runner.py)
+
+    # -- what every part of the run uses -------------------------------------------------------
+
+    MODE = "pipeline"  # what the assignments name (Assign.mode): the worker half of this run
+
+    def initial_points(self) -> list[int]:  # planning.Planning gives the real one
+        raise NotImplementedError
+
+    def _device_times(self) -> DeviceTimes | None:  # estimation.Estimation gives the real one
+        raise NotImplementedError
+
+    @property
+    def stage(self) -> Stage:
+        return self.runner.stage
+
+    @property
+    def resplits(self) -> bool:
+        """Whether the split follows measurements (FTPipeHD). ResPipe, the baseline, never re-splits: the
+        next worker takes a dead one's layers and keeps them (papers/002)."""
+        return self.config.partition == "dynamic" and self.config.recovery != "respipe"
+
+    @property
+    def tie_break(self) -> TieBreak:
+        """The pipeline DP's rule among splits with the optimal bottleneck (planner.dp.solve):
+        ``--tie-break``, else ``slack`` when the latency predictor plans (its times are noisy: keep slow
+        devices' shares small) and ``latest``, the paper's rule, for the baselines (capacity estimate,
+        oracle, uniform)."""
+        if self.config.tie_break is not None:
+            return self.config.tie_break
+        return "slack" if self.device_times is not None else "latest"
+
+    def bound(self) -> int:
+        return self.train.in_flight or len(self.worker_list)
+
+    def plan_view(self) -> PlanView:
+        """Who holds each stage now: stage outputs are taken only from them (protocol/identity.py)."""
+        return PlanView(self.run_id, self.plan_id, self.groups.members)
+
+    def send(self, topic: str, message: Message, *, retain: bool = False) -> int:
+        return self.node.send(topic, message, retain=retain)
+
+    def listen(self, topic: str) -> None:
+        self.node.listen(topic)
+
+    def stop_listening(self, topic: str) -> None:
+        self.node.stop_listening(topic)
+
+    def event(self, name: str, **details: Any) -> None:
+        self.send(self.topics.fixed(Family.EVENTS), Event(name=name, run_id=self.run_id, details=details))
+
+    def notify(self, **values: Any) -> None:
+        if self.node.progress is not None:
+            self.node.progress(values)
+
+    def clock(self) -> float:
+        """Training seconds so far (evaluation excluded): the time axis of the report."""
+        return time.perf_counter() - self.train_started - self.eval_seconds
+
+    def metrics(self) -> dict[str, Any] | None:
+        """What the central node publishes on its metrics topic (docs/protocol.md)."""
+        report = self.report
+        if not self.train_started:
+            return None
+        t = self.times.summary()
+        last = report.timeline[-1] if report.timeline else None
+        done = len(report.timeline)
+        return {
+            "stage": 0,
+            "batches": done,
+            "samples_per_second": done * self.train.batch_size / max(1e-9, self.clock()),
+            "compute_s": round(t["compute"], 3),
+            "communication_s": round(t["communication"], 3),
+            "idle_s": round(t["idle"], 3),
+            "wall_s": round(t["wall"], 3),
+            "loss": last["loss"] if last else None,
+            "accuracy": report.test_accuracy_per_epoch[-1] if report.test_accuracy_per_epoch else None,
+            "points": list(self.points),
+            "workers": list(self.worker_list[1:]),
+            "status": self.status,
+            "compression_ratio": round(self.codecs.ratio, 3),
+            "slowdown": self.config.slowdown,
+            "link_mbps": self.config.link_mbps,
+        }
+
+    # -- built once --------------------------------------------------------------------------
+
+    def _profile(self, model: torch.nn.Sequential) -> LayerProfile:
+        sample = self.data.x_train[: self.train.batch_size]
+        profile = profile_layers(list(model), sample, runs=10)
+        log.info(
+            "profiled %d layers: %.2f ms per batch in all", len(profile.seconds), 1e3 * sum(profile.seconds)
+        )
+        return profile
+
+    def _new_report(self) -> RunReport:
+        report = RunReport(
+            run_id=self.run_id,
+            model=self.train.model,
+            dataset=self.data.name,
+            workers=self.worker_list[1:],
+            in_flight=self.bound(),
+            staleness=self.train.staleness,
+            schedule=self.train.schedule,
+            micro_batches=max(1, self.options.micro_batches),
+            momentum=self.train.momentum,
+            learning_rate=self.train.learning_rate,
+            layer_profile=self.profile.to_dict(),
+            partition_mode=self.config.partition,
+            mode=self.MODE,
+            estimator="predictor" if self.device_times is not None else "capacity",
+            tie_break=self.tie_break,
+            characterisations=self.characterisations,
+        )
+        if self.resume is not None:
+            for key in ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch"):
+                getattr(report, key).extend(self.resume["history"][key])
+            report.recoveries.append(
+                {"case": "central", "resumed_from": self.resume["version"], "checkpoint": self.config.resume}
+            )
+        return report
+
+    def _start_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
+        """(weights, momentum) the run starts from: a checkpoint's, pre-trained weights (continuous
+        learning, renamed to the stage modules' ``layers.<j>.`` keys), or none (the seed's)."""
+        if self.resume is not None:
+            return self.resume["weights"], self.resume["momentum"]
+        if not self.train.init_weights:
+            return None, None
+        state = torch.load(self.train.init_weights, map_location="cpu", weights_only=True)
+        return {k if k.startswith("layers.") else f"layers.{k}": v for k, v in state.items()}, None

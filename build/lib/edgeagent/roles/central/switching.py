@@ -1,0 +1,172 @@
+"""Switching to a new split (papers/000 Sec. III-D, Algorithm 1): devices fetch the layers they lack,
+then a commit barrier; joiners are admitted the same way. Used by re-splits and by recoveries."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from edgeagent.pipeline.groups import Groups
+from edgeagent.pipeline.runner import StageRunner
+from edgeagent.planner.redistribute import bytes_sent, redistribution_plan
+from edgeagent.protocol.messages import Commit, Repartition
+from edgeagent.protocol.topics import Family
+from edgeagent.replication.switch import Switch
+from edgeagent.roles.central.context import Fault, Plan
+from edgeagent.roles.central.liveness import Liveness
+
+log = logging.getLogger("edgeagent.roles.central")
+
+
+class Switching(Liveness):
+    """Moves the pipeline to a new split; every wait returns a :class:`Fault` if a device stops or its
+    time (derived from the bytes it moves) runs out."""
+
+    def _fetch_bytes(self, order: Repartition, groups: Groups) -> int:
+        """The most bytes one device sends in the fetches of ``order`` (each sends on its own uplink)."""
+        sources = order.sources or order.previous_workers
+        try:
+            plans = redistribution_plan(
+                order.previous_points, order.points, sources, order.worker_list, alive=set(sources)
+            )
+        except ValueError:  # Switch.start reports it; the wait assumes the whole model moves
+            return 2 * sum(self.param_bytes)
+        helpers = {members[0]: len(members) - 1 for members in groups.members if len(members) > 1}
+        return max(bytes_sent(plans, self.param_bytes, helpers=helpers).values(), default=0)
+
+    def _admit_joiners(self, plan: Plan, version: int) -> Fault | None:
+        """Give joining devices the run's state for the new split; they fetch their layers in the switch."""
+        groups = plan.groups or Groups.single(plan.workers)
+        joiners = [d for d in groups.devices if d not in self.groups.devices]
+        for device in joiners:
+            self.inbox.ready.get(self.plan_id, {}).pop(device, None)
+            self._assign(
+                device, committed=version - 1, worker_list=plan.workers, points=plan.points, groups=groups
+            )
+            self.workers[device] = self._worker_from(device)
+        # A joiner replicates its (seeded) stage of the new split before it says "built".
+        deadline = self._barrier(self._replica_bytes(plan.points))
+        fault = self._wait_ready(self.plan_id, "built", set(joiners), timeout=deadline)
+        if fault is not None:
+            return fault
+        for device in joiners:
+            if device in self.joiners:
+                self.joiners.remove(device)
+            log.info("%s joined the run at batch %d", device, version)
+            self.event("join", device=device, batch=version)
+        return None
+
+    def _switch_to(
+        self,
+        points: list[int],
+        *,
+        version: int,
+        workers: list[str] | None = None,
+        sources: list[str] | None = None,
+        recovery: bool = False,
+        reason: str = "",
+        groups: Groups | None = None,
+    ) -> Fault | None:
+        """Move layers to a new split: fetch, commit, build (the pipeline is drained or stopped).
+
+        For a recovery every stage rolls back to ``version`` and ``sources`` says who serves each old
+        stage's weights; ``workers`` is the new worker list (survivors, in their old order). A device
+        that stops meanwhile is returned as a :class:`Fault`.
+        """
+        new_list = workers or self.worker_list
+        # Hybrid stages: every stage's devices in the new plan (one per stage unless told otherwise).
+        new_groups = groups if groups is not None else Groups.single(new_list)
+        members, shares = new_groups.to_wire() if self.MODE != "pipeline" else ([], [])
+        everyone = [d for d in new_groups.devices if d != self.device_id]
+        # Plan ids are never reused: a switch that a fault interrupted must not lend its replies to the next.
+        self.plan_counter = max(self.plan_counter, self.plan_id) + 1
+        order = Repartition(
+            run_id=self.run_id,
+            plan_id=self.plan_counter,
+            points=points,
+            worker_list=new_list,
+            previous_points=self.points,
+            previous_workers=self.worker_list,
+            version=version,
+            reason=reason,
+            recovery=recovery,
+            sources=sources or [],
+            groups=members,
+            shares=shares,
+            in_flight=self.train.in_flight or len(new_list),
+        )
+        # Devices of the old plan that the new one leaves out hear of it too: they serve their layers
+        # until the commit (hybrid stages: a helper that is no longer needed).
+        for device in dict.fromkeys([*everyone, *self.groups.devices]):
+            if device != self.device_id:
+                self.send(self.topics.device(Family.CONTROL, device), order)
+        switch = Switch.start(self.device_id, order, self.store, self.stage, self.spec, self.train.seed)
+        assert switch is not None
+        self.switch = switch
+        for holder in switch.holders:
+            self.listen(self.topics.device(Family.REPLICA, holder))
+        for request in switch.requests():
+            self.send(self.topics.device(Family.REQUEST, self.device_id), request)
+
+        def holder_gone() -> Fault | None:
+            gone = sorted(h for h in switch.holders if h in self.workers and not self.workers[h].online)
+            return (
+                Fault(gone, f"{gone} stopped while serving layers for plan {order.plan_id}") if gone else None
+            )
+
+        # Every wait of the switch follows the bytes it moves over the measured links (a MobileNetV2
+        # stage on a 0.5 Mbit/s uplink takes minutes); running out of it is a fault like any other.
+        moved, replicas = self._fetch_bytes(order, new_groups), self._replica_bytes(list(points))
+        fetching, building = self._barrier(moved), self._barrier(replicas)
+        log.info(
+            "plan %d: up to %.0f s for the layers (%.1f MB from the busiest holder), then up to %.0f s for "
+            "the devices to replicate their new stages and say built (%.1f MB for the largest)",
+            order.plan_id,
+            fetching,
+            moved / 1e6,
+            building,
+            replicas / 1e6,
+        )
+        until = time.monotonic() + fetching
+        fault = self.node.wait_until(
+            lambda: switch.complete,
+            until - time.monotonic(),
+            lambda: f"layers {switch.pending} never arrived for plan {order.plan_id}",
+            fault=holder_gone,
+            expired=lambda why: Fault([], why),
+        ) or self._wait_ready(
+            order.plan_id, "fetched", set(everyone), timeout=max(0.0, until - time.monotonic())
+        )
+        if fault is not None:
+            return fault
+        self.send(self.topics.fixed(Family.COMMIT), Commit(run_id=self.run_id, plan_id=order.plan_id))
+        built = switch.build(self.spec, self.train.seed, self.options)
+        self.runner = StageRunner(built, 0, codecs=self.codecs)
+        for holder in switch.plan.fetch:
+            self.stop_listening(self.topics.device(Family.REPLICA, holder))
+        self.switch = None
+        self._unsubscribe_stage()
+        self.plan_id, self.points, self.worker_list = order.plan_id, list(points), list(new_list)
+        self.groups = new_groups
+        self._subscribe_stage()
+        # Snapshots of the old layout cannot restore the new one: start afresh at this version. The
+        # workers' global replicas of it arrive before their "built" (same topic).
+        self.store.clear()
+        self.store.snapshot(self.stage)
+        fault = self._wait_ready(order.plan_id, "built", set(everyone), timeout=building)
+        if fault is not None:
+            return fault
+        self.stage_times = []
+        self.stage_history.clear()
+        self.bits = None  # a new split: tell every stage its codecs again
+        self._apply_compression(epoch=version // max(1, self.per_epoch))
+        self._refresh_deadline()
+        self.event(
+            "partition",
+            points=points,
+            batch=version,
+            plan_id=self.plan_id,
+            workers=new_list,
+            **({"groups": members} if members else {}),
+        )
+        return None

@@ -1,0 +1,433 @@
+"""The training loop of the central node (papers/000 Sec. III-C): stage 0 under 1F1B with a bound on the
+batches in flight, re-splits when the planning job proposes one, evaluation at every epoch's end, and
+recovery when a fault is returned (faults are values: every step returns one or None)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from edgeagent.data import batch_indices
+from edgeagent.errors import DivergedError, EdgeAgentError, TrainingError
+from edgeagent.pipeline.divergence import loss_not_finite
+from edgeagent.pipeline.rows import split_rows
+from edgeagent.pipeline.schedule import admit
+from edgeagent.protocol.messages import Gradient
+from edgeagent.roles.central.context import Fault, Plan
+from edgeagent.roles.central.recovery import Recovery
+from edgeagent.roles.central.report import RunReport
+from edgeagent.runtime.compute import Clock, emulate_slowdown
+
+log = logging.getLogger("edgeagent.roles.central")
+
+
+@dataclass
+class Loop:
+    """Where the training loop is (Table I's committed ids and what is pending)."""
+
+    next_f: int  # next global batch id to forward
+    committed: int  # committed backward id
+    window_start: float
+    losses: list[float] = field(default_factory=list)
+    pending: Plan | None = None  # a new split, applied once the pipeline is drained
+    window_batches: int = 0  # batches since the split changed (the measured step of a plan check)
+    eval_due: int | None = None  # the committed id whose epoch-end evaluation is due
+    # The synchronous schedule: micro-batches of batch committed + 1 forwarded and backwarded here, and
+    # the loss and correct predictions of those backwarded.
+    micro_f: int = 0
+    micro_b: int = 0
+    micro_loss: float = 0.0
+    micro_correct: int = 0
+
+    def reset_micro(self) -> None:
+        self.micro_f = self.micro_b = self.micro_correct = 0
+        self.micro_loss = 0.0
+
+    def restart_window(self) -> None:
+        self.window_start, self.window_batches = time.perf_counter(), 0
+
+
+class PipelineRun(Recovery):
+    """One run of the pipeline mode on the central node: :meth:`execute` returns its report."""
+
+    def execute(self) -> RunReport:
+        """Build the workers' stages, measure the links, then train to the end (Sec. III-B, III-C)."""
+        self._build_workers()
+        if self.config.home_assistant:
+            self._announce_to_home_assistant()
+        self.links = self._measure_links()
+        self.report.links = [{"bandwidth": lk.bandwidth, "latency": lk.latency} for lk in self.links]
+        self._apply_compression(epoch=self.start_version // max(1, self.per_epoch))
+        self._record_partition(
+            self.start_version,
+            "resumed from a checkpoint" if self.resume else self._initial_reason(),
+        )
+        self._plan_before_training()
+        self._train()
+        return self.report
+
+    def _plan_before_training(self) -> None:
+        """Before batch 0, over the measured links: ``--partition oracle``, the DP fed the true slowdowns;
+        the latency predictor, the DP fed every device's predicted times (AccEPT eq. 10)."""
+        if len(self.worker_list) < 2:
+            return
+        if self.config.partition == "oracle":
+            caps, reason = self._true_capacities(), "oracle: the DP fed the true slowdowns"
+        elif self.device_times is not None:
+            caps, reason = self._first_capacities(), "predictor: the DP fed the devices' predicted times"
+        else:
+            return
+        points = self._solve(self._problem(caps))
+        fault = self._switch_to(points, version=0) if points != self.points else None
+        if fault is not None:
+            raise TrainingError(f"before training started: {fault.reason}")
+        self._record_partition(0, reason)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _evaluation_missing(self, committed: int) -> bool:
+        """Whether the epoch-end evaluation at ``committed`` is due: an evaluation a fault interrupted is
+        due again after the recovery, also when the rollback replays no batch of that epoch (and a run
+        resumed from a checkpoint written before its epoch's evaluation was over evaluates first)."""
+        at_end = (committed + 1) % self.per_epoch == 0 or committed + 1 == self.total
+        return (
+            committed >= 0
+            and at_end
+            and len(self.report.test_accuracy_per_epoch) <= committed // self.per_epoch
+        )
+
+    def _train(self) -> None:
+        committed = self.start_version - 1
+        loop = Loop(next_f=committed + 1, committed=committed, window_start=time.perf_counter())
+        loop.eval_due = committed if self._evaluation_missing(committed) else None
+        self.times.reset()
+        self.eval_seconds = 0.0
+        self.train_started = time.perf_counter()
+        self._refresh_deadline()
+        try:
+            while (fault := self._run_until_fault(loop)) is not None:
+                # A fault that comes back at the same batch after every recovery (a device that keeps
+                # sending NaN) must not make the run recover forever.
+                stalled = self.stalls.fault(loop.committed, fault.reason, self.node.nonfinite)
+                if stalled is not None:
+                    raise TrainingError(stalled)
+                loop.committed = self._recover_until_done(fault, loop.committed)
+                loop.next_f = loop.committed + 1
+                loop.reset_micro()
+                loop.pending = None
+                self.plan_job = None
+                loop.eval_due = loop.committed if self._evaluation_missing(loop.committed) else None
+                loop.restart_window()
+        except DivergedError as exc:
+            # The loss is not finite (or stayed above chance's): nothing more to learn from this run.
+            self.report.diverged = str(exc)
+            if self.train.divergence == "stop":
+                raise
+            log.error("%s; the run ends here (divergence: warn)", exc)
+            loop.eval_due = None
+        self._finish_report(loop)
+
+    def _run_until_fault(self, loop: Loop) -> Fault | None:
+        """Train until every batch is committed and evaluated (None) or a fault is detected (returned)."""
+        while loop.committed + 1 < self.total or loop.eval_due is not None:
+            fault = self._tick(loop)
+            if fault is not None:
+                return fault
+        return None
+
+    def _tick(self, loop: Loop) -> Fault | None:
+        """One step: an evaluation that is due, a new split, a backward, a forward, or a wait."""
+        if self.inbox.diverged:
+            raise DivergedError(self.inbox.diverged)
+        if loop.eval_due is not None:
+            return self._evaluate_due(loop)
+        if self.options.micro_batches:
+            return self._tick_sync(loop)
+        in_flight = loop.next_f - loop.committed - 1
+        if loop.pending is not None and in_flight == 0:
+            return self._apply_pending(loop)
+        self._take_plan(loop)
+        grad = self.inbox.gradients.pop(loop.committed + 1, None)
+        if grad is not None or (self.stage.is_last and in_flight > 0):
+            self._backward(loop, grad)
+            return None
+        epoch_end = min(self.total, (loop.committed + 1) // self.per_epoch * self.per_epoch + self.per_epoch)
+        if loop.next_f < epoch_end and loop.pending is None and admit(in_flight, self.bound()):
+            self._forward(loop)
+            return None
+        return self._wait_for_messages(next_batch=loop.committed + 1)
+
+    def _tick_sync(self, loop: Loop) -> Fault | None:
+        """The synchronous schedule (PipeDream-flush): the micro-batches of batch ``committed + 1`` in
+        1F1B order, at most ``bound()`` in flight; every stage applies the batch's update at its last
+        micro-batch, and the next batch starts only when stage 0 has (the flush): exact SGD."""
+        micro = self.options.micro_batches
+        bid = loop.committed + 1
+        if loop.micro_f == 0:
+            if loop.pending is not None:
+                return self._apply_pending(loop)
+            self._take_plan(loop)
+            if loop.pending is not None:
+                return None
+        item = bid * micro + loop.micro_b
+        if loop.micro_b < loop.micro_f:
+            grad = self.inbox.gradients.pop(item, None)
+            if grad is not None or self.stage.is_last:
+                self._backward_micro(loop, grad)
+                return None
+        if loop.micro_f < micro and admit(loop.micro_f - loop.micro_b, self.bound()):
+            self._forward_micro(loop)
+            return None
+        return self._wait_for_messages(next_batch=item)
+
+    def _micro_rows(self, bid: int, j: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Micro-batch ``j`` of batch ``bid``: its inputs, labels and rows ``[lo, hi)`` of the batch."""
+        x, y = self._batch(bid)
+        lo, hi = split_rows(int(y.shape[0]), [1.0] * self.options.micro_batches)[j]
+        return x[lo:hi], y[lo:hi], lo, hi
+
+    def _forward_micro(self, loop: Loop) -> None:
+        bid, j = loop.committed + 1, loop.micro_f
+        item = bid * self.options.micro_batches + j
+        started = Clock()
+        x, y, lo, hi = self._micro_rows(bid, j)
+        out, version = self.stage.forward(item, x)
+        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
+        if not self.stage.is_last:
+            activation = self.runner.activation(
+                out,
+                y,
+                run_id=self.run_id,
+                plan_id=self.plan_id,
+                batch_id=item,
+                version=version,
+                mode="train",
+                epoch=bid // self.per_epoch,
+            )
+            activation = dataclasses.replace(
+                activation, rows=[lo, hi], total=int(self._batch(bid)[1].shape[0])
+            )
+            self.codecs.message_sent(self.send(self.topics.activations(0, self.device_id), activation))
+        if j == 0:
+            self.sent_at[bid] = time.monotonic()
+        loop.micro_f += 1
+        loop.next_f = bid + 1 if loop.micro_f == self.options.micro_batches else bid
+
+    def _backward_micro(self, loop: Loop, grad: Gradient | None) -> None:
+        """Backward of the oldest micro-batch in flight; at the batch's last, its update and commit."""
+        micro = self.options.micro_batches
+        bid, j = loop.committed + 1, loop.micro_b
+        item = bid * micro + j
+        started = Clock()
+        if self.stage.is_last:
+            _, y, _, _ = self._micro_rows(bid, j)
+            result = self.stage.backward(item, labels=y, total=int(self._batch(bid)[1].shape[0]))
+            loss, correct = result.loss, result.correct
+            if not math.isfinite(loss):
+                raise DivergedError(loss_not_finite(bid, loss, self.train.learning_rate))
+        else:
+            assert grad is not None
+            self.stage.backward(item, grad_output=grad.tensor)
+            loss, correct = grad.loss, grad.correct
+            self.stage_times = list(grad.stage_times)
+        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
+        self.runner.gradient_arrived(item)
+        loop.micro_b += 1
+        loop.micro_loss += loss
+        loop.micro_correct += correct
+        if loop.micro_b < micro:
+            return
+        if not self.stage.is_last:
+            self.stage_history.append(tuple(self.stage_times))
+            self._refresh_deadline()
+        self.runner.batch_done()
+        loss, correct = loop.micro_loss, loop.micro_correct
+        loop.reset_micro()
+        self._commit(loop, bid, loss, correct)
+
+    def _evaluate_due(self, loop: Loop) -> Fault | None:
+        assert loop.eval_due is not None
+        started = time.perf_counter()
+        try:
+            fault = self._end_epoch(loop.eval_due, loop.losses)
+        finally:
+            self.eval_seconds += time.perf_counter() - started
+        if fault is None:
+            loop.eval_due = None
+        return fault
+
+    def _apply_pending(self, loop: Loop) -> Fault | None:
+        """The pipeline is drained: admit the joiners and switch to the pending split."""
+        plan = loop.pending
+        assert plan is not None
+        version = loop.committed + 1
+        fault = self._admit_joiners(plan, version) or self._switch_to(
+            plan.points, version=version, workers=plan.workers, reason=plan.reason, groups=plan.groups
+        )
+        if fault is None:
+            loop.pending = None
+            loop.restart_window()
+        return fault
+
+    def _take_plan(self, loop: Loop) -> None:
+        """If the planning job is done and proposes another split, make it pending (applied when drained)."""
+        if self.plan_job is None or not self.plan_job.done():
+            return
+        job, self.plan_job = self.plan_job, None
+        try:
+            plan = job.result()
+        except (EdgeAgentError, ValueError) as exc:
+            log.warning("re-partition skipped: %s", exc)
+            return
+        measured = (time.perf_counter() - loop.window_start) / max(1, loop.window_batches)
+        # A plan kept without planning (no device's h changed) predicts nothing: say so, not "0.0".
+        predicted = f"{1e3 * plan.predicted:.1f} predicted" if plan.predicted > 0 else "nothing predicted"
+        log.info(
+            "plan check at batch %d: %.1f ms/batch measured, %s for %s (%s)",
+            loop.committed + 1,
+            1e3 * measured,
+            predicted,
+            plan.points,
+            plan.reason,
+        )
+        if (
+            plan.points == self.points
+            and plan.workers == self.worker_list
+            and (plan.groups is None or plan.groups.members == self.groups.members)
+        ):
+            return
+        loop.pending = plan
+        self.report.partitions.append(
+            {
+                "batch": loop.committed + 1,
+                "points": plan.points,
+                "workers": plan.workers[1:],
+                "plan_id": self.plan_id + 1,
+                "reason": plan.reason,
+                "predicted_step": plan.predicted,
+                "measured_step_before": measured,
+                **(
+                    {
+                        "groups": [list(g) for g in plan.groups.members],
+                        "shares": [list(s) for s in plan.groups.shares],
+                    }
+                    if plan.groups is not None
+                    else {}
+                ),
+            }
+        )
+
+    def _batch(self, global_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs and labels of a global batch id (each epoch's order from the seed)."""
+        epoch, i = divmod(global_id, self.per_epoch)
+        order = self.batch_orders.get(epoch)
+        if order is None:
+            n_train = self.data.x_train.shape[0]
+            order = batch_indices(n_train, self.train.batch_size, epoch=epoch, seed=self.train.seed)
+            self.batch_orders = {epoch: order}  # one epoch's order at a time
+        idx = order[i]
+        return self.data.x_train[idx], self.data.y_train[idx]
+
+    def _forward(self, loop: Loop) -> None:
+        started = Clock()
+        x, y = self._batch(loop.next_f)
+        out, version = self.stage.forward(loop.next_f, x)
+        # Forward of this batch; its backward comes after other batches' forwards: the window pairs each
+        # backward with the latest forward, which averages the same.
+        self.runner.step_seconds = emulate_slowdown(started, self.config.slowdown, self.times)
+        if not self.stage.is_last:
+            activation = self.runner.activation(
+                out,
+                y,
+                run_id=self.run_id,
+                plan_id=self.plan_id,
+                batch_id=loop.next_f,
+                version=version,
+                mode="train",
+                epoch=loop.next_f // self.per_epoch,
+            )
+            self.codecs.message_sent(self.send(self.topics.activations(0, self.device_id), activation))
+            self.sent_at[loop.next_f] = time.monotonic()
+        loop.next_f += 1
+
+    def _backward(self, loop: Loop, grad: Gradient | None) -> None:
+        """Backward of the oldest batch in flight; then its bookkeeping (replication, re-split, epoch)."""
+        bid = loop.committed + 1
+        started = Clock()
+        if self.stage.is_last:
+            _, y = self._batch(bid)
+            result = self.stage.backward(bid, labels=y)
+            loss, correct = result.loss, result.correct
+            if not math.isfinite(loss):
+                raise DivergedError(loss_not_finite(bid, loss, self.train.learning_rate))
+        else:
+            assert grad is not None
+            self.stage.backward(bid, grad_output=grad.tensor)
+            loss, correct = grad.loss, grad.correct
+            self.stage_times = list(grad.stage_times)
+            self.stage_history.append(tuple(grad.stage_times))
+            self._refresh_deadline()
+        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
+        self.runner.batch_done()
+        self.runner.gradient_arrived(bid)
+        self._commit(loop, bid, loss, correct)
+
+    def _commit(self, loop: Loop, bid: int, loss: float, correct: int) -> None:
+        """Batch ``bid``'s update is applied on stage 0 (and so on every stage): Table I's committed id,
+        the timeline, replication, progress and the epoch's end."""
+        loop.committed = bid
+        self.sent_at.pop(bid, None)
+        loop.losses.append(loss)
+        loop.window_batches += 1
+        elapsed = self.last_progress = self.clock()
+        self.report.timeline.append({"batch": bid, "t": round(elapsed, 4), "loss": loss})
+        self._after_batch(bid + 1, loss, correct)
+        epoch_end = min(self.total, bid // self.per_epoch * self.per_epoch + self.per_epoch)
+        if bid + 1 == epoch_end:
+            loop.eval_due = bid
+
+    def _after_batch(self, done: int, loss: float, correct: int) -> None:
+        """``done`` batches are committed: replicate, tell the user, apply slowdown changes, plan."""
+        if any(every and done % every == 0 for every in (self.config.chain_every, self.config.global_every)):
+            self.store.snapshot(self.stage)  # stage 0's own weights at this replication point
+            self._maybe_checkpoint(done)  # the workers' replicas of it may all be in already
+        self.notify(batch=done, total=self.total, loss=loss, correct=correct)
+        while self.changes and self.changes[0][1] <= done:
+            device, at, factor = self.changes.pop(0)
+            self._emulate(device, factor, at)
+        # With the predictor a new h (a device measured again after a drift) is planned at once.
+        check = self.policy.due(done) or self.h_changed or done == self.recheck_at
+        if self.resplits and check and done < self.total:
+            self._start_planning(done)
+
+    def _finish_report(self, loop: Loop) -> None:
+        report = self.report
+        report.train_seconds = self.clock()
+        t = self.times.summary()
+        log.info(
+            "central: of %.1f s: compute %.1f, communication %.1f, idle %.1f",
+            t["wall"],
+            t["compute"],
+            t["communication"],
+            t["idle"],
+        )
+        report.batches = loop.committed + 1
+        report.compression = self.config.compression
+        report.compression_ratio = self.codecs.ratio
+        report.compression_ratio_tensors = self.codecs.tensor_ratio
+        report.epochs = len(report.test_accuracy_per_epoch)
+        # Each batch of the run counts once: batches replayed after a rollback are time lost, not work.
+        samples = (report.batches - self.start_version) * self.train.batch_size
+        report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
+        if report.test_accuracy_per_epoch:
+            report.final_accuracy = report.test_accuracy_per_epoch[-1]
+        elif self.total and not report.diverged:  # a diverged model's outputs are not finite
+            evaluated = self._evaluate()
+            if isinstance(evaluated, Fault):
+                raise TrainingError(f"the final evaluation failed: {evaluated.reason}")
+            report.final_accuracy = evaluated[0]

@@ -1,0 +1,1 @@
+"""The role runtime: what every role (central node, worker) and every training mode runs on."""

@@ -1,0 +1,76 @@
+"""A device's compute as the runtime accounts for it: where the time went, emulated slower devices."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TimeAccount:
+    """Where a role's time went: compute (emulated), communication (encoding and publishing), idle."""
+
+    compute: float = 0.0
+    communication: float = 0.0
+    idle: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def reset(self) -> None:
+        self.compute = self.communication = self.idle = 0.0
+        self.started = time.perf_counter()
+
+    def summary(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.started
+        return {"wall": wall, "compute": self.compute, "communication": self.communication, "idle": self.idle}
+
+
+class Clock:
+    """Start of a compute step: wall time and this thread's CPU time."""
+
+    __slots__ = ("cpu", "wall")
+
+    def __init__(self) -> None:
+        self.wall = time.perf_counter()
+        self.cpu = time.thread_time()
+
+
+def step_clock(factor: float) -> Callable[[], float]:
+    """The clock a compute step of a device ``factor`` times slower is counted on: this thread's CPU time
+    when the slowdown is emulated (what :func:`emulate_slowdown` scales), wall time otherwise."""
+    return time.thread_time if factor > 1.0 else time.perf_counter
+
+
+def emulate_slowdown(started: Clock, factor: float, account: TimeAccount | None = None) -> float:
+    """Make a compute step take ``factor`` times the CPU time it really used; return its emulated duration.
+
+    CPU time, not wall time, is scaled: several emulated devices share this machine's cores, and
+    waiting for a core is not part of a device's compute time. (Torch runs with one thread per role,
+    so the calling thread's CPU time is the step's compute.)
+    """
+    cpu = time.thread_time() - started.cpu
+    target = cpu * factor
+    wall = time.perf_counter() - started.wall
+    if factor > 1.0 and target > wall:
+        time.sleep(target - wall)
+    duration = _duration(wall, target, factor)
+    if account is not None:
+        account.compute += duration
+    return duration
+
+
+def _duration(wall: float, target: float, factor: float) -> float:
+    return max(target, wall) if factor > 1.0 else wall
+
+
+def emulated_duration(started: Clock, factor: float) -> float:
+    """The duration :func:`emulate_slowdown` would give a step started at ``started``, without sleeping:
+    a measurement (``h``, data collection) of an emulated slower device."""
+    cpu = time.thread_time() - started.cpu
+    return _duration(time.perf_counter() - started.wall, cpu * factor, factor)
+
+
+def configure_threads(threads: int) -> None:
+    torch.set_num_threads(threads)

@@ -1,0 +1,365 @@
+"""MQTT transport on paho-mqtt (VERSION2 callbacks, MQTT 3.1.1), for any standard broker."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgeagent.errors import ConfigError, ProtocolError
+from edgeagent.protocol.chunking import DEFAULT_CHUNK_SIZE, Reassembler, is_chunk, split_payload
+from edgeagent.transport.base import Transport
+from edgeagent.transport.hosts import is_loopback
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORTS = {"mqtt": 1883, "mqtts": 8883}
+
+
+@dataclass(frozen=True)
+class BrokerUrl:
+    """``mqtt://[user:pass@]host:port`` or ``mqtts://...`` for TLS."""
+
+    scheme: str
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "mqtts"
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerUrl:
+        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+        if parts.scheme not in DEFAULT_PORTS:
+            raise ConfigError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://, got {parts.scheme!r}")
+        try:
+            port = parts.port or DEFAULT_PORTS[parts.scheme]
+        except ValueError as exc:
+            raise ConfigError(f"broker URL {url!r}: bad port") from exc
+        if not parts.hostname:
+            raise ConfigError(f"broker URL {url!r} has no host")
+        return cls(
+            scheme=parts.scheme,
+            host=parts.hostname,
+            port=port,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+        )
+
+    def redacted(self) -> str:
+        user = f"{self.username}:***@" if self.username else ""
+        return f"{self.scheme}://{user}{self.host}:{self.port}"
+
+    def check_password_safe(self, *, encrypted: bool = False, insecure_plaintext: bool = False) -> None:
+        """Refuse (:class:`ConfigError`) to send a password in plain TCP (neither ``mqtts://`` nor
+        ``encrypted``: TLS options given) to a host beyond loopback: anyone on the path reads it, and with
+        it can log in as this device. ``insecure_plaintext`` sends it anyway, with a warning."""
+        if self.password is None or self.tls or encrypted or is_loopback(self.host):
+            return
+        where = f"{self.host}:{self.port}"
+        if not insecure_plaintext:
+            raise ConfigError(
+                f"refusing to send the broker password of {self.username!r} in plain text over mqtt:// to "
+                f"{where}, beyond loopback: use mqtts://{self.host}:8883 with --ca-file (the site CA, "
+                "`edgeagent certs`), or pass --insecure-plaintext (insecure_plaintext: true) to accept that"
+            )
+        log.warning(
+            "INSECURE: sending the broker password of %r in plain text to %s (--insecure-plaintext); "
+            "use mqtts:// with --ca-file",
+            self.username,
+            where,
+        )
+
+
+class LinkThrottle:
+    """Emulates a slow uplink: each frame occupies the link for ``bytes / rate`` seconds, one after another.
+
+    The sender blocks until its frame has "left", as it would on a saturated real link; frames from
+    several threads queue behind each other.
+    """
+
+    def __init__(self, megabits_per_second: float) -> None:
+        if megabits_per_second <= 0:
+            raise ConfigError(f"link rate must be > 0 Mbit/s, got {megabits_per_second}")
+        self.bytes_per_second = megabits_per_second * 1e6 / 8
+        self._next_free = 0.0
+        self._lock = threading.Lock()
+        self.sent_bytes = 0
+
+    def wait(self, nbytes: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_free)
+            self._next_free = start + nbytes / self.bytes_per_second
+            delay = self._next_free - now
+            self.sent_bytes += nbytes
+        if delay > 0:
+            time.sleep(delay)
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+def _client_tls_context(opts: TlsOptions) -> ssl.SSLContext:
+    """TLS 1.2 or later; the broker's certificate must chain to ``ca_file`` (the system's CAs without
+    it) and name the host of the broker URL (a DNS name or an IP address in its subjectAltName)."""
+    if opts.key_file is not None and opts.cert_file is None:
+        raise ConfigError(f"a TLS key file ({opts.key_file}) needs its certificate file too")
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=opts.ca_file)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if opts.cert_file is not None:
+            context.load_cert_chain(opts.cert_file, opts.key_file)
+    except (OSError, ssl.SSLError) as exc:  # a missing file, or a key that does not match its certificate
+        files = ", ".join(f"{k}={v}" for k, v in vars(opts).items() if v is not None) or "system CAs"
+        raise ConfigError(f"cannot load the TLS files ({files}): {exc}") from exc
+    return context
+
+
+class MqttTransport(Transport):
+    """One paho client. Reconnects by itself with capped, jittered backoff and resubscribes."""
+
+    def __init__(
+        self,
+        url: str | BrokerUrl,
+        client_id: str,
+        *,
+        will: tuple[str, bytes] | None = None,
+        keepalive: int = 10,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_message: int = 256 * 1024 * 1024,
+        tls: TlsOptions | None = None,
+        max_backoff: float = 5.0,
+        link_mbps: float = 0.0,
+        insecure_plaintext: bool = False,
+    ) -> None:
+        super().__init__(client_id)
+        self.url = url if isinstance(url, BrokerUrl) else BrokerUrl.parse(url)
+        self.url.check_password_safe(encrypted=tls is not None, insecure_plaintext=insecure_plaintext)
+        self.chunk_size = chunk_size
+        self.max_message = max_message
+        self.max_backoff = max_backoff
+        self._reassembler = Reassembler(max_message=max_message)
+        self._reassembly_lock = threading.Lock()
+        self._is_connected = threading.Event()
+        self._closed = False
+        self.dropped = 0  # payloads dropped as malformed or oversized, for tests and metrics
+        self.refusals = 0  # connection attempts the broker refused in a row (bad credentials)
+        self._last_sent: mqtt.MQTTMessageInfo | None = None
+        self._pending_subscriptions: dict[int, str] = {}  # SUBSCRIBE message id -> filter
+        self._subs_lock = threading.Lock()
+        self.refused_subscriptions: set[str] = set()  # filters the broker refused (no right to read)
+        self.close_timeout = 2.0
+        self.throttle = LinkThrottle(link_mbps) if link_mbps > 0 else None
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=True
+        )
+        if self.url.username:
+            client.username_pw_set(self.url.username, self.url.password)
+        if self.url.tls or tls is not None:
+            client.tls_set_context(_client_tls_context(tls or TlsOptions()))
+        if will is not None:
+            client.will_set(will[0], will[1], qos=1, retain=True)
+        client.on_socket_open = self._handle_socket_open
+        client.on_connect = self._handle_connect
+        client.on_disconnect = self._handle_disconnect
+        client.on_message = self._handle_message
+        client.on_subscribe = self._handle_subscribe
+        client.reconnect_delay_set(min_delay=1, max_delay=max(1, int(max_backoff)))
+        client.max_inflight_messages_set(64)
+        self._client = client
+        client.connect_async(self.url.host, self.url.port, keepalive=keepalive)
+        client.loop_start()
+
+    def loop_alive(self) -> bool:
+        """Whether paho's network thread is still running (it is what the watchdog guards)."""
+        thread = getattr(self._client, "_thread", None)
+        return thread is not None and thread.is_alive()
+
+    def set_link_mbps(self, mbps: float) -> None:
+        """Change the emulated uplink (0: none) while running (device profiles)."""
+        self.throttle = LinkThrottle(mbps) if mbps > 0 else None
+
+    # -- Transport -----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._is_connected.is_set()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._is_connected.wait(timeout)
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        if len(payload) > self.max_message:
+            raise ProtocolError(f"refusing to send {len(payload)} bytes to {topic}: limit {self.max_message}")
+        if retain and len(payload) > self.chunk_size:
+            # A broker keeps one retained message per topic: only the last chunk would survive.
+            raise ProtocolError(
+                f"retained payload to {topic} is {len(payload)} bytes; limit {self.chunk_size}"
+            )
+        for frame in split_payload(payload, self.chunk_size):
+            if self.throttle is not None:
+                self.throttle.wait(len(frame))
+            info = self._client.publish(topic, frame, qos=qos, retain=retain)
+            if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                log.warning("publish to %s failed: %s", topic, mqtt.error_string(info.rc))
+            elif qos > 0:
+                self._last_sent = info
+
+    def flush(self, timeout: float) -> bool:
+        """Wait for the broker to acknowledge the last QoS 1 message (paho sends in order)."""
+        last = self._last_sent
+        if last is None or not self.connected:
+            return last is None
+        with contextlib.suppress(RuntimeError, ValueError):
+            last.wait_for_publish(timeout)
+        return last.is_published()
+
+    def _subscribe_remote(self, pattern: str) -> None:
+        if self.connected:
+            self._send_subscribe(pattern)
+
+    def _send_subscribe(self, pattern: str) -> None:
+        # Under the lock: on a busy machine the SUBACK can reach _handle_subscribe before subscribe()
+        # returns its message id, and a refusal would then go unnoticed. paho's subscribe only queues the
+        # packet; the network thread takes no lock of its own that this waits for.
+        with self._subs_lock:
+            _, mid = self._client.subscribe(pattern, qos=1)
+            if mid is not None:
+                self._pending_subscriptions[mid] = pattern
+
+    def _unsubscribe_remote(self, pattern: str) -> None:
+        if self.connected:
+            self._client.unsubscribe(pattern)
+
+    def close(self) -> None:
+        """Disconnect cleanly (no last will is sent) and stop the network thread."""
+        if self._closed:
+            return
+        # The last words (a run's "stop", an "offline" status) must reach the broker before we hang up:
+        # wait a little for the broker to acknowledge the last QoS 1 message.
+        self.flush(self.close_timeout)
+        self._closed = True
+        try:
+            self._client.disconnect()
+        finally:
+            self._client.loop_stop()
+            self._is_connected.clear()
+
+    def kill(self) -> None:
+        """Drop the connection without DISCONNECT so that the broker publishes the last will (tests)."""
+        self._closed = True
+        sock = self._client.socket()
+        self._client.loop_stop()
+        if sock is not None:
+            sock.close()
+        self._is_connected.clear()
+
+    # -- paho callbacks (network thread) -----------------------------------------------------
+
+    @staticmethod
+    def _handle_socket_open(client: mqtt.Client, userdata: object, sock: Any) -> None:
+        # paho leaves Nagle's algorithm on: a small PUBLISH then waits for the peer's delayed ACK, which
+        # measured 40-90 ms per hop on loopback. Activations, gradients and probes must not wait.
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _handle_connect(
+        self, client: mqtt.Client, userdata: object, flags: object, rc: object, props: object
+    ) -> None:
+        if getattr(rc, "is_failure", False):
+            self.refusals += 1
+            if self.refusals == 1 or self.refusals % 60 == 0:
+                log.error(
+                    "broker %s refused %s: %s (%d times so far; check this device's user name, password "
+                    "file and client id against `edgeagent credentials list` on the broker); retrying "
+                    "every %.0f s",
+                    self.url.redacted(),
+                    self.client_id,
+                    rc,
+                    self.refusals,
+                    self.max_backoff,
+                )
+            return
+        self.refusals = 0
+        log.debug("%s connected to %s", self.client_id, self.url.redacted())
+        self._client.reconnect_delay_set(min_delay=1, max_delay=max(1, int(self.max_backoff)))
+        # Connected first, then resubscribe: a subscribe() racing with this sees "connected" and sends
+        # its own SUBSCRIBE; one sent twice is harmless, one never sent would be lost until a reconnect.
+        self._is_connected.set()
+        for pattern in self._patterns():
+            self._send_subscribe(pattern)
+        self._connected()
+
+    def _handle_disconnect(
+        self, client: mqtt.Client, userdata: object, flags: object, rc: object, props: object
+    ) -> None:
+        self._is_connected.clear()
+        if self._closed:
+            return
+        if self.refusals:  # refused logins retry slowly: the credentials may be added on the broker later
+            slow = max(1, int(self.max_backoff))
+            client.reconnect_delay_set(min_delay=slow, max_delay=slow)
+            return
+        # Jitter the first retry so that a cluster does not reconnect in lock-step after a broker restart.
+        jittered: Any = random.uniform(0.2, 1.0)  # paho annotates int but sleeps on any number
+        client.reconnect_delay_set(min_delay=jittered, max_delay=max(1, int(self.max_backoff)))
+        log.warning("%s lost the broker %s (%s); reconnecting", self.client_id, self.url.redacted(), rc)
+
+    def _handle_subscribe(
+        self, client: mqtt.Client, userdata: object, mid: int, codes: list[Any], props: object
+    ) -> None:
+        with self._subs_lock:
+            pattern = self._pending_subscriptions.pop(mid, None)
+        if pattern is None or not any(getattr(rc, "is_failure", False) for rc in codes):
+            return
+        # Logged before it is recorded: whoever sees the refusal in refused_subscriptions also finds it
+        # in the log.
+        log.error(
+            "broker %s refused %s the subscription to %s: this login may not read it (check its role and "
+            "cluster with `edgeagent credentials list` on the broker); nothing from there will arrive",
+            self.url.redacted(),
+            self.client_id,
+            pattern,
+        )
+        self.refused_subscriptions.add(pattern)
+
+    def _handle_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        payload = bytes(message.payload)
+        topic = message.topic
+        if len(payload) > self.max_message:
+            self.dropped += 1
+            log.warning(
+                "dropped %d bytes on %s: over the %d-byte limit", len(payload), topic, self.max_message
+            )
+            return
+        if is_chunk(payload):
+            try:
+                with self._reassembly_lock:
+                    whole = self._reassembler.feed(topic, payload)
+            except ProtocolError as exc:
+                self.dropped += 1
+                if self.dropped <= 3 or self.dropped % 100 == 0:  # a flood of bad frames: a few lines only
+                    log.warning("dropped a chunk on %s: %s (%d dropped so far)", topic, exc, self.dropped)
+                return
+            if whole is None:
+                return
+            payload = whole
+        self._dispatch(topic, payload)
