@@ -1,3 +1,0 @@
-from edgeagent.cli.main import entry
-
-entry()

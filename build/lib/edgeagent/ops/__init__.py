@@ -1,1 +1,0 @@
-"""Operations: monitor, run report, device profiles, systemd, Home Assistant, logging."""

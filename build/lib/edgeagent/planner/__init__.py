@@ -1,1 +1,0 @@
-"""Pure planning policy: layer profiles, capacity estimates and partitions. No I/O."""

@@ -1,1 +1,0 @@
-"""Typed messages, topics, the wire format, receiver limits and topic rights."""

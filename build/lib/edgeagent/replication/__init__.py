@@ -1,1 +1,0 @@
-"""Weight snapshots and replicas (chain, global) and the switch to a new split."""

@@ -1,1 +1,0 @@
-"""The processes of a cluster: the central node and the workers, over a shared role runtime."""

@@ -1,1 +1,0 @@
-"""The role runtime: what every role (central node, worker) and every training mode runs on."""
