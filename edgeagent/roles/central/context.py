@@ -24,7 +24,7 @@ from edgeagent.compression.stage import StageCodecs
 from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batches_per_epoch
 from edgeagent.models import ModelSpec, build_model
-from edgeagent.pipeline.build import TrainOptions, build_stage
+from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.runner import STAGE_TIME_WINDOW, StageRunner
 from edgeagent.pipeline.stage import Stage
@@ -45,6 +45,7 @@ from edgeagent.protocol.messages import (
     Ready,
     Weights,
 )
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family
 from edgeagent.replication.store import WeightStore
 from edgeagent.replication.switch import Switch

@@ -30,9 +30,9 @@ from edgeagent.errors import PlanningError
 from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_shapes, num_layers
 from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
 from edgeagent.pipeline.sgd import SGD
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.deadlines import silence
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,

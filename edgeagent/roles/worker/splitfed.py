@@ -35,9 +35,9 @@ from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, Trainin
 from edgeagent.models import ModelSpec, build_layers, num_layers
 from edgeagent.modes.fedavg import state_checksum
 from edgeagent.pipeline.sgd import SGD
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.messages import Message, Status
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,
