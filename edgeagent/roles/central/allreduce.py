@@ -44,7 +44,7 @@ from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, A
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message, Ready
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.checkpoint import resume_of, save_model
+from edgeagent.roles.central.checkpoint_file import resume_of, save_model
 from edgeagent.roles.central.report import RunReport
 from edgeagent.runtime.role import Inbound
 

@@ -42,7 +42,7 @@ from edgeagent.protocol.splitfed_messages import (
     scheduled_parallel,
 )
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.checkpoint import resume_of, save_model
+from edgeagent.roles.central.checkpoint_file import resume_of, save_model
 from edgeagent.roles.central.report import RunReport
 from edgeagent.roles.central.splitfed_plan import (
     ServerProfile,
