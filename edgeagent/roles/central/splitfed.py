@@ -28,7 +28,6 @@ from edgeagent.compression.stage import NONE, StageCodecs, restore
 from edgeagent.data import Dataset
 from edgeagent.errors import PlanningError
 from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_shapes, num_layers
-from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
 from edgeagent.pipeline.sgd import SGD
 from edgeagent.planner.deadlines import silence
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
@@ -49,6 +48,7 @@ from edgeagent.roles.central.splitfed_plan import (
 )
 from edgeagent.roles.central.splitfed_planning import SplitFedPlanning
 from edgeagent.splitfed.cost import DeviceCosts
+from edgeagent.splitfed.fedavg import fedavg, layer_range, shift, state_checksum
 
 if TYPE_CHECKING:
     from collections.abc import Callable
