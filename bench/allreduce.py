@@ -184,7 +184,7 @@ def gloo_worker(rank: int, size: int, port: int, steps: int, out: str) -> None:
     from edgeagent.allreduce.shards import batch, shard, steps_per_epoch
     from edgeagent.data import load_dataset
     from edgeagent.models import ModelSpec
-    from edgeagent.pipeline.stage import TrainOptions
+    from edgeagent.protocol.options import TrainOptions
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)

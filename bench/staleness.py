@@ -134,7 +134,7 @@ def run_offline(model: str, depth: int, method: str, seed: int, args: argparse.N
     from edgeagent.models import ModelSpec, num_layers
     from edgeagent.pipeline.divergence import above_chance
     from edgeagent.pipeline.replay import build_stages, replay
-    from edgeagent.pipeline.stage import TrainOptions
+    from edgeagent.protocol.options import TrainOptions
 
     settings, _ = METHODS[method]
     train = TrainConfig(

@@ -30,7 +30,8 @@ _STAGE = """
 import sys
 import torch
 from edgeagent.models import ModelSpec, build_layers
-from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
+from edgeagent.pipeline.stage import Stage, StageModule
+from edgeagent.protocol.options import TrainOptions
 layers = build_layers(ModelSpec("mlp", (1, 8, 8), 10), 2, 4, seed=0)
 stage = Stage(StageModule({2 + k: layer for k, layer in enumerate(layers)}), TrainOptions(0.1, momentum=0.9),
               is_first=False, is_last=False)

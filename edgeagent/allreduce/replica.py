@@ -16,7 +16,7 @@ from torch import nn
 
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.pipeline.sgd import SGD
-from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.options import TrainOptions
 
 
 class Replica:

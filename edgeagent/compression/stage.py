@@ -17,7 +17,7 @@ import cbor2
 import torch
 
 from edgeagent.compression import CodecState, Compressed, CompressionError, get_codec, to_wire
-from edgeagent.protocol.limits import all_finite
+from edgeagent.compression.base import all_finite
 
 NONE = 32  # "bits" meaning: no compression
 

@@ -18,15 +18,20 @@ from ``--mode`` (``pipeline``, FTPipeHD's, by default). A new mode is a new modu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
     from edgeagent.protocol.messages import Assign, Message
-    from edgeagent.roles.central import Central, RunReport
-    from edgeagent.roles.worker import Worker
     from edgeagent.runtime.role import Inbound
+
+# The nodes a mode runs on and what its run returns, as type parameters: the interface names no role, so
+# the roles may import it without a circle (the central node ``Central``, the worker ``Worker``, the
+# report ``RunReport``, all of edgeagent.roles, bind them: ``TrainingMode[Central, Worker, RunReport]``).
+CentralNode = TypeVar("CentralNode", contravariant=True)
+WorkerNode = TypeVar("WorkerNode", contravariant=True)
+Report = TypeVar("Report", covariant=True)
 
 
 class WorkerSession(Protocol):
@@ -73,7 +78,7 @@ class CentralRun(Protocol):
     def collect_weights(self) -> dict[str, Any]: ...
 
 
-class TrainingMode(Protocol):
+class TrainingMode(Protocol[CentralNode, WorkerNode, Report]):
     """A way to train over the runtime; ``name`` is what ``--mode`` and ``Assign.mode`` say."""
 
     name: ClassVar[str]
@@ -83,12 +88,12 @@ class TrainingMode(Protocol):
         (a model too shallow for the devices, say)."""
         ...
 
-    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+    def run(self, central: CentralNode, data: Dataset, spec: ModelSpec, devices: list[str]) -> Report:
         """Drive one run on the central node over the discovered ``devices`` (the central node first);
         :meth:`Central.attach` gives the node the run's handlers and metrics."""
         ...
 
-    def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
+    def worker_session(self, worker: WorkerNode, assign: Assign) -> WorkerSession | None:
         """The worker's half of a run; None (after reporting why) when this device cannot take it.
 
         ``assign`` may re-assign the run the worker is in (a recovery): once the new session can be

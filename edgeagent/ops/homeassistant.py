@@ -12,7 +12,6 @@ of its own node only, so it cannot rewrite the configs of the other things in th
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from edgeagent.protocol.topics import (
@@ -21,16 +20,10 @@ from edgeagent.protocol.topics import (
     Family,
     Topics,
     check_discovery_prefix,
+    discovery_node_id,
 )
 
 DEFAULT_PREFIX = DEFAULT_DISCOVERY_PREFIX
-# Home Assistant's node and object ids: "[a-zA-Z0-9_-]" only.
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def node_id(cluster: str) -> str:
-    """The discovery node id of a cluster's configs (``edgeagent_<cluster>``, ``.`` made ``_``)."""
-    return "edgeagent_" + _UNSAFE.sub("_", cluster)
 
 
 def check_prefix(prefix: str) -> str:
@@ -59,7 +52,7 @@ SENSORS: tuple[tuple[str, str, Family, str, str | None], ...] = (
 
 def discovery_configs(topics: Topics, device_id: str, *, prefix: str = DEFAULT_PREFIX) -> dict[str, bytes]:
     """Topic -> retained JSON payload for each sensor of one device."""
-    node = node_id(topics.cluster)
+    node = discovery_node_id(topics.cluster)
     discovery = DiscoveryTopics(prefix)
     base_id = f"edgeagent_{topics.cluster}_{device_id}".replace("-", "_").replace(".", "_")
     out = {}

@@ -10,8 +10,9 @@ from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec, build_layers
 from edgeagent.pipeline import audit
 from edgeagent.pipeline.schedule import stage_bound
-from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
+from edgeagent.pipeline.stage import Stage, StageModule
 from edgeagent.pipeline.staleness import stage_delay
+from edgeagent.protocol.options import TrainOptions
 
 
 def build_stage(

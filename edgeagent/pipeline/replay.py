@@ -17,7 +17,8 @@ from edgeagent.models import ModelSpec
 from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.rows import split_rows
 from edgeagent.pipeline.schedule import Action, Schedule, one_f_one_b
-from edgeagent.pipeline.stage import Stage, TrainOptions
+from edgeagent.pipeline.stage import Stage
+from edgeagent.protocol.options import TrainOptions
 
 
 def build_stages(

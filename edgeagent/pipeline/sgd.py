@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
@@ -35,9 +35,6 @@ class SgdOptions(Protocol):
 
     @property
     def weight_decay(self) -> float: ...
-
-
-LrSchedule = Literal["constant", "cosine"]
 
 
 def rate_factor(schedule: str, step: int, total: int) -> float:

@@ -50,12 +50,13 @@ With one batch in flight nothing is stale and every rule is the user's SGD, bit 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, get_args
+
+from edgeagent.protocol.options import Staleness
 
 if TYPE_CHECKING:  # torch is imported by the functions that compute: the configuration reads this module
     import torch
 
-Staleness = Literal["none", "aggregate", "predict", "nesterov", "lookahead", "2bw"]
 STALENESS_RULES: tuple[str, ...] = get_args(Staleness)
 DEFAULT_STALENESS: Staleness = "lookahead"
 VERTICAL_SYNC: tuple[str, ...] = ("none", "aggregate")

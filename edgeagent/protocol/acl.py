@@ -40,9 +40,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from edgeagent.ops.homeassistant import DEFAULT_PREFIX, node_id
 from edgeagent.protocol.topics import (
     ANY,
+    DEFAULT_DISCOVERY_PREFIX,
     DEVICE_PUBLISHED,
     REST,
     STAGE_OUTPUTS,
@@ -52,6 +52,7 @@ from edgeagent.protocol.topics import (
     TopicFilters,
     Topics,
     cluster_level,
+    discovery_node_id,
     fill_wildcards,
     filter_wildcards,
 )
@@ -81,7 +82,7 @@ class Grant:
 
     role: RoleName
     cluster: str = "default"
-    home_assistant_prefix: str = DEFAULT_PREFIX
+    home_assistant_prefix: str = DEFAULT_DISCOVERY_PREFIX
 
     def home_assistant(self, topic: str) -> HomeAssistantTopic | None:
         """What a topic (or filter) under this grant's discovery prefix is, or None if it is not there.
@@ -93,7 +94,11 @@ class Grant:
         if info is None or info.node is None:  # not under the prefix; or the status, or another topic
             return info.kind if info else None
         node = info.node  # a config's
-        ours = node.startswith(node_id("")) if self.cluster == "*" else node == node_id(self.cluster)
+        ours = (
+            node.startswith(discovery_node_id(""))
+            if self.cluster == "*"
+            else node == discovery_node_id(self.cluster)
+        )
         return "config" if ours else "other"
 
     def clusters(self, topic: str) -> str | None:
@@ -320,7 +325,7 @@ def mosquitto_acl(users: dict[str, Grant]) -> str:
             lines.append(f"topic readwrite {tree.all()}")
             # A "*" grant's node ids (edgeagent_<any cluster>) are not one topic level Mosquitto can
             # match: it may write every node's configs here (the embedded broker still checks the name).
-            node = ANY if grant.cluster == "*" else node_id(grant.cluster)
+            node = ANY if grant.cluster == "*" else discovery_node_id(grant.cluster)
             lines.append(f"topic write {discovery.configs(node)}")
         elif grant.role == "observer":
             lines.append(f"topic read {tree.all()}")

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from edgeagent.compression.base import all_finite
 from edgeagent.protocol.topics import DEVICE_PUBLISHED, Family, TopicInfo
 
 KIB = 1024
@@ -189,16 +190,6 @@ def activation_problem(
     if int(y.min()) < 0 or int(y.max()) >= num_classes:
         return f"labels y from {int(y.min())} to {int(y.max())} are not all in [0, {num_classes})"
     return None
-
-
-def all_finite(t: torch.Tensor) -> bool:
-    """Whether every value of ``t`` is finite (integer tensors always are)."""
-    if not t.is_floating_point():
-        return True
-    # A sum is finite only if every value is (NaN and the infinities carry into it): one pass that
-    # allocates nothing, 20x cheaper than isfinite().all() on a 128 kB activation (2 against 49 us). A sum
-    # that overflows from finite values is told apart by the exact check.
-    return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def _nonfinite_tensor(t: torch.Tensor) -> str | None:

@@ -27,7 +27,7 @@ import torch
 
 from edgeagent.compression.base import Compressed
 from edgeagent.errors import ProtocolError
-from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.options import TrainOptions
 
 
 class MessageKind(str, Enum):

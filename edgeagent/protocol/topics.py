@@ -313,6 +313,14 @@ DEFAULT_DISCOVERY_PREFIX = "homeassistant"
 _PREFIX_LEVEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 DiscoveryKind = Literal["config", "status", "other"]
+# Home Assistant's node and object ids: "[a-zA-Z0-9_-]" only.
+_UNSAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def discovery_node_id(cluster: str) -> str:
+    """The discovery node id of a cluster's configs (``edgeagent_<cluster>``, ``.`` made ``_``): the level
+    a cluster's central login may publish discovery configs under (acl.py)."""
+    return "edgeagent_" + _UNSAFE_ID.sub("_", cluster)
 
 
 def check_discovery_prefix(prefix: str) -> str:

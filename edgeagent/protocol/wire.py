@@ -23,7 +23,6 @@ import torch
 
 from edgeagent.compression.base import Compressed, from_wire, to_wire
 from edgeagent.errors import ProtocolError
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.commands import COMMAND_TYPES, Command
 from edgeagent.protocol.messages import (
@@ -50,6 +49,7 @@ from edgeagent.protocol.messages import (
     Status,
     Weights,
 )
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,

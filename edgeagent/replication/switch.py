@@ -24,11 +24,12 @@ import torch
 
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec
-from edgeagent.pipeline.build import TrainOptions, make_stage
+from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.partition import stage_of_layer
 from edgeagent.planner.redistribute import DevicePlan, redistribution_plan
 from edgeagent.protocol.messages import FetchRequest, Repartition, Weights
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.replication.store import WeightStore, layer_of
 
 

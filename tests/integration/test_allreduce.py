@@ -25,8 +25,8 @@ from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.messages import Ready
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.roles.central import Central, RunReport
 from edgeagent.roles.central.allreduce import AllreduceRun
 

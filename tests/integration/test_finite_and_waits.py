@@ -31,7 +31,7 @@ from edgeagent.protocol.messages import Activation, EvalResult
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.central import Central, PipelineRun, latest_checkpoint
-from edgeagent.roles.central.checkpoint import load_checkpoint
+from edgeagent.roles.central.checkpoint_file import load_checkpoint
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow

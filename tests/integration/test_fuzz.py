@@ -39,7 +39,6 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
 from edgeagent.models import ModelSpec, layer_output_shapes
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.chunking import CHUNK_TAG
 from edgeagent.protocol.commands import Ping
@@ -69,6 +68,7 @@ from edgeagent.protocol.messages import (
     Status,
     Weights,
 )
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,

@@ -16,7 +16,7 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import batch_indices, load_dataset
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.pipeline.replay import build_stages, merged_state, replay
-from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.options import TrainOptions
 
 pytestmark = pytest.mark.slow
 

@@ -27,9 +27,9 @@ from edgeagent.broker import EmbeddedBroker, free_port
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.config import WorkerConfig
 from edgeagent.errors import ConfigError
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.limits import SENDER
 from edgeagent.protocol.messages import Activation, Announce, Assign, Heartbeat, Ready
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker

@@ -27,9 +27,9 @@ from edgeagent.broker import EmbeddedBroker, broker_config, free_port
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.errors import ConfigError
 from edgeagent.ops.homeassistant import discovery_configs
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.commands import Reshare
 from edgeagent.protocol.messages import Assign, Repartition, Status
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import encode
 from tests.conftest import MosquittoProcess

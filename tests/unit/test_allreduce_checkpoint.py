@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgeagent.errors import TrainingError
-from edgeagent.roles.central.checkpoint import load_checkpoint, resume_of, save_checkpoint
+from edgeagent.roles.central.checkpoint_file import load_checkpoint, resume_of, save_checkpoint
 
 
 def test_a_checkpoint_round_trips_with_its_format(tmp_path: Path) -> None:

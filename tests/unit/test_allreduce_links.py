@@ -11,7 +11,7 @@ from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import batch, shard, steps_per_epoch
 from edgeagent.errors import ConfigError
 from edgeagent.models import ModelSpec
-from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.options import TrainOptions
 
 
 def test_a_failed_link_drops_both_ways_during_its_steps_only() -> None:

@@ -13,7 +13,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.pipeline import audit
 from edgeagent.pipeline.audit import Event, check
 from edgeagent.pipeline.build import make_stage
-from edgeagent.pipeline.stage import TrainOptions
+from edgeagent.protocol.options import TrainOptions
 
 
 class Clock:

@@ -58,8 +58,8 @@ def test_after_a_reconnect_the_central_node_must_be_seen_again() -> None:
 
 
 def test_an_assign_says_the_central_nodes_heartbeat_interval_within_bounds() -> None:
-    from edgeagent.pipeline.stage import TrainOptions
     from edgeagent.protocol.messages import Assign
+    from edgeagent.protocol.options import TrainOptions
 
     fields = dict(
         run_id="r",

@@ -17,7 +17,6 @@ import torch
 from edgeagent.config import CHARACTERISE_ROUNDS, WorkerConfig, build
 from edgeagent.errors import ConfigError, ProtocolError
 from edgeagent.models import ModelSpec
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.predictor.measure import (
     ModelLayers,
     characterise,
@@ -29,6 +28,7 @@ from edgeagent.predictor.submodels import REPRESENTATIVES
 from edgeagent.protocol.commands import COMMAND_TYPES, Characterise
 from edgeagent.protocol.limits import MALFORMED
 from edgeagent.protocol.messages import MAX_H, Announce, Assign, Discover, ErrorReport, Message
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from edgeagent.ops.homeassistant import check_prefix, discovery_configs, node_id
-from edgeagent.protocol.topics import Topics
+from edgeagent.ops.homeassistant import check_prefix, discovery_configs
+from edgeagent.protocol.topics import Topics, discovery_node_id
 
 NODE = "homeassistant/sensor/edgeagent_lab"
 
@@ -37,8 +37,8 @@ def test_a_device_that_left_is_unavailable() -> None:
 
 
 def test_node_ids_and_prefixes() -> None:
-    assert node_id("lab.2") == "edgeagent_lab_2"  # Home Assistant's ids: [a-zA-Z0-9_-]
-    assert node_id("pi-lab") == "edgeagent_pi-lab"
+    assert discovery_node_id("lab.2") == "edgeagent_lab_2"  # Home Assistant's ids: [a-zA-Z0-9_-]
+    assert discovery_node_id("pi-lab") == "edgeagent_pi-lab"
     assert check_prefix("homeassistant") == "homeassistant"
     assert check_prefix("site/ha") == "site/ha"
     for bad in ("", "#", "ha/+", "ha//x", "/ha", "ha/", "edgeagent", "edgeagent/v1/lab", "a/b/c/d/e"):

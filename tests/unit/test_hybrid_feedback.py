@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from edgeagent.pipeline.groups import Groups
-from edgeagent.roles.central.context import DeviceState
 from edgeagent.roles.central.hybrid import MEASURE_BATCHES, HybridRun, _key
+from edgeagent.roles.central.node import DeviceState
 from edgeagent.roles.central.report import RunReport
 
 OLD = Groups((("central",), ("w1", "w2")), ((1.0,), (0.5, 0.5)))

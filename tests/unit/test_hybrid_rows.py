@@ -11,8 +11,9 @@ from torch import nn
 
 from edgeagent.pipeline.groups import Groups, cover
 from edgeagent.pipeline.rows import RowBuffer, rows_of, split_rows
-from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
+from edgeagent.pipeline.stage import Stage, StageModule
 from edgeagent.protocol.messages import Repartition
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.replication.store import WeightStore
 from edgeagent.replication.switch import Switch
 

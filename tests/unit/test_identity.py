@@ -17,7 +17,6 @@ from torch import nn
 from edgeagent.broker import broker_config
 from edgeagent.config import CentralConfig, WorkerConfig, build, load_yaml, model_path
 from edgeagent.errors import ConfigError
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.identity import PlanView, StageSenders, identity_problem
 from edgeagent.protocol.limits import SENDER
 from edgeagent.protocol.messages import (
@@ -33,6 +32,7 @@ from edgeagent.protocol.messages import (
     Ready,
     Weights,
 )
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker

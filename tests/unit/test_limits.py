@@ -14,7 +14,6 @@ import torch
 from edgeagent.config import CentralConfig, WorkerConfig
 from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.profiler import profile_layers
 from edgeagent.protocol.commands import Ping
 from edgeagent.protocol.limits import (
@@ -41,6 +40,7 @@ from edgeagent.protocol.messages import (
     Probe,
     Status,
 )
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.protocol.wire import encode
 from edgeagent.roles.central import Central, PipelineRun

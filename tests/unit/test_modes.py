@@ -10,9 +10,9 @@ from edgeagent.errors import ConfigError
 from edgeagent.models import ModelSpec
 from edgeagent.modes import MODES, mode
 from edgeagent.modes.pipeline import PipelineMode
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.commands import Emulate, Ping, Stop
 from edgeagent.protocol.messages import Assign, ErrorReport, Message, Ready
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker

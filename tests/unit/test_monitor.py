@@ -11,7 +11,7 @@ from rich.console import Console
 
 from edgeagent.errors import EdgeAgentError
 from edgeagent.ops.monitor import LEFT_GRACE, ClusterState, run_monitor, subscriptions, summarize
-from edgeagent.ops.monitor.view import STATE_STYLES
+from edgeagent.ops.monitor.view import STATE_STYLES, render
 from edgeagent.protocol.messages import (
     Announce,
     ErrorReport,
@@ -39,7 +39,7 @@ class FakeClock:
 
 def text_of(state: ClusterState, width: int = 160) -> str:
     console = Console(record=True, width=width, color_system=None)
-    console.print(state.render())
+    console.print(render(state))
     return console.export_text()
 
 
@@ -192,7 +192,7 @@ def test_late_heartbeat_is_red(clock: FakeClock) -> None:
 
     def heartbeat_style() -> str:
         console = Console(record=True, width=160, color_system="truecolor")
-        console.print(state.render())
+        console.print(render(state))
         html = console.export_html(inline_styles=True)
         line = next(part for part in html.split("<span") if "s ago" in part)
         return line
@@ -387,7 +387,7 @@ def test_left_is_not_a_problem(clock: FakeClock) -> None:
     device(state, Family.STATUS, "w1", Status(device_id="w1", state="left"), cluster="done")
     clock.now += 600  # ten minutes without a heartbeat
     console = Console(record=True, width=160, color_system="truecolor")
-    console.print(state.render())
+    console.print(render(state))
     html = console.export_html(inline_styles=True)
     assert "color: #800000" not in html  # no late heartbeat, no red state
     fresh = ClusterState(clock=clock)

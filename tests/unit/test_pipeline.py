@@ -20,7 +20,8 @@ from edgeagent.pipeline.schedule import (
     stage_bound,
     validate,
 )
-from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions
+from edgeagent.pipeline.stage import Stage, StageModule
+from edgeagent.protocol.options import TrainOptions
 
 SPEC = ModelSpec("cnn", (1, 8, 8), 10)
 POINTS = [0, 2, 4, 8]
@@ -359,8 +360,9 @@ def test_rule_driven_orders_validate_and_simulate(stages: int, batches: int, bou
 def test_switch_accepts_layers_without_tensors() -> None:
     """Pooling and flatten layers have no tensors; fetching them must still complete."""
     from edgeagent.models import num_layers
-    from edgeagent.pipeline.build import TrainOptions, make_stage
+    from edgeagent.pipeline.build import make_stage
     from edgeagent.protocol.messages import Repartition
+    from edgeagent.protocol.options import TrainOptions
     from edgeagent.replication.store import WeightStore
     from edgeagent.replication.switch import Switch, serve_fetch
 

@@ -28,7 +28,6 @@ from hypothesis.extra import numpy as hnp
 
 from edgeagent.config import CentralConfig, DemoConfig, TrainConfig, build, load, load_yaml
 from edgeagent.errors import ConfigError, ProtocolError
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.partition import balanced_partition, check_points, stage_of_layer
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.chunking import CHUNK_TAG, Reassembler, is_chunk, split_payload
@@ -61,6 +60,7 @@ from edgeagent.protocol.messages import (
     Weights,
     WeightsPurpose,
 )
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG, decode_tensor, encode_tensor
 from edgeagent.protocol.topics import (
     ANY,

@@ -7,10 +7,11 @@ import torch
 
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec, num_layers
-from edgeagent.pipeline.build import TrainOptions, make_stage
+from edgeagent.pipeline.build import make_stage
 from edgeagent.pipeline.stage import Stage
 from edgeagent.planner.recovery import choose_recovery_point, holders_of, new_worker_list, respipe_points
 from edgeagent.protocol.messages import Repartition
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.replication.store import WeightStore, replica_message, seeded
 from edgeagent.replication.switch import Switch, serve_fetch
 

@@ -54,7 +54,7 @@ def test_a_failed_write_keeps_the_previous_checkpoints(
     def full(path: str, state: dict[str, object]) -> None:
         raise StorageError(f"cannot write the checkpoint {path}: No space left on device")
 
-    monkeypatch.setattr("edgeagent.roles.central.checkpoint.save_checkpoint", full)
+    monkeypatch.setattr("edgeagent.roles.central.checkpoint_file.save_checkpoint", full)
     with pytest.raises(StorageError):
         runs.save("run1", 40, _state("run1", 40))
     assert [v for v, _ in runs.checkpoints("run1")] == [20]  # not pruned for a write that failed

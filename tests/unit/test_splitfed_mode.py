@@ -10,7 +10,6 @@ import torch
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import PlanningError, ProtocolError
 from edgeagent.models import ModelSpec, build_model, num_layers
-from edgeagent.modes.fedavg import fedavg, layer_range, shift, state_checksum
 from edgeagent.protocol.acl import Grant, PlanTracker, may_publish, may_receive, may_subscribe, mosquitto_acl
 from edgeagent.protocol.limits import sender_problem
 from edgeagent.protocol.splitfed_messages import (
@@ -23,6 +22,7 @@ from edgeagent.protocol.splitfed_messages import (
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.central.splitfed_plan import choose, exhaustive_grid, needs_profiles, trial_epoch_seconds
+from edgeagent.splitfed.fedavg import fedavg, layer_range, shift, state_checksum
 
 T = Topics("site")
 DEVICE = Grant("device", "site")

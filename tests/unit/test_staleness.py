@@ -12,7 +12,6 @@ from edgeagent.data import batch_indices, load_dataset
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.pipeline.divergence import divergence, ends_run
 from edgeagent.pipeline.replay import build_stages, merged_state, replay
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.pipeline.staleness import (
     MOMENTUM_CEILING,
     STALENESS_RULES,
@@ -21,6 +20,7 @@ from edgeagent.pipeline.staleness import (
     stage_delay,
     step_rule,
 )
+from edgeagent.protocol.options import TrainOptions
 
 DATA = load_dataset("digits", seed=0)
 MLP = ModelSpec("mlp", DATA.in_shape, DATA.num_classes)

@@ -2,7 +2,7 @@
 
 * :mod:`.state`: :class:`ClusterState` folds the JSON messages a cluster publishes (statuses, heartbeats,
   metrics, announcements, error reports and run events) into a view. Pure: no I/O, no threads.
-* :mod:`.view`: draws that view with rich (:meth:`ClusterState.render`).
+* :mod:`.view`: draws that view with rich (:func:`~.view.render`).
 * :mod:`.summary`: one line per run event (:func:`summarize`).
 * :mod:`.live`: :func:`run_monitor` connects to the broker, feeds every payload into a ``ClusterState``
   on paho's network thread (under a lock) and redraws it with :class:`rich.live.Live` until Ctrl-C.

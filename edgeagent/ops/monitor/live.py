@@ -18,6 +18,7 @@ from rich.live import Live
 
 from edgeagent.errors import EdgeAgentError
 from edgeagent.ops.monitor.state import ClusterState, subscriptions
+from edgeagent.ops.monitor.view import render
 
 if TYPE_CHECKING:
     from edgeagent.transport.mqtt import BrokerUrl, TlsOptions
@@ -64,7 +65,7 @@ def run_monitor(
 
     def screen() -> RenderableType:
         with lock:
-            return state.render()
+            return render(state)
 
     client_id = f"ea-monitor-{secrets.token_hex(4)}"
     transport = MqttTransport(url, client_id, tls=tls, insecure_plaintext=insecure_plaintext)

@@ -1,5 +1,5 @@
 """What the monitor knows: the JSON messages of any number of clusters folded into a view. Pure: no I/O,
-no threads, no drawing (that is :mod:`.view`'s; :meth:`ClusterState.render` hands the state to it).
+no threads, no drawing (that is :mod:`.view`'s: :func:`~.view.render` draws a state).
 
 A device that shuts down cleanly publishes the retained state ``left``; that is not a problem, so such
 a device never makes its cluster look alive. A device seen leaving while the monitor watches stays
@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgeagent.errors import ProtocolError
 from edgeagent.ops.monitor.summary import summarize
@@ -34,9 +34,6 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import ANY, Family, TopicFilters, check_name, parse_topic
 from edgeagent.protocol.wire import decode
-
-if TYPE_CHECKING:
-    from rich.console import RenderableType
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +114,8 @@ class ClusterState:
         title: str = "edgeagent monitor",
         show_left: bool = False,
     ) -> None:
-        self._clock = clock
-        self._wall = wall
+        self.clock = clock
+        self.wall = wall
         self.cluster = cluster
         self.title = title
         self.show_left = show_left
@@ -159,7 +156,7 @@ class ClusterState:
             self.ignored += 1  # the data plane and CBOR replies (ready, weights): not decoded at all
             return
         sender, message = decode(payload, open_values=True)
-        now = self._clock()
+        now = self.clock()
         if info.device is not None:
             self._device_message(cluster, info.device, message, now)
         elif isinstance(message, Event):
@@ -278,7 +275,7 @@ class ClusterState:
         self._add_event(cluster, event.name, summarize(event.name, details))
 
     def _add_event(self, cluster: str, name: str, summary: str) -> None:
-        self.events.appendleft(EventLine(self._wall(), cluster, name, summary))
+        self.events.appendleft(EventLine(self.wall(), cluster, name, summary))
 
     # -- what to show ----------------------------------------------------------------------------
 
@@ -298,13 +295,6 @@ class ClusterState:
     def stages_seen(self, cluster: str) -> int:
         stages = {d.stage for d in self.devices.values() if d.cluster == cluster and d.stage >= 0}
         return len(stages)
-
-    def render(self) -> RenderableType:
-        """The whole screen: a header, the devices table, the run panel and recent events."""
-        # Imported here, not at the top: the view imports this module, and the state needs no rich.
-        from edgeagent.ops.monitor.view import screen
-
-        return screen(self, now=self._clock(), wall=self._wall())
 
 
 def _groups(value: Any) -> list[list[str]]:

@@ -47,6 +47,12 @@ EVENT_STYLES = {
 _DASH = "—"
 
 
+def render(state: ClusterState) -> RenderableType:
+    """The whole screen now, by the state's own clocks: a header, the devices table, the run panel and
+    recent events."""
+    return screen(state, now=state.clock(), wall=state.wall())
+
+
 def screen(state: ClusterState, *, now: float, wall: float) -> RenderableType:
     """The whole screen at monotonic second ``now`` (heartbeat ages) and epoch second ``wall``."""
     clusters = {c for c, _ in state.devices} | set(state.runs) | {e.cluster for e in state.events}

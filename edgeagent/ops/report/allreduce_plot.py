@@ -4,7 +4,7 @@ Figs. 14-17.
 Every step's allreduce time (the slowest member's, from the collective's start to its result) and its
 whole time at the central node (step message to the last member's report) against the step number;
 steps with a failed link (``--fail-link``) are shaded, a device excluded (it died) or joining is a
-vertical line. Drawn in the style of :mod:`.plots` (matplotlib's object API, Agg, imported only when
+vertical line. Drawn in the style of :mod:`.style` (matplotlib's object API, Agg, imported only when
 drawing).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeagent.ops.report.parse import _num
-from edgeagent.ops.report.plots import (
+from edgeagent.ops.report.style import (
     LOSS_COLOR,
     RECOVERY_COLOR,
     RESUME_COLOR,

@@ -11,13 +11,12 @@ matplotlib is imported only when a plot is drawn.
 
 from __future__ import annotations
 
-import io
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeagent.ops.files import write_atomic
+from edgeagent.ops.report.allreduce_plot import plot_allreduce  # allreduce runs' Figs. 14-17
 from edgeagent.ops.report.derived import (
     _bar_segments,
     _batch_size,
@@ -38,23 +37,29 @@ from edgeagent.ops.report.parse import (
     _Step,
     _timeline,
 )
+from edgeagent.ops.report.splitfed_plot import plot_splitfed  # split-federated runs' Fig. 6
+from edgeagent.ops.report.style import (
+    ACCURACY_COLOR,
+    DEVICE_COLORS,
+    LOSS_COLOR,
+    PARTITION_COLOR,
+    RECOVERY_COLOR,
+    RESUME_COLOR,
+    _figure,
+    _legend_below,
+    _note,
+    _save,
+    _title,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-DPI = 150
 THROUGHPUT_WINDOW = 10  # batches per samples/s window
 FAULT_SPAN = 15  # batches shown either side of a fault
 MAX_FAULT_PANELS = 6
 
-RECOVERY_COLOR = "#d62728"
-RESUME_COLOR = "#2ca02c"
-PARTITION_COLOR = "#555555"
-LOSS_COLOR = "#1f77b4"
-ACCURACY_COLOR = "#ff7f0e"
-# One colour per device (stage 0 = the central node first); tab10 without red (faults) and grey.
-DEVICE_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
 SEGMENT_COLORS = {
     "lost": "#c7c7c7",
     "detect": "#ff9896",
@@ -71,52 +76,6 @@ SEGMENT_LABELS = {
 
 def _seconds(x: float) -> str:
     return f"{x:.2f} s" if x >= 0.1 else f"{1e3 * x:.0f} ms" if x >= 1e-3 else f"{1e3 * x:.2f} ms"
-
-
-# -- drawing helpers ------------------------------------------------------------------------------------
-
-
-def _figure(width: float, height: float) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=DPI, bbox_inches="tight", pad_inches=0.15, format="png")
-    write_atomic(path, buffer.getvalue(), what="plot")  # whole or not at all, as the report
-    return path
-
-
-def _note(ax: Axes, text: str) -> None:
-    """An empty panel saying why it is empty."""
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="#555555")
-
-
-def _title(report: Mapping[str, Any], what: str) -> str:
-    model, dataset = report.get("model"), report.get("dataset")
-    if isinstance(model, str) and isinstance(dataset, str) and model and dataset:
-        return f"{what}: {model} on {dataset}"
-    return what
-
-
-def _legend_below(ax: Axes, handles: list[Any], labels: list[str], ncol: int = 3) -> None:
-    if handles:
-        ax.legend(
-            handles,
-            labels,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.16),
-            ncol=min(ncol, len(handles)),
-            fontsize=8,
-            frameon=False,
-        )
 
 
 def _mark_events(
@@ -543,13 +502,9 @@ def write_plots(report: Mapping[str, Any], json_path: str | Path) -> list[Path]:
         written.append(_plot_faults(report, steps, recoveries, paths["faults"]))
     else:
         paths["faults"].unlink(missing_ok=True)  # left by an earlier run that wrote the same report name
-    from edgeagent.ops.report.splitfed_plot import plot_splitfed  # split-federated runs' Fig. 6
-
     splitfed = plot_splitfed(report, json_path)
     if splitfed is not None:
         written.append(splitfed)
-    from edgeagent.ops.report.allreduce_plot import plot_allreduce  # allreduce runs' Figs. 14-17
-
     allreduce = plot_allreduce(report, json_path)
     if allreduce is not None:
         written.append(allreduce)

@@ -2,7 +2,7 @@
 
 One group of bars per epoch: the server and every device, each bar its compute seconds with its idle
 seconds stacked on top, labelled with the device's (P, N); a device left out of an epoch's FedAvg is
-marked. Drawn in the style of :mod:`.plots` (matplotlib's object API, Agg, imported only when drawing).
+marked. Drawn in the style of :mod:`.style` (matplotlib's object API, Agg, imported only when drawing).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeagent.ops.report.parse import _num
-from edgeagent.ops.report.plots import (
+from edgeagent.ops.report.style import (
     DEVICE_COLORS,
     RECOVERY_COLOR,
     _figure,

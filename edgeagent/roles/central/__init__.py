@@ -2,7 +2,7 @@
 parts, each a class in a chain over the run context (:mod:`.context`): checkpoint -> handlers -> setup ->
 planning -> liveness -> switching -> evaluation -> recovery -> trainer (:class:`PipelineRun`)."""
 
-from edgeagent.roles.central.checkpoint import load_checkpoint
+from edgeagent.roles.central.checkpoint_file import load_checkpoint
 from edgeagent.roles.central.context import Fault, Plan
 from edgeagent.roles.central.node import Central, ProgressHook
 from edgeagent.roles.central.report import RunReport

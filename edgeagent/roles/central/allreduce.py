@@ -39,12 +39,12 @@ from edgeagent.allreduce.links import FailedLinks
 from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import shard, steps_per_epoch
 from edgeagent.errors import TrainingError
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.planner.deadlines import silence
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message, Ready
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.checkpoint import resume_of, save_model
+from edgeagent.roles.central.checkpoint_file import resume_of, save_model
 from edgeagent.roles.central.report import RunReport
 from edgeagent.runtime.role import Inbound
 

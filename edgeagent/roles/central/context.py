@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from edgeagent.compression.stage import StageCodecs
 from edgeagent.config import CentralConfig, parse_slowdown_change
 from edgeagent.data import Dataset, batches_per_epoch
 from edgeagent.models import ModelSpec, build_model
-from edgeagent.pipeline.build import TrainOptions, build_stage
+from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.runner import STAGE_TIME_WINDOW, StageRunner
 from edgeagent.pipeline.stage import Stage
@@ -45,32 +44,20 @@ from edgeagent.protocol.messages import (
     Ready,
     Weights,
 )
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family
 from edgeagent.replication.store import WeightStore
 from edgeagent.replication.switch import Switch
 from edgeagent.roles.central.report import RunReport
 
 if TYPE_CHECKING:
-    from edgeagent.roles.central.node import Central
+    from edgeagent.roles.central.node import Central, DeviceState
 
 log = logging.getLogger("edgeagent.roles.central")
 # Gradients whose stage times the drift check takes the median of: each time is already a mean over
 # STAGE_TIME_WINDOW batches, so one slow batch (a collection, an evaluation beside it) lifts that many
 # consecutive times; over three windows' worth the median is the stage's steady time.
 DRIFT_HISTORY = 3 * STAGE_TIME_WINDOW
-
-
-@dataclass
-class DeviceState:
-    """What the central node knows of one worker: liveness (stamped on the network thread) and what it
-    announced (emulated slowdown, memory limit)."""
-
-    device_id: str
-    last_heartbeat: float
-    slowdown: float = 1.0
-    memory_limit: float = 0.0
-    online: bool = True
-    heartbeat_interval: float = 0.0  # the device's own, as its heartbeats say (0: none seen yet)
 
 
 @dataclass(frozen=True)
@@ -90,10 +77,6 @@ class Plan:
     reason: str
     workers: list[str]
     groups: Groups | None = None  # hybrid stages: every stage's devices (primaries are ``workers``)
-
-
-def new_run_id() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 @dataclass

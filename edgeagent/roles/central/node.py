@@ -16,8 +16,10 @@ import logging
 import os
 import signal
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,8 +52,7 @@ from edgeagent.protocol.identity import HasPlan
 from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import Announce, Discover, Event, Heartbeat, Message, Status
 from edgeagent.protocol.topics import Family, Topics
-from edgeagent.roles.central.checkpoint import checkpoint_version, load_checkpoint
-from edgeagent.roles.central.context import DeviceState, new_run_id
+from edgeagent.roles.central.checkpoint_file import checkpoint_version, load_checkpoint
 from edgeagent.roles.central.report import RunReport
 from edgeagent.roles.central.runs import RunDirectory, RunOutcome, RunRecord, settings_digest
 from edgeagent.runtime.compute import configure_threads
@@ -68,6 +69,23 @@ ProgressHook = Callable[[dict[str, Any]], None]
 def _where(transport: Transport) -> str:
     url = getattr(transport, "url", None)
     return url.redacted() if url is not None and hasattr(url, "redacted") else str(url or "?")
+
+
+@dataclass
+class DeviceState:
+    """What the central node knows of one worker: liveness (stamped on the network thread) and what it
+    announced (emulated slowdown, memory limit)."""
+
+    device_id: str
+    last_heartbeat: float
+    slowdown: float = 1.0
+    memory_limit: float = 0.0
+    online: bool = True
+    heartbeat_interval: float = 0.0  # the device's own, as its heartbeats say (0: none seen yet)
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 def load_run(config: CentralConfig, *, quiet: bool = False) -> tuple[Dataset, ModelSpec, TrainingMode]:

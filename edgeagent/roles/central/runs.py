@@ -193,7 +193,7 @@ class RunDirectory:
         if newest is not None and version <= newest:
             log.info("checkpoint of version %d not written: run %s has version %d", version, run_id, newest)
             return None
-        from edgeagent.roles.central.checkpoint import save_checkpoint  # torch
+        from edgeagent.roles.central.checkpoint_file import save_checkpoint  # torch
 
         folder = self.run_folder(run_id)
         try:
@@ -236,7 +236,7 @@ class RunDirectory:
                 self.run_folder(record.run_id),
             )
             return None
-        from edgeagent.roles.central.checkpoint import load_checkpoint  # torch
+        from edgeagent.roles.central.checkpoint_file import load_checkpoint  # torch
 
         for _, path in reversed(self.checkpoints(record.run_id)):
             try:

@@ -15,8 +15,9 @@ from edgeagent.planner.dp import Link
 from edgeagent.protocol.commands import MeasureLink
 from edgeagent.protocol.messages import Assign
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.context import DeviceState, Fault
+from edgeagent.roles.central.context import Fault
 from edgeagent.roles.central.handlers import Handlers
+from edgeagent.roles.central.node import DeviceState
 
 log = logging.getLogger("edgeagent.roles.central")
 

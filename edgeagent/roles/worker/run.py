@@ -15,12 +15,12 @@ import torch
 
 from edgeagent.compression.stage import StageCodecs
 from edgeagent.models import ModelSpec
-from edgeagent.pipeline.build import TrainOptions
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
 from edgeagent.pipeline.stage import Stage
 from edgeagent.protocol.limits import TensorMeta
 from edgeagent.protocol.messages import Activation, Gradient
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.replication.switch import Switch
 
 

@@ -33,11 +33,10 @@ from edgeagent.compression.stage import StageCodecs, restore
 from edgeagent.data import batch_indices
 from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, TrainingError
 from edgeagent.models import ModelSpec, build_layers, num_layers
-from edgeagent.modes.fedavg import state_checksum
 from edgeagent.pipeline.sgd import SGD
-from edgeagent.pipeline.stage import TrainOptions
 from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.messages import Message, Status
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,
@@ -47,6 +46,7 @@ from edgeagent.protocol.splitfed_messages import (
 )
 from edgeagent.protocol.topics import Family
 from edgeagent.runtime.compute import Clock, emulate_slowdown, step_clock
+from edgeagent.splitfed.fedavg import state_checksum
 from edgeagent.splitfed.profile import profile_layers
 
 if TYPE_CHECKING:
