@@ -74,7 +74,9 @@ def test_the_worker_dependencies_resolve_to_aarch64_wheels() -> None:
     assert done.returncode == 0, f"no aarch64 resolution for {requirements}:\n{done.stderr[-3000:]}"
     report = json.loads(done.stdout)
     installs = report["install"]
-    files = {canonicalize_name(item["metadata"]["name"]): item["download_info"]["url"] for item in installs}
+    files: dict[str, str] = {
+        canonicalize_name(item["metadata"]["name"]): item["download_info"]["url"] for item in installs
+    }
     names = {canonicalize_name(Requirement(r).name) for r in requirements}
     assert names <= set(files), f"not in the resolution: {sorted(names - set(files))}"
     for name, url in files.items():
