@@ -231,11 +231,11 @@ def pipeline(
     report = json.loads(out.read_text())
     per_worker = {}
     for name, log in logs.items():
-        found = FINISHED.findall(log.read_text())
+        found = FINISHED.findall(log.read_text())  # one line per stage the worker held (a re-split: new)
         if found:
-            batches, _, compute = found[-1]
-            per_worker[name] = {"batches": int(batches), "compute_s": float(compute),
-                                "ms_per_batch": 1e3 * float(compute) / max(1, int(batches))}  # fmt: skip
+            batches, compute = sum(int(f[0]) for f in found), sum(float(f[2]) for f in found)
+            per_worker[name] = {"batches": batches, "compute_s": compute,
+                                "ms_per_batch": 1e3 * compute / max(1, batches)}  # fmt: skip
     return {"ok": True, "wall_s": round(wall, 1), "accuracy": report["final_accuracy"],
             "accuracy_per_epoch": report["test_accuracy_per_epoch"], "batches": report["batches"],
             "samples_per_second": report["samples_per_second"],
