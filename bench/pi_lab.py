@@ -86,7 +86,7 @@ from edgeagent.broker.credentials import CredentialStore
 from edgeagent.cli.demo import throwaway_logins, tls_files, worker_command
 from edgeagent.config import TrainConfig
 from edgeagent.errors import ProtocolError
-from edgeagent.ops.cgroups import CPU_ROOT, joined, make_cgroup, remove_cgroups
+from edgeagent.ops.cgroups import CPU_ROOT, cgroup_problem, joined, make_cgroup, remove_cgroups
 from edgeagent.protocol.messages import Event, Metrics
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode
@@ -824,8 +824,9 @@ def main() -> int:
     args = parse_args()
     if os.geteuid() != 0:
         raise SystemExit("the Pi lab creates namespaces and cgroups: run it as root (sudo make pi-lab)")
-    if not (CPU_ROOT / "cpu.cfs_quota_us").is_file():
-        raise SystemExit(f"no cgroup v1 cpu controller at {CPU_ROOT}: the quotas need one")
+    problem = cgroup_problem()
+    if problem is not None:
+        raise SystemExit(f"the quotas need {problem}")
     plan = Plan.from_args(args)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)

@@ -76,7 +76,7 @@ def worker_command(
     return [*cmd, "--once"] if once else cmd
 
 
-CPU_HINT = "--worker-cpu needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu"
+CPU_HINT = f"--worker-cpu needs root and a cgroup cpu controller (v1 or v2) at {CPU_ROOT}"
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 
 

@@ -1,4 +1,10 @@
-"""CPU quotas for local processes: cgroup v1 ``cpu`` groups with a CFS quota (root only).
+"""CPU quotas for local processes: ``cpu`` cgroups with a CFS quota (root only), cgroup v1 or v2.
+
+Where the unified hierarchy (cgroup v2: Raspberry Pi OS, Debian 11 and later on a host) is mounted at
+/sys/fs/cgroup with the ``cpu`` controller, a group is a child directory of it whose ``cpu.max`` holds
+"quota period", and every group above it enables ``cpu`` for its children (``+cpu`` in
+``cgroup.subtree_control``). Else the cgroup v1 ``cpu`` controller at /sys/fs/cgroup/cpu
+(``cpu.cfs_quota_us``, ``cpu.cfs_period_us``), as on the machines the quotas were first measured on.
 
 A process runs under a quota from its first instruction: a shell joins the group and then execs the
 command (:func:`joined`), so nothing runs outside it. ``edgeagent demo --worker-cpu`` and the Pi lab
@@ -15,7 +21,30 @@ import signal
 import time
 from pathlib import Path
 
-CPU_ROOT = Path("/sys/fs/cgroup/cpu")  # cgroup v1, cpu controller
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+V1_CPU_ROOT = CGROUP_MOUNT / "cpu"  # cgroup v1, cpu controller
+
+
+def cgroup_version(root: Path) -> int | None:
+    """1 for a cgroup v1 ``cpu`` group at ``root``, 2 for a cgroup v2 group, None for neither."""
+    if (root / "cpu.cfs_quota_us").is_file():
+        return 1
+    if (root / "cgroup.controllers").is_file():
+        return 2
+    return None
+
+
+def cpu_root(mount: Path = CGROUP_MOUNT) -> Path:
+    """Where the cpu groups go: the v2 hierarchy at ``mount`` when it offers ``cpu``, else v1's."""
+    try:
+        if "cpu" in (mount / "cgroup.controllers").read_text().split():
+            return mount
+    except OSError:
+        pass
+    return mount / "cpu"
+
+
+CPU_ROOT = cpu_root()
 # A 10 ms period, not the kernel's default 100 ms: a step of a few ms then sees a steadily slower CPU,
 # as on a slower device, instead of full speed until the period's quota is spent and then a long stall
 # (which makes a 0.2 s timing window land on 2 periods and vary by a whole burst).
@@ -32,13 +61,24 @@ JOIN = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
 
 
 def cgroup_problem(root: Path = CPU_ROOT) -> str | None:
-    """Why CPU quotas cannot be set here (not root, no cgroup v1 cpu controller at ``root``), or None."""
+    """Why CPU quotas cannot be set here (not root, neither a cgroup v1 cpu controller nor a cgroup v2
+    hierarchy offering ``cpu`` at ``root``), or None."""
     missing = []
     if os.geteuid() != 0:
         missing.append("root")
-    if not (root / "cpu.cfs_quota_us").is_file():
-        missing.append(f"the cgroup v1 cpu controller at {root}")
+    version = cgroup_version(root)
+    if version is None:
+        missing.append(f"the cgroup v1 cpu controller or a cgroup v2 hierarchy at {root}")
+    elif version == 2 and "cpu" not in _words(root / "cgroup.controllers"):
+        missing.append(f"the cpu controller in {root}/cgroup.controllers (cgroup v2)")
     return " and ".join(missing) or None
+
+
+def _words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []
 
 
 def bandwidth_slice_us(path: Path = SLICE_FILE) -> int:
@@ -58,9 +98,48 @@ def cfs_period_us(share: float, slice_us: int | None = None) -> int:
     return CFS_PERIOD_US * max(1, math.ceil(least / (share * CFS_PERIOD_US) - 1e-9))
 
 
+def _hierarchy_version(path: Path) -> int:
+    """The cgroup version of the hierarchy ``path`` is (or will be) in: that of its nearest ancestor that
+    says (v1 when none does)."""
+    for place in (path, *path.parents):
+        version = cgroup_version(place)
+        if version is not None:
+            return version
+    return 1
+
+
+def _enable_cpu_above(path: Path) -> None:
+    """cgroup v2: ``cpu`` enabled in ``cgroup.subtree_control`` of every group above ``path``, from the
+    hierarchy's root (the topmost directory with ``cgroup.controllers``) down, the missing ones made on
+    the way: a child gets only the controllers its parent enables. Such a parent must hold no processes
+    of its own, which the groups made here never do; the kernel refuses (EBUSY) where one does, e.g. a
+    container's root group."""
+    above = list(path.parents)  # nearest first
+    top = max((i for i, place in enumerate(above) if (place / "cgroup.controllers").is_file()), default=-1)
+    for place in reversed(above[: top + 1]):
+        place.mkdir(exist_ok=True)
+        control = place / "cgroup.subtree_control"
+        if "cpu" in _words(control):
+            continue
+        try:
+            control.write_text("+cpu")
+        except OSError as exc:
+            reason = f"cannot enable the cpu controller in {control} ({exc.strerror})"
+            raise OSError(exc.errno, reason) from exc
+
+
 def make_cgroup(path: Path, share: float | None) -> Path:
     """A cpu cgroup whose processes get at most ``share`` of one core (None or 0: no quota), over the
-    period :func:`cfs_period_us` chooses."""
+    period :func:`cfs_period_us` chooses; in cgroup v1 or v2, whichever hierarchy ``path`` is in."""
+    if _hierarchy_version(path.parent) == 2:
+        _enable_cpu_above(path)
+        path.mkdir(exist_ok=True)
+        if not share:
+            (path / "cpu.max").write_text(f"max {CFS_PERIOD_US}")
+        else:
+            period = cfs_period_us(share)
+            (path / "cpu.max").write_text(f"{max(MIN_QUOTA_US, round(share * period))} {period}")
+        return path
     path.mkdir(parents=True, exist_ok=True)
     if not share:
         (path / "cpu.cfs_quota_us").write_text("-1")
@@ -108,13 +187,17 @@ def remove_cgroups(path: Path, timeout: float = 10.0) -> list[int]:
 
 __all__ = [
     "CFS_PERIOD_US",
+    "CGROUP_MOUNT",
     "CPU_ROOT",
     "JOIN",
     "MIN_QUOTA_US",
+    "V1_CPU_ROOT",
     "bandwidth_slice_us",
     "cfs_period_us",
     "cgroup_pids",
     "cgroup_problem",
+    "cgroup_version",
+    "cpu_root",
     "joined",
     "make_cgroup",
     "remove_cgroups",

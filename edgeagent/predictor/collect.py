@@ -77,8 +77,8 @@ from edgeagent.predictor.submodels import REPRESENTATIVES, all_ranges
 
 log = logging.getLogger(__name__)
 
-CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
-GROUP_ROOT = CGROUP_V1_CPU / "edgeagent-predictor"
+CGROUP_V1_CPU = cgroups.V1_CPU_ROOT  # the name stays; the quotas go where cgroups.CPU_ROOT says (v1 or v2)
+GROUP_ROOT = cgroups.CPU_ROOT / "edgeagent-predictor"
 H_BUDGET = 600.0  # seconds the child may spend on h (characterise's bound); collection is not bounded
 # ROUNDS (in .defaults, for the CLI's help): windows per sub-model, of at least WINDOW s each.
 WINDOW = 0.25
@@ -200,7 +200,7 @@ def write_json_atomic(path: Path, text: str) -> None:
 
 def cgroup_problem() -> str | None:
     """Why configurations with a CPU quota cannot run here, or None when they can."""
-    missing = cgroups.cgroup_problem(CGROUP_V1_CPU)
+    missing = cgroups.cgroup_problem(cgroups.CPU_ROOT)
     return None if missing is None else f"CPU quotas need {missing}"
 
 
@@ -343,7 +343,8 @@ def _provenance(
         "reps": timing.reps,
         "configs": len(configs),
         "config_names": [c.name for c in configs],
-        "cgroups": cgroup_problem() or f"cgroup v1 cpu, groups under {GROUP_ROOT}",
+        "cgroups": cgroup_problem()
+        or f"cgroup v{cgroups.cgroup_version(cgroups.CPU_ROOT)} cpu, groups under {GROUP_ROOT}",
         "skipped": dict(summary.skipped),
         "failed": dict(summary.failed),
     }

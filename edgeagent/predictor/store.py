@@ -120,6 +120,18 @@ def shipped_path(model: ModelSpec) -> Path:
     return WEIGHTS_DIR / f"{model_key(model)}.pt"
 
 
+def shipped_provenance(model: ModelSpec) -> dict[str, Any] | None:
+    """The provenance recorded in the predictor that ships for ``model`` (None: none ships, or it cannot
+    be read; :func:`shipped` says why when a run loads it)."""
+    path = shipped_path(model)
+    try:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError):
+        return None
+    provenance = payload.get("provenance") if isinstance(payload, dict) else None
+    return dict(provenance) if isinstance(provenance, dict) else None
+
+
 def shipped(model: ModelSpec) -> LatencyPredictor | None:
     """The predictor that ships for ``model`` (None if there is none)."""
     path = shipped_path(model)
@@ -129,4 +141,14 @@ def shipped(model: ModelSpec) -> LatencyPredictor | None:
     return predictor
 
 
-__all__ = ["FORMAT", "WEIGHTS_DIR", "load", "record_h", "samples_of", "save", "shipped", "shipped_path"]
+__all__ = [
+    "FORMAT",
+    "WEIGHTS_DIR",
+    "load",
+    "record_h",
+    "samples_of",
+    "save",
+    "shipped",
+    "shipped_path",
+    "shipped_provenance",
+]

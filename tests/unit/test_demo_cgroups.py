@@ -1,5 +1,5 @@
 """``edgeagent demo --worker-cpu / --worker-threads``: parsing and validation (pure), the cgroup checks,
-and one real worker under a 50% quota (root and cgroup v1 only)."""
+and one real worker under a 50% quota (root and a cgroup cpu controller only)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ def test_cgroup_paths_and_join() -> None:
 
 def test_missing_cgroups_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No cpu controller at the root given: the message names it.
-    with pytest.raises(ConfigError, match=f"missing here: the cgroup v1 cpu controller at {tmp_path}"):
+    missing = f"missing here: the cgroup v1 cpu controller or a cgroup v2 hierarchy at {tmp_path}"
+    with pytest.raises(ConfigError, match=missing):
         check_cgroups(tmp_path)
     (tmp_path / "cpu.cfs_quota_us").write_text("-1\n")
     monkeypatch.setattr(cgroups.os, "geteuid", lambda: 1000)
@@ -120,7 +121,7 @@ def test_run_demo_and_cli_refuse_before_starting(monkeypatch: pytest.MonkeyPatch
         run_demo(config, workers=2, slowdowns=[], broker=None, worker_cpu=[100.0, 30.0])
     result = CliRunner().invoke(main, ["demo", "--no-progress", "--worker-cpu", "100,30"])
     assert result.exit_code == 2
-    assert "--worker-cpu needs root and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu" in result.output
+    assert f"--worker-cpu needs root and a cgroup cpu controller (v1 or v2) at {CPU_ROOT}" in result.output
     result = CliRunner().invoke(main, ["demo", "--no-progress", "--worker-threads", "1,2,3"])
     assert result.exit_code == 2 and "needs 1 value or 2" in result.output
 

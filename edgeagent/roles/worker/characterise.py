@@ -19,7 +19,10 @@ import torch
 from edgeagent.config import CHARACTERISE_ROUNDS
 from edgeagent.errors import ConfigError
 from edgeagent.models import ModelSpec
+from edgeagent.predictor.kinds import cpu_kind, unlearned_kind_warning
+from edgeagent.predictor.machine import cpu_model
 from edgeagent.predictor.measure import Characterisation, ModelLayers, characterise, model_key
+from edgeagent.predictor.store import shipped_provenance
 from edgeagent.predictor.submodels import REPRESENTATIVES
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ class Characteriser:
         self.cache: dict[Key, Characterisation] = {}
         self._last: tuple[str, int] | None = None  # (model_key, batch size) of the last h measured
         self._failed: set[str] = set()  # model requests that did not build (logged once each)
+        self._kinds_checked: set[str] = set()  # model keys whose predictor's CPU kinds were compared
 
     def lookup(self, model: Mapping[str, Any], batch_size: int, slowdown: float) -> Characterisation | None:
         """The cached ``h`` of this model at this batch size and slowdown, if any (never measures)."""
@@ -94,10 +98,33 @@ class Characteriser:
             log.log(level, "%s: %s", self.device_id, reason)
             raise ConfigError(reason) from exc
         self._failed.discard(request)
+        self._warn_on_unlearned_kind(spec, key[0])
         self.cache[key] = measured
         self._last = key[:2]
         log.info("%s", describe(self.device_id, spec.name, measured))
         return measured
+
+
+    def _warn_on_unlearned_kind(self, spec: ModelSpec, key: str) -> None:
+        """Once per model: warn when the shipped predictor never saw this device's CPU kind (an ARM Pi
+        against the x86 data it ships with). Here, not on the central node: only the device knows its
+        CPU, and this ``h`` is measured only for a run with ``--estimator predictor``."""
+        if key in self._kinds_checked:
+            return
+        self._kinds_checked.add(key)
+        provenance = shipped_provenance(spec)
+        if provenance is None:
+            return  # no predictor for this model: the central node says so and plans by capacity
+        warning = unlearned_kind_warning(
+            provenance,
+            model=spec.name,
+            in_shape=spec.in_shape,
+            classes=spec.num_classes,
+            kind=cpu_kind(),
+            cpu=cpu_model(),
+        )
+        if warning:
+            log.warning("%s: %s", self.device_id, warning)
 
 
 def describe(device_id: str, model_name: str, h: Characterisation) -> str:
