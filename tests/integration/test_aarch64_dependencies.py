@@ -85,3 +85,6 @@ def test_the_worker_dependencies_resolve_to_aarch64_wheels() -> None:
         tags = wheel[: -len(".whl")].split("-")[-1]
         assert tags == "any" or "aarch64" in tags, f"{name}: {wheel} is not for aarch64"
     assert "aarch64" in files["torch"], files["torch"]
+    # What only the central node and the broker use stays out of a Pi's install.
+    heavy = {"scikit-learn", "scipy", "matplotlib", "amqtt"} & set(files)
+    assert not heavy, f"a worker's install pulls {sorted(heavy)}"
