@@ -50,7 +50,7 @@ class HealthReader:
 
     def read(self) -> dict[str, Any]:
         """Every field this board has: ``cpu_temp_c``, ``cpu_freq_mhz``, ``throttled_raw`` and
-        ``throttling`` (:func:`throttle_flags`), ``rss_mb``, ``mem_available_mb``, ``mem_total_mb``."""
+        ``throttling`` (:func:`throttle_flags`), ``rss_mib``, ``mem_available_mib``, ``mem_total_mib``."""
         out: dict[str, Any] = {}
         temp = self.cpu_temperature()
         if temp is not None:
@@ -64,8 +64,8 @@ class HealthReader:
             out["throttling"] = throttle_flags(raw)
         rss = _status_kb(self.root / "proc/self/status", "VmRSS")
         if rss is not None:
-            out["rss_mb"] = round(rss / 1024, 1)
-        for key, field in (("mem_available_mb", "MemAvailable"), ("mem_total_mb", "MemTotal")):
+            out["rss_mib"] = round(rss / 1024, 1)
+        for key, field in (("mem_available_mib", "MemAvailable"), ("mem_total_mib", "MemTotal")):
             kb = _status_kb(self.root / "proc/meminfo", field)
             if kb is not None:
                 out[key] = round(kb / 1024, 1)

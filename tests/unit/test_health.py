@@ -41,9 +41,9 @@ def test_a_pi_shows_temperature_throttling_and_memory(tmp_path: Path) -> None:
             "throttled_occurred": True,
             "soft_temperature_limit_occurred": False,
         },
-        "rss_mb": 200.0,
-        "mem_available_mb": 512.0,
-        "mem_total_mb": 927.0,
+        "rss_mib": 200.0,
+        "mem_available_mib": 512.0,
+        "mem_total_mib": 927.0,
     }
 
 
@@ -55,7 +55,7 @@ def test_fields_the_board_lacks_are_left_out(tmp_path: Path) -> None:
     _write(tmp_path, "sys/class/thermal/thermal_zone2/temp", "garbage\n")
     _write(tmp_path, "sys/devices/platform/soc/soc:firmware/get_throttled", "not hex\n")
     _write(tmp_path, "proc/meminfo", "MemTotal: 1024 kB\n")
-    assert HealthReader(tmp_path, vcgencmd=None).read() == {"cpu_temp_c": 45.5, "mem_total_mb": 1.0}
+    assert HealthReader(tmp_path, vcgencmd=None).read() == {"cpu_temp_c": 45.5, "mem_total_mib": 1.0}
 
 
 def test_vcgencmd_is_the_fallback_for_throttling(tmp_path: Path) -> None:
@@ -70,4 +70,4 @@ def test_vcgencmd_is_the_fallback_for_throttling(tmp_path: Path) -> None:
 
 def test_this_machine_has_at_least_its_memory() -> None:
     health = read_health()
-    assert health["rss_mb"] > 0 and health["mem_available_mb"] > 0
+    assert health["rss_mib"] > 0 and health["mem_available_mib"] > 0
