@@ -16,6 +16,7 @@ beside it); :func:`load_model` reads those too, with ``weights_only=True``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import pickle  # only for its exception: torch.load(weights_only=True) raises it
@@ -39,11 +40,9 @@ LEGACY_SUFFIXES = (".pt", ".pth")
 
 def model_card(spec: ModelSpec, *, run_id: str, dataset: str = "", **training: Any) -> dict[str, Any]:
     """The metadata saved with a model: what it is, what it takes and gives, and which run trained it."""
-    from edgeagent import __version__
-
     return {
         "format": CARD_FORMAT,
-        "edgeagent": __version__,
+        "edgeagent": _version(),
         "run_id": run_id,
         "model": spec.to_dict(),
         "input_shape": list(spec.in_shape),
@@ -51,6 +50,15 @@ def model_card(spec: ModelSpec, *, run_id: str, dataset: str = "", **training: A
         "dataset": dataset,
         "training": training,
     }
+
+
+def _version() -> str:
+    # Not edgeagent.__version__: the package's __init__ imports this module (load_model) lazily, and an
+    # import back up to it would be an arrow against the layers.
+    try:
+        return importlib.metadata.version("edgeagent")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def card_path(path: str | Path) -> Path:
