@@ -151,6 +151,8 @@ class CentralConfig(BrokerAccess):
     # Home Assistant MQTT discovery of every device's training status (off by default).
     home_assistant: bool = False
     home_assistant_prefix: str = "homeassistant"
+    # Prometheus: serve every device's last metrics on http://<host>:<port>/metrics (off by default).
+    prometheus_port: int | None = Field(None, ge=1, le=65535, description="Prometheus endpoint; none: off")
     startup_timeout: float = Field(60.0, gt=0)
     # Deadlines (Sec. III-F's batch timer, the evaluation, the probe after a fault) are derived from what
     # was measured: the predicted time of the work outstanding times ``timeout_multiplier``, never less

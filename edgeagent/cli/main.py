@@ -91,6 +91,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predictor": ("edgeagent.cli.predictor", "predictor"),
     "install-service": ("edgeagent.cli.deploy", "install_service"),
     "bundle": ("edgeagent.cli.deploy", "bundle"),
+    "report": ("edgeagent.cli.report", "report"),
 }
 
 

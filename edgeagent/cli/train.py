@@ -293,6 +293,11 @@ def train_options(f: F) -> F:
             default=None,
             help="Publish Home Assistant MQTT discovery for every device (off by default).",
         ),
+        click.option(
+            "--prometheus-port",
+            type=click.IntRange(1, 65535),
+            help="Serve every device's metrics for Prometheus on this port (/metrics; off by default).",
+        ),
         click.option("--log-level", default="INFO", show_default=True),
     ]
     for option in reversed(options):
@@ -320,6 +325,7 @@ _TRAIN_KEYS = (
 )
 _CENTRAL_KEYS = (
     "home_assistant",
+    "prometheus_port",
     "compression",
     "recovery",
     "chain_every",

@@ -29,6 +29,7 @@ from edgeagent.protocol.messages import Heartbeat, Message, Metrics, Status, Sta
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.runtime.compute import TimeAccount
+from edgeagent.runtime.health import read_health
 from edgeagent.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -360,6 +361,8 @@ class Role:
         values = self._metrics_snapshot()
         if values is None or not self.transport.connected:
             return
+        # Every device's health rides along (absent fields: the board does not expose them).
+        values = {**values, "health": read_health()}
         msg = Metrics(device_id=self.device_id, values=values, run_id=self._status.run_id)
         try:
             self.send(self.topics.device(Family.METRICS, self.device_id), msg, qos=0)

@@ -19,7 +19,7 @@ from edgeagent.broker import EmbeddedBroker
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.cli.demo import run_demo, throwaway_logins
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.ops.homeassistant import SENSORS
+from edgeagent.ops.homeassistant import sensors_of
 from edgeagent.transport.mqtt import MqttTransport
 from tests.conftest import MosquittoProcess
 
@@ -81,11 +81,11 @@ def test_discovery_reaches_home_assistant_through_the_acl(
         run_demo(config, workers=2, slowdowns=[], broker=secured_url, show_progress=False, logins=logins)
     finally:
         hass.close()
-    node = f"homeassistant/sensor/edgeagent_{cluster}"
+    node = f"edgeagent_{cluster}"
     expected = {
-        f"{node}/edgeagent_{cluster}_{device.replace('-', '_')}_{key}/config"
+        f"homeassistant/{s.component}/{node}/{node}_{device.replace('-', '_')}_{s.key}/config"
         for device in DEVICES
-        for key, *_ in SENSORS
+        for s in sensors_of(central=device == "central")
     }
     assert set(found) == expected
     for discovery in found.values():

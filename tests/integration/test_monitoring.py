@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
+from typing import Any
 
+import jinja2
 import pytest
 
 from edgeagent.cli.demo import run_demo
@@ -81,15 +83,24 @@ def test_heartbeats_metrics_and_status_of_every_device_are_readable(broker_url: 
 
 
 def test_home_assistant_discovery_when_asked(amqtt_url: str, cluster: str) -> None:
-    found: dict[str, dict[str, object]] = {}
+    """Home Assistant's view of a real run: every discovery config, and its template rendered (Jinja2, as
+    Home Assistant does) against the last message on its state topic."""
+    configs: dict[str, dict[str, Any]] = {}
+    last: dict[str, dict[str, Any]] = {}
     lock = threading.Lock()
 
-    def on_message(topic: str, payload: bytes) -> None:
+    def on_config(topic: str, payload: bytes) -> None:
         with lock:
-            found[topic] = json.loads(payload)
+            configs[topic] = json.loads(payload)
+
+    def on_state(topic: str, payload: bytes) -> None:
+        with lock:
+            last[topic] = json.loads(payload)
 
     ha = MqttTransport(amqtt_url, f"ha-{cluster}")
-    ha.subscribe("homeassistant/sensor/+/+/config", on_message)
+    ha.subscribe("homeassistant/+/+/+/config", on_config)  # what Home Assistant subscribes to
+    ha.subscribe(Topics(cluster).devices(Family.METRICS), on_state)
+    ha.subscribe(Topics(cluster).devices(Family.STATUS), on_state)
     try:
         assert ha.wait_connected(10)
         config = CentralConfig(
@@ -98,8 +109,20 @@ def test_home_assistant_discovery_when_asked(amqtt_url: str, cluster: str) -> No
         run_demo(config, workers=2, slowdowns=[], broker=amqtt_url, show_progress=False)
     finally:
         ha.close()
+    node = f"edgeagent_{cluster}"
+    shown: dict[tuple[str, str], str] = {}
+    for topic, discovery in configs.items():
+        if f"/{node}/" not in topic:
+            continue  # another test's cluster
+        device = discovery["unique_id"].removeprefix(f"{node}_")
+        body = last[discovery["state_topic"]]
+        value = jinja2.Environment().from_string(discovery["value_template"]).render(value_json=body)
+        shown[device, discovery["name"]] = value
     for device in ("central", "worker_1", "worker_2"):
-        node = f"edgeagent_{cluster}"
-        state = found.get(f"homeassistant/sensor/{node}/{node}_{device}_state/config")
-        assert state is not None, sorted(found)
-        assert str(state["state_topic"]).startswith(f"edgeagent/v1/{cluster}/device/")
+        assert (f"{device}_state", "Training state") in shown, sorted(shown)
+        assert float(shown[f"{device}_batches", "Batches"]) > 0
+        assert float(shown[f"{device}_memory_used", "Memory used"]) > 0  # every Linux has /proc
+    assert 0 < float(shown["central_loss", "Loss"]) < 10
+    assert 0 < float(shown["central_accuracy", "Accuracy"]) <= 100
+    assert shown["central_epoch", "Epoch"] == "0"
+    assert ("worker_1_loss", "Loss") not in shown

@@ -130,7 +130,8 @@ class AllreduceRun:
         return dict(self.replica.collect_state())
 
     def save_model(self, path: str) -> bool:
-        return save_model(path, self.collect_weights(), "the global model")
+        weights, run_id = self.collect_weights(), self.central.run_id
+        return save_model(path, weights, "the global model", spec=self.spec, run_id=run_id, train=self.train)
 
     # -- the run --------------------------------------------------------------------------------
 

@@ -112,4 +112,5 @@ class Checkpoints(RunState):
         return state
 
     def save_model(self, path: str) -> bool:
-        return save_model(path, self.collect_weights(), f"{num_layers(self.spec)} layers")
+        weights, what = self.collect_weights(), f"{num_layers(self.spec)} layers"
+        return save_model(path, weights, what, spec=self.spec, run_id=self.run_id, train=self.train)

@@ -9,7 +9,11 @@ from typing import Any
 
 import torch
 
-from edgeagent.errors import StorageError, TrainingError
+from edgeagent import export
+from edgeagent.config import TrainConfig
+from edgeagent.errors import TrainingError
+from edgeagent.export import model_card
+from edgeagent.models import ModelSpec
 from edgeagent.ops.files import torch_bytes, write_atomic
 
 log = logging.getLogger("edgeagent.roles.central")
@@ -43,16 +47,21 @@ def save_checkpoint(path: str, state: dict[str, Any]) -> None:
     write_atomic(path, torch_bytes({"format": 1, **state}), what="checkpoint", mode=0o600)
 
 
-def save_model(path: str, state: dict[str, torch.Tensor], what: str) -> bool:
-    """Write the trained model (a state dict) to ``path`` atomically; a disk that refuses is logged as one
-    line naming the path, the size and the free space (False) and the run ends all the same."""
-    try:
-        write_atomic(path, torch_bytes(state), what="model")
-    except StorageError as exc:
-        log.error("%s", exc)
-        return False
-    log.info("saved the trained model (%s, %d tensors) to %s", what, len(state), path)
-    return True
+def save_model(
+    path: str, state: dict[str, torch.Tensor], what: str, *, spec: ModelSpec, run_id: str, train: TrainConfig
+) -> bool:
+    """Write the trained model to ``path`` with its card (:mod:`edgeagent.export`: safetensors, or a state
+    dict for ``.pt``); a disk that refuses is logged as one line and the run ends all the same (False)."""
+    card = model_card(
+        spec,
+        run_id=run_id,
+        dataset=train.dataset,
+        epochs=train.epochs,
+        batch_size=train.batch_size,
+        learning_rate=train.learning_rate,
+        seed=train.seed,
+    )
+    return export.save_model(path, state, card, what)
 
 
 def resume_of(state: dict[str, Any], mode: str, keys: tuple[str, ...]) -> dict[str, Any]:

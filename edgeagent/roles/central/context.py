@@ -269,6 +269,7 @@ class RunState:
         return {
             "stage": 0,
             "batches": done,
+            "epoch": min(self.train.epochs - 1, done // max(1, self.per_epoch)),  # in progress, from 0
             "samples_per_second": done * self.train.batch_size / max(1e-9, self.clock()),
             "compute_s": round(t["compute"], 3),
             "communication_s": round(t["communication"], 3),

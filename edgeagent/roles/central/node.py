@@ -20,7 +20,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +59,9 @@ from edgeagent.runtime.compute import configure_threads
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Inbound, Role
 from edgeagent.transport.base import Transport
+
+if TYPE_CHECKING:
+    from edgeagent.ops.prometheus import PrometheusEndpoint
 
 log = logging.getLogger("edgeagent.roles.central")
 _MAX_ANNOUNCED = 1024  # devices remembered from their announcements (the run's own are never dropped)
@@ -221,6 +224,7 @@ class Central(Role):
         self.notifier.ready(f"{self.device_id} running {self.run_id} on {self.topics.base}")
         interval = watchdog_interval()
         watchdog = Watchdog(self.notifier, self.healthy, interval).start() if interval else None
+        prometheus = self._serve_prometheus()
         outcome: RunOutcome = "running"  # an error leaves the run resumable: a restart goes on with it
         try:
             devices = [self.device_id, *self._discover(self.config.workers, spec)]
@@ -240,6 +244,15 @@ class Central(Role):
             if watchdog is not None:
                 watchdog.stop()
             self._finish(outcome)
+            if prometheus is not None:
+                prometheus.close()
+
+    def _serve_prometheus(self) -> PrometheusEndpoint | None:
+        if self.config.prometheus_port is None:
+            return None
+        from edgeagent.ops.prometheus import PrometheusEndpoint
+
+        return PrometheusEndpoint(self.transport, self.topics, self.config.prometheus_port)
 
     def _load(self) -> tuple[Dataset, ModelSpec]:
         """The data set and the model, checked against the number of devices before anything waits."""

@@ -202,7 +202,10 @@ class Setup(Handlers):
 
         for device in self.worker_list:
             for topic, payload in discovery_configs(
-                self.topics, device, prefix=self.config.home_assistant_prefix
+                self.topics,
+                device,
+                prefix=self.config.home_assistant_prefix,
+                central=device == self.worker_list[0],
             ).items():
                 self.node.transport.publish(topic, payload, retain=True)
         log.info("Home Assistant discovery published for %s", ", ".join(self.worker_list))
