@@ -96,7 +96,7 @@ def test_a_diverging_run_exits_with_one_line_saying_so(amqtt_url: str, cluster: 
             "-m",
             "edgeagent",
             "demo",
-            "--lr",
+            "--learning-rate",
             "1e9",
             "--epochs",
             "2",
