@@ -5,7 +5,7 @@
 What it builds, and removes again at exit, on Ctrl-C, and at the next start after a crashed run:
 
     root namespace                                 bridge eapl-br        namespace eapl-pi-N (each device)
-    edgeagent broker   10.213.0.1  (logins)  <-->  10.213.0.0/24  <-->   edgeagent worker --id pi-N
+    edgeagent broker   10.213.0.1  (logins)  <-->  10.213.0.0/24  <-->   edgeagent worker --device-id pi-N
     edgeagent central  (stage 0, the data)         veth + tc tbf         10.213.0.1N, CPU quota (cgroup v1)
 
 * **Links.** Every device's veth pair is rate-limited with ``tc tbf`` in both directions: what it sends

@@ -60,8 +60,8 @@ def worker_peaks(
     try:
         workers = [
             subprocess.Popen(
-                [worker_python, "-m", "edgeagent", "worker", "--id", f"worker-{i}", "--broker", broker.url,
-                 "--cluster", cluster, "--once"],
+                [worker_python, "-m", "edgeagent", "worker", "--device-id", f"worker-{i}",
+                 "--broker", broker.url, "--cluster", cluster, "--once"],
                 cwd=workdir,
                 stdout=subprocess.DEVNULL,
                 stderr=(workdir / f"worker-{i}.log").open("wb"),

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from edgeagent.errors import ConfigError
+from edgeagent.mode_names import DEFAULT_MODE, MODE_KEYS, ModeName, applies_to
 from edgeagent.pipeline.staleness import DEFAULT_STALENESS, Staleness
 
 # h and the tiles from the fastest of two windows, not one: the held-out sets' windows, used as a device's
@@ -112,8 +113,7 @@ class TrainConfig(_Frozen):
 
 
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
-# edgeagent.modes.MODES: the training modes
-TrainingModeName = Literal["pipeline", "hybrid", "split-federated", "allreduce"]
+TrainingModeName = ModeName  # declared once, in edgeagent.mode_names
 CollectiveName = Literal["ft-tree", "ft-tree-thesis", "tree", "ring", "ps-sync", "ps-async", "direct"]
 # Split-federated training: how each device's (split point, parallel mini-batches) is chosen, from the
 # profiled estimate (PiPar Sec. 3.3): ours (per device), paper (the paper's rule), common (the best one for
@@ -171,7 +171,7 @@ class CentralConfig(BrokerAccess):
     progress: bool = True
     # The training mode (edgeagent.modes): pipeline is FTPipeHD's asynchronous pipeline; hybrid lets several
     # devices hold one stage (data parallelism inside the pipeline), planned by planner.hybrid.
-    mode: TrainingModeName = "pipeline"
+    mode: TrainingModeName = DEFAULT_MODE
     # Split-federated (PiPar): the plan of every device's (P, N); explicit values override it for all.
     splitfed_plan: SplitFedPlan = "ours"
     split_point: int | None = Field(None, ge=1, description="split-federated: device layers [0, P)")
@@ -270,6 +270,18 @@ class CentralConfig(BrokerAccess):
         if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "false", "no"):
             return None
         return value
+
+    @model_validator(mode="after")
+    def _mode_keys(self) -> CentralConfig:
+        """A key only other modes read (:data:`~edgeagent.mode_names.MODE_KEYS`), set to anything but its
+        default, is refused: silently ignoring it would hide a mistake (a default changes nothing)."""
+        for key, modes in MODE_KEYS.items():
+            if self.mode in modes or key not in self.model_fields_set:
+                continue
+            default = type(self).model_fields[key].get_default(call_default_factory=True)
+            if getattr(self, key) != default:
+                raise ValueError(f"{key} applies to {applies_to(modes)} (mode is {self.mode})")
+        return self
 
     @model_validator(mode="wrap")
     @classmethod
@@ -465,8 +477,10 @@ M = TypeVar("M", bound=BaseModel)
 def _describe(error: ValidationError, source: str) -> str:
     lines = []
     for e in error.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
+        key = ".".join(str(p) for p in e["loc"])
+        if not key and e["type"] == "value_error":  # a rule over several keys: its message names them
+            lines.append(f"{source}: {str(e['msg']).removeprefix('Value error, ')}")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key {key!r}")
         else:
             lines.append(f"{source}: {key}: {e['msg']} (got {e.get('input')!r})")

@@ -43,6 +43,8 @@ from edgeagent.ops.logs import console
 from edgeagent.roles.central import Central, ProgressHook, RunReport
 from edgeagent.roles.central.node import load_run
 
+KEPT_ENV = ("EDGEAGENT_AUDIT_DIR", "EDGEAGENT_WORKER_LOG_LEVEL")
+
 log = logging.getLogger(__name__)
 
 
@@ -61,7 +63,7 @@ def worker_command(
         "-m",
         "edgeagent",
         "worker",
-        "--id",
+        "--device-id",
         device_id,
         "--broker",
         broker,
@@ -244,7 +246,10 @@ class LocalWorkers:
             check_cgroups(cpu_root)
             self.cgroups = cgroup_root(cluster, cpu_root)
         level = log_level or os.environ.get("EDGEAGENT_WORKER_LOG_LEVEL", "WARNING")
-        self.env = dict(os.environ, EDGEAGENT_LOG_LEVEL=level)
+        # The workers get every setting as a flag: the demo's own EDGEAGENT_<KEY> variables (its central
+        # node's options) are not theirs (EDGEAGENT_DATASET names the central node's data set).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEAGENT_") or k in KEPT_ENV}
+        self.env = dict(env, EDGEAGENT_LOG_LEVEL=level)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def cgroup(self, device: str) -> Path | None:

@@ -41,7 +41,10 @@ def ends_run(losses: list[float], num_classes: int) -> bool:
 
 def loss_not_finite(batch: int, loss: float, learning_rate: float) -> str:
     """The line that ends a run whose training loss of ``batch`` is not finite."""
-    return f"loss diverged at batch {batch}: the training loss is {loss}; lower --lr (now {learning_rate:g})"
+    return (
+        f"loss diverged at batch {batch}: the training loss is {loss}; "
+        f"lower --learning-rate (now {learning_rate:g})"
+    )
 
 
 def divergence(
@@ -63,7 +66,7 @@ def divergence(
         if not math.isfinite(mean_loss)
         else f"is {mean_loss:.2f}, above chance's {chance:.2f}"
     )
-    remedies = [f"lower --lr (now {learning_rate:g}; try {learning_rate / 2:g})"]
+    remedies = [f"lower --learning-rate (now {learning_rate:g}; try {learning_rate / 2:g})"]
     if in_flight > 1:
         if staleness in ("none", "aggregate"):
             remedies.append("compensate the pipeline's staleness (--staleness lookahead)")

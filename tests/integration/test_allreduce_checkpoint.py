@@ -39,7 +39,8 @@ def test_the_central_node_resumes_from_its_checkpoint_after_a_sigkill(
     folder, report_path, saved = tmp_path / "checkpoints", tmp_path / "report.json", tmp_path / "model.pt"
     flags = [
         "--broker", mosquitto_url, "--cluster", cluster, "--workers", "2", "--mode", "allreduce",
-        "--dataset", TRAIN.dataset, "--batch-size", str(TRAIN.batch_size), "--lr", str(TRAIN.learning_rate),
+        "--dataset", TRAIN.dataset, "--batch-size", str(TRAIN.batch_size),
+        "--learning-rate", str(TRAIN.learning_rate),
         "--model-option", f"hidden={HIDDEN}",
     ]  # fmt: skip
     central = [sys.executable, "-m", "edgeagent", "central", *flags]

@@ -266,7 +266,7 @@ def test_a_worker_refuses_to_send_its_password_in_clear_beyond_loopback(tmp_path
     password.write_text("secret\n")
     proc = run_cli(
         "worker",
-        "--id",
+        "--device-id",
         "pi-1",
         "--broker",
         "mqtt://192.0.2.10:1883",

@@ -88,7 +88,7 @@ def test_the_sync_schedule_equals_single_process_sgd(amqtt_url: str, cluster: st
 
 
 def test_a_diverging_run_exits_with_one_line_saying_so(amqtt_url: str, cluster: str) -> None:
-    """``--lr 1e9``: the first batch's loss is not finite; the run ends at once with exit 1 and one line
+    """``--learning-rate 1e9``: the first batch's loss is not finite; the run ends at once with exit 1 and one line
     naming the batch and what to change (no recovery loop)."""
     proc = subprocess.run(
         [
@@ -96,7 +96,7 @@ def test_a_diverging_run_exits_with_one_line_saying_so(amqtt_url: str, cluster: 
             "-m",
             "edgeagent",
             "demo",
-            "--lr",
+            "--learning-rate",
             "1e9",
             "--epochs",
             "2",
@@ -112,7 +112,7 @@ def test_a_diverging_run_exits_with_one_line_saying_so(amqtt_url: str, cluster: 
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "loss diverged at batch" in errors[0] and "lower --lr" in errors[0], errors
+    assert len(errors) == 1 and "loss diverged at batch" in errors[0] and "lower --learning-rate" in errors[0], errors
 
 
 def test_a_run_above_chance_is_told_and_a_warned_one_ends_with_its_report(
@@ -123,5 +123,5 @@ def test_a_run_above_chance_is_told_and_a_warned_one_ends_with_its_report(
     train = TrainConfig(epochs=2, learning_rate=0.5, staleness="none", divergence="warn")
     config = CentralConfig(cluster=cluster, train=train, progress=False)
     report = run_demo(config, workers=2, slowdowns=[], broker=amqtt_url, show_progress=False)
-    assert "loss diverged at" in report.diverged and "lower --lr" in report.diverged
+    assert "loss diverged at" in report.diverged and "lower --learning-rate" in report.diverged
     assert report.batches >= 1

@@ -183,7 +183,7 @@ def test_divergence_is_told_with_the_figures_and_ends_a_run_only_when_it_lasts()
         said is not None
         and "4.20" in said
         and f"{chance:.2f}" in said
-        and "--lr (now 0.05; try 0.025)" in said
+        and "--learning-rate (now 0.05; try 0.025)" in said
     )
     assert "--staleness lookahead" in said
     nan = divergence(3, float("nan"), num_classes=10, learning_rate=0.05, staleness="lookahead", in_flight=1)

@@ -457,8 +457,8 @@ class Central(Role):
             in_flight = train.in_flight or devices
             deeper = f", x{rate / train.learning_rate:.2f} for {in_flight} batches in flight"
         log.info(
-            "learning rate %.3g: %s's pipelined rate (--pipelined-rate: %g up to %d stages%s; --lr sets "
-            "another)",
+            "learning rate %.3g: %s's pipelined rate (--pipelined-rate: %g up to %d stages%s; "
+            "--learning-rate sets another)",
             rate,
             train.model,
             train.learning_rate,
