@@ -88,8 +88,8 @@ def test_the_sync_schedule_equals_single_process_sgd(amqtt_url: str, cluster: st
 
 
 def test_a_diverging_run_exits_with_one_line_saying_so(amqtt_url: str, cluster: str) -> None:
-    """``--learning-rate 1e9``: the first batch's loss is not finite; the run ends at once with exit 1 and one line
-    naming the batch and what to change (no recovery loop)."""
+    """``--learning-rate 1e9``: the first batch's loss is not finite; the run ends at once with exit 1 and
+    one line naming the batch and what to change (no recovery loop)."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -112,7 +112,8 @@ def test_a_diverging_run_exits_with_one_line_saying_so(amqtt_url: str, cluster: 
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "loss diverged at batch" in errors[0] and "lower --learning-rate" in errors[0], errors
+    assert len(errors) == 1, errors
+    assert "loss diverged at batch" in errors[0] and "lower --learning-rate" in errors[0], errors
 
 
 def test_a_run_above_chance_is_told_and_a_warned_one_ends_with_its_report(
