@@ -504,9 +504,10 @@ def central(**kw: Any) -> None:
     # exit 0; the next start resumes it. Before the run starts it just ends the process.
     with sigterm_stops():
         try:
+            from edgeagent.modes import mode
             from edgeagent.roles.central import Central  # torch: after the checks
 
-            report = Central(config).run()
+            report = Central(config, modes=mode).run()
         except StopRequested:
             log.info("stopped by SIGTERM")
             sys.exit(0)
@@ -576,9 +577,10 @@ def worker(**kw: Any) -> None:
     if allowed:  # the flags add to the YAML file's list
         more = build(WorkerConfig, {"allowed_models": allowed}, source="--allow-model").allowed_models
         config = config.model_copy(update={"allowed_models": [*config.allowed_models, *more]})
+    from edgeagent.modes import mode
     from edgeagent.roles.worker import Worker  # torch: after the configuration is checked
 
-    w = Worker(config)
+    w = Worker(config, modes=mode)
     signal.signal(signal.SIGTERM, lambda *_: w.stop())
     if config.nan_on_usr1 is not None:
         signal.signal(signal.SIGUSR1, lambda *_: w.arm_nan())
