@@ -48,6 +48,7 @@ import torch
 from edgeagent.allreduce.sim import FAULTS
 from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.modes import mode
 from edgeagent.roles.central import Central, RunReport
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -109,7 +110,7 @@ def run(broker: str, workers: int, steps: int | None, epochs: int = 1, **central
     )
     local = LocalWorkers(workers, broker, cluster, [1.0] * workers, threads=[1] * workers).start_all()
     try:
-        return Central(config).run()
+        return Central(config, modes=mode).run()
     finally:
         local.stop()
 

@@ -91,6 +91,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
+from edgeagent.modes import mode
 from edgeagent.roles.central import Central
 from edgeagent.splitfed.partition import partition, write_shards
 
@@ -146,7 +147,7 @@ def run(
     local = LocalWorkers(k, broker, cluster, slowdowns, links=[up] * k, downs=[down] * k, datasets=datasets)
     local.start_all()
     try:
-        return Central(config).run().to_dict()
+        return Central(config, modes=mode).run().to_dict()
     finally:
         local.stop()
 

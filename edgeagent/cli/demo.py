@@ -30,6 +30,7 @@ from edgeagent.broker.certs import init_site
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.config import CentralConfig, model_path
 from edgeagent.errors import ConfigError
+from edgeagent.modes import mode
 from edgeagent.ops.cgroups import (
     CFS_PERIOD_US,
     CPU_ROOT,
@@ -430,7 +431,7 @@ def run_demo(
         raise ValueError(f"--link-mbps needs 1 or {workers + 1} values (central first), got {len(links)}")
     rates = (links * (workers + 1) if len(links) == 1 else links) if links else [0.0] * (workers + 1)
     if not config.resume:  # the data set, the model, its options and the workers fit (a resumed run: its own)
-        load_run(config.model_copy(update={"workers": workers}), quiet=True)
+        load_run(config.model_copy(update={"workers": workers}), mode, quiet=True)
     cluster = config.cluster if config.cluster != "default" else f"demo-{uuid.uuid4().hex[:6]}"
     if cpu:
         cgroup_root(cluster)  # the cluster must name a group
@@ -498,8 +499,8 @@ def run_demo(
             )
             with Progress(*columns, console=console, transient=False) as progress:
                 task = progress.add_task("starting", total=None)
-                return Central(config, progress=_progress_hook(progress, task)).run()
-        return Central(config, progress=on_progress).run()
+                return Central(config, progress=_progress_hook(progress, task), modes=mode).run()
+        return Central(config, progress=on_progress, modes=mode).run()
     raise AssertionError("unreachable")  # for mypy: the with block returns
 
 

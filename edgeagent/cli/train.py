@@ -313,9 +313,10 @@ def central(**kw: Any) -> None:
     # exit 0; the next start resumes it. Before the run starts it just ends the process.
     with sigterm_stops():
         try:
+            from edgeagent.modes import mode
             from edgeagent.roles.central import Central  # torch: after the checks
 
-            report = Central(config).run()
+            report = Central(config, modes=mode).run()
         except StopRequested:
             log.info("stopped by SIGTERM")
             sys.exit(0)
@@ -343,9 +344,10 @@ def worker(**kw: Any) -> None:
     if kw["print_config"]:
         print_config(config)
         return
+    from edgeagent.modes import mode
     from edgeagent.roles.worker import Worker  # torch: after the configuration is checked
 
-    w = Worker(config)
+    w = Worker(config, modes=mode)
     signal.signal(signal.SIGTERM, lambda *_: w.stop())
     if config.nan_on_usr1 is not None:
         signal.signal(signal.SIGUSR1, lambda *_: w.arm_nan())

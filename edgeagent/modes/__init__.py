@@ -1,8 +1,13 @@
-"""Training modes over the one role runtime (see :mod:`edgeagent.modes.base` for the interface).
+"""Training modes over the one role runtime (see :mod:`edgeagent.roles.mode` for the interface).
+
+A mode is a package here, ``edgeagent.modes.<name>``: its :class:`~edgeagent.roles.mode.TrainingMode`
+(the package's face), its central half and its worker half. A mode imports the nodes' shared code in
+:mod:`edgeagent.roles`; the roles never import a mode: the CLI, above both, hands :func:`mode` to the
+nodes (``Central(config, modes=mode)``, ``Worker(config, modes=mode)``).
 
 :data:`MODES` names where each mode lives; :func:`mode` imports it on first use. Importing a mode's
-module pulls in its whole data plane (torch, the pipeline), and the worker imports this registry:
-so the registry itself imports nothing, and a mode's module may import the roles without a cycle.
+package pulls in its whole data plane (torch, the pipeline): so the registry itself imports nothing, and
+a command that only names the modes (``--help``) stays light.
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ from typing import TYPE_CHECKING
 from edgeagent.errors import ConfigError
 
 if TYPE_CHECKING:
-    from edgeagent.modes.base import TrainingMode
+    from edgeagent.roles.mode import TrainingMode
 
 # name (``--mode``, ``Assign.mode``) -> "module:class" of its TrainingMode. A new mode adds a line here.
 MODES: dict[str, str] = {
     "pipeline": "edgeagent.modes.pipeline:PipelineMode",
-    "hybrid": "edgeagent.modes.hybrid:HybridMode",
+    "hybrid": "edgeagent.modes.pipeline.hybrid:HybridMode",
     "split-federated": "edgeagent.modes.splitfed:SplitFedMode",
     "allreduce": "edgeagent.modes.allreduce:AllreduceMode",
 }

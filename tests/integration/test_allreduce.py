@@ -25,10 +25,11 @@ from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec
+from edgeagent.modes import mode
+from edgeagent.modes.allreduce.central import AllreduceRun
 from edgeagent.protocol.messages import Ready
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.roles.central import Central, RunReport
-from edgeagent.roles.central.allreduce import AllreduceRun
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +83,7 @@ def run(
                 while not (state.online and state.last_heartbeat > died) and time.monotonic() < deadline:
                     time.sleep(0.05)
 
-    node = Central(config, progress=progress)
+    node = Central(config, progress=progress, modes=mode)
     try:
         return node.run(), killed
     finally:

@@ -19,6 +19,7 @@ import torch
 
 from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.modes import mode
 from edgeagent.roles.central import Central, RunReport
 
 pytestmark = pytest.mark.slow
@@ -69,7 +70,7 @@ def run(
             on_batch(values["batch"], local)
 
     try:
-        return Central(config, progress=progress).run()
+        return Central(config, progress=progress, modes=mode).run()
     finally:
         stop.set()
         local.stop()
@@ -102,7 +103,7 @@ def run_with_newcomer(
             assert up.wait(60), f"{newcomer} did not come up"
 
     try:
-        return Central(config, progress=progress).run()
+        return Central(config, progress=progress, modes=mode).run()
     finally:
         watcher.close()
         local.stop()
@@ -257,7 +258,7 @@ def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path
         assert saved["version"] % 40 == 0 and saved["version"] > 0
 
         config = CentralConfig(broker=amqtt_url, cluster=cluster, workers=2, resume=str(ckpt), progress=False)
-        report = Central(config).run()
+        report = Central(config, modes=mode).run()
     finally:
         if central.poll() is None:
             central.kill()
@@ -390,7 +391,7 @@ def test_workers_off_the_broker_when_the_probe_goes_out_are_asked_again(amqtt_ur
             cut_at_40(values["batch"], local)
 
     try:
-        report = Central(config, progress=progress).run()
+        report = Central(config, progress=progress, modes=mode).run()
     finally:
         local.stop()
         relay.close()

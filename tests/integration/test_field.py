@@ -18,6 +18,7 @@ import pytest
 from edgeagent.cli.demo import LocalWorkers, run_demo, worker_command
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import PlanningError
+from edgeagent.modes import mode
 from edgeagent.roles.central import Central, latest_checkpoint, load_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -95,7 +96,7 @@ def test_a_resumed_run_rolls_back_to_its_checkpoint_not_to_chance(amqtt_url: str
         broker=amqtt_url, cluster=cluster, workers=2, resume=str(ckpt), progress=False, restart_window=0.0
     )
     try:
-        report = Central(config).run()
+        report = Central(config, modes=mode).run()
     finally:
         local.stop()
     (rec,) = [r for r in report.recoveries if r["case"] != "central"]
@@ -123,7 +124,7 @@ def test_replicas_wrap_around_on_the_workers_too(amqtt_url: str) -> None:
         restart_window=0.0,
     )
     try:
-        report = Central(config).run()
+        report = Central(config, modes=mode).run()
     finally:
         local.stop()
     (rec,) = report.recoveries
@@ -168,7 +169,7 @@ def test_the_first_split_honours_a_device_memory_limit(amqtt_url: str, partition
         cluster=cluster, broker=amqtt_url, workers=2, train=_wide_mlp(), progress=False, partition=partition
     )
     try:
-        report = Central(config).run()
+        report = Central(config, modes=mode).run()
     finally:
         _stop(procs)
     points = report.partitions[0]["points"]
@@ -183,7 +184,7 @@ def test_no_split_that_fits_is_one_clear_error(amqtt_url: str) -> None:
     config = CentralConfig(cluster=cluster, broker=amqtt_url, workers=2, train=_wide_mlp(), progress=False)
     try:
         with pytest.raises(PlanningError, match="memory"):
-            Central(config).run()
+            Central(config, modes=mode).run()
     finally:
         _stop(procs, idle=True)  # never assigned a stage: idle, ready for another run
 

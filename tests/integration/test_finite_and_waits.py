@@ -27,10 +27,12 @@ from edgeagent.cli.demo import LocalWorkers, run_demo
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import TrainingError
 from edgeagent.models import layer_output_shapes
+from edgeagent.modes import mode
+from edgeagent.modes.pipeline.central.trainer import PipelineRun
 from edgeagent.protocol.messages import Activation, EvalResult
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
-from edgeagent.roles.central import Central, PipelineRun, latest_checkpoint
+from edgeagent.roles.central import Central, latest_checkpoint
 from edgeagent.roles.central.checkpoint_file import load_checkpoint
 from edgeagent.transport.mqtt import MqttTransport
 
@@ -60,7 +62,7 @@ def central_and_workers(
     local = LocalWorkers(
         workers, broker, cluster, slowdowns or [1.0] * workers, extra=flags, allowed_models=allowed
     )
-    return Central(config, progress=progress), local
+    return Central(config, progress=progress, modes=mode), local
 
 
 def finite(state: dict[str, torch.Tensor]) -> bool:
@@ -246,7 +248,9 @@ def test_evaluation_batches_outside_an_evaluation_are_dropped(amqtt_url: str, cl
         spy.subscribe(topics.stage_filter(Family.ACTIVATIONS, 1), watch)
         spy.subscribe(topics.stage_filter(Family.RESULTS, 2), watch)
         config = CentralConfig(cluster=cluster, train=TrainConfig(epochs=2), progress=False)
-        central = Central(config.model_copy(update={"broker": amqtt_url, "workers": 2}), progress=progress)
+        central = Central(
+            config.model_copy(update={"broker": amqtt_url, "workers": 2}), progress=progress, modes=mode
+        )
         holder["central"] = central
         local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0]).start_all()
         try:

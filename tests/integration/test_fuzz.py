@@ -39,6 +39,8 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
 from edgeagent.models import ModelSpec, layer_output_shapes
+from edgeagent.modes import mode
+from edgeagent.modes.pipeline.central.trainer import PipelineRun
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.chunking import CHUNK_TAG
 from edgeagent.protocol.commands import Ping
@@ -79,7 +81,7 @@ from edgeagent.protocol.splitfed_messages import (
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG
 from edgeagent.protocol.topics import Family, Topics, topic_matches
 from edgeagent.protocol.wire import MESSAGE_TYPES, encode
-from edgeagent.roles.central import Central, PipelineRun, RunReport
+from edgeagent.roles.central import Central, RunReport
 from edgeagent.transport.mqtt import MqttTransport
 
 pytestmark = pytest.mark.slow
@@ -480,7 +482,9 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
     # The control plane's rate limit at a tenth of its default (still 10x any legitimate topic's rate):
     # a loaded broker may spread the flood's delivery over many seconds, and at the default rate a slow
     # enough delivery never exceeds the bucket (a flaky test on a busy machine).
-    central = Central(config, progress=pacer, limits=InboxLimits(control_rate=10.0, control_burst=20.0))
+    central = Central(
+        config, progress=pacer, limits=InboxLimits(control_rate=10.0, control_burst=20.0), modes=mode
+    )
     outcome: dict[str, Any] = {}
 
     def run() -> None:

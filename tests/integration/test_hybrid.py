@@ -19,8 +19,9 @@ import torch
 
 from edgeagent.cli.demo import LocalWorkers, allowed_for
 from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.modes import mode
+from edgeagent.modes.pipeline.central.hybrid import HybridRun
 from edgeagent.roles.central import Central, RunReport
-from edgeagent.roles.central.hybrid import HybridRun
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def run(
         if on_batch is not None and "batch" in values:
             on_batch(values["batch"], node, local)
 
-    node = Central(config, progress=progress)
+    node = Central(config, progress=progress, modes=mode)
     try:
         return node.run()
     finally:

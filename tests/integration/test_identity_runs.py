@@ -28,6 +28,7 @@ from edgeagent.cli.demo import LocalWorkers, throwaway_logins
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec
+from edgeagent.modes import mode
 from edgeagent.protocol.commands import Collect
 from edgeagent.protocol.messages import Announce, Gradient, Weights
 from edgeagent.protocol.topics import Topics
@@ -173,7 +174,7 @@ def test_an_intruder_changes_nothing(
             intruder.forge_announcements()
             intruder.forge_gradients(node.run_id, getattr(node.active, "plan_id", 0), batch)
 
-    node = Central(config, progress=progress)
+    node = Central(config, progress=progress, modes=mode)
     local.start_all()
     try:
         report = node.run()
@@ -220,10 +221,10 @@ def test_a_worker_builds_a_user_model_only_from_its_allow_list(
     local.start_all()
     try:
         if allowed:
-            assert Central(config).run().batches >= 20
+            assert Central(config, modes=mode).run().batches >= 20
         else:
             with pytest.raises(TrainingError, match=r"worker-1 failed: model .*small_mlp.* allowed_models"):
-                Central(config).run()
+                Central(config, modes=mode).run()
     finally:
         local.stop()
 

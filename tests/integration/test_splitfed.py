@@ -26,13 +26,14 @@ from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
+from edgeagent.modes import mode
+from edgeagent.modes.splitfed.central import SplitFedRun
+from edgeagent.modes.splitfed.choose import exhaustive_grid
 from edgeagent.protocol.messages import Status
 from edgeagent.protocol.splitfed_messages import SplitActivation
 from edgeagent.protocol.topics import Family
 from edgeagent.protocol.wire import decode
 from edgeagent.roles.central import Central, RunReport, latest_checkpoint
-from edgeagent.roles.central.splitfed import SplitFedRun
-from edgeagent.roles.central.splitfed_plan import exhaustive_grid
 from edgeagent.splitfed.trial import candidates, schedule
 from edgeagent.transport.mqtt import MqttTransport
 
@@ -91,7 +92,7 @@ def run(
         if on_progress is not None:
             on_progress(values, node, local)
 
-    node = Central(config, progress=progress)
+    node = Central(config, progress=progress, modes=mode)
     try:
         return node.run(), node
     finally:

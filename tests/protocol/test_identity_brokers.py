@@ -27,13 +27,14 @@ from edgeagent.broker import EmbeddedBroker, free_port
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.config import WorkerConfig
 from edgeagent.errors import ConfigError
+from edgeagent.modes import mode
+from edgeagent.modes.pipeline.worker.session import PipelineSession
 from edgeagent.protocol.limits import SENDER
 from edgeagent.protocol.messages import Activation, Announce, Assign, Heartbeat, Ready
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker
-from edgeagent.roles.worker.session import PipelineSession
 from edgeagent.transport.mqtt import MqttTransport
 from tests.conftest import MosquittoProcess
 from tests.protocol.test_security import CLUSTER, TOPICS, Client
@@ -149,7 +150,7 @@ def test_a_worker_takes_activations_only_from_the_device_that_holds_the_stage(
     topics = Topics(cluster)
     model = {"name": "mlp", "in_shape": [16], "num_classes": 4, "options": {"hidden": [32, 8]}}
     assign = _assign(["central", "worker-1", "worker-2"], [0, 1, 2, 3], model)
-    worker = Worker(WorkerConfig(cluster=cluster, device_id="worker-2", broker=broker_url))
+    worker = Worker(WorkerConfig(cluster=cluster, device_id="worker-2", broker=broker_url), modes=mode)
     others = {
         name: MqttTransport(broker_url, f"ea-{cluster}-{name}")
         for name in ("central", "worker-1", "intruder")

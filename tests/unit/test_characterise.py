@@ -17,6 +17,7 @@ import torch
 from edgeagent.config import CHARACTERISE_ROUNDS, WorkerConfig, build
 from edgeagent.errors import ConfigError, ProtocolError
 from edgeagent.models import ModelSpec
+from edgeagent.modes import mode
 from edgeagent.predictor.measure import (
     ModelLayers,
     characterise,
@@ -172,6 +173,7 @@ class Device:
         self.worker = Worker(
             WorkerConfig(cluster="h", device_id="w1", characterise_budget=30.0, **config),
             transport=MemoryTransport(broker, "w1"),
+            modes=mode,
         )
         for topic in (
             TOPICS.fixed(Family.DISCOVER),

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from edgeagent.cli.train import _central_overrides, central
 from edgeagent.config import CentralConfig, build
 from edgeagent.errors import ConfigError
+from edgeagent.modes.pipeline.central.context import RunState
 from edgeagent.planner.dp import (
     Link,
     Problem,
@@ -25,7 +26,6 @@ from edgeagent.planner.dp import (
     solve,
 )
 from edgeagent.planner.partition import check_points
-from edgeagent.roles.central.context import RunState
 from tests.unit.test_planner import random_problem as planner_problem
 
 FREE = Link(math.inf)

@@ -14,6 +14,7 @@ from edgeagent.compression.stage import StageCodecs, restore
 from edgeagent.config import WorkerConfig, parse_send_nan
 from edgeagent.errors import ConfigError
 from edgeagent.models import ModelSpec
+from edgeagent.modes.pipeline.worker.run import Run
 from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.planner.deadlines import MAX_HEARTBEAT_INTERVAL, Deadlines, reassembly_stall, silence
@@ -26,7 +27,6 @@ from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.splitfed_messages import SplitActivation, SplitGradient, SplitRound, SplitUpdate
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
-from edgeagent.roles.worker.run import Run
 from edgeagent.runtime.role import Role
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 

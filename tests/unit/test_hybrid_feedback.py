@@ -1,13 +1,13 @@
-"""Measured feedback on hybrid re-splits (roles/central/hybrid.py): a re-split that measures slower than
-the plan before it is undone, and the DP's plan is not chosen again. The run's state is set by hand:
-these rules read only the plan, the timeline and the clock."""
+"""Measured feedback on hybrid re-splits (modes/pipeline/central/hybrid.py): a re-split that measures
+slower than the plan before it is undone, and the DP's plan is not chosen again. The run's state is set
+by hand: these rules read only the plan, the timeline and the clock."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from edgeagent.modes.pipeline.central.hybrid import MEASURE_BATCHES, HybridRun, _key
 from edgeagent.pipeline.groups import Groups
-from edgeagent.roles.central.hybrid import MEASURE_BATCHES, HybridRun, _key
 from edgeagent.roles.central.node import DeviceState
 from edgeagent.roles.central.report import RunReport
 

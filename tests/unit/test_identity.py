@@ -17,6 +17,7 @@ from torch import nn
 from edgeagent.broker import broker_config
 from edgeagent.config import CentralConfig, WorkerConfig, build, load_yaml, model_path
 from edgeagent.errors import ConfigError
+from edgeagent.modes import mode
 from edgeagent.protocol.identity import PlanView, StageSenders, identity_problem
 from edgeagent.protocol.limits import SENDER
 from edgeagent.protocol.messages import (
@@ -255,6 +256,7 @@ def test_a_worker_builds_a_user_model_only_from_its_allow_list(allowed: list[str
     worker = Worker(
         WorkerConfig(cluster="id", device_id="w1", allowed_models=allowed),
         transport=MemoryTransport(broker, "w1"),
+        modes=mode,
     )
     worker.listen(T.device(Family.CONTROL, "w1"))
     replies: list[Message] = []

@@ -14,6 +14,10 @@ import torch
 from edgeagent.config import CentralConfig, WorkerConfig
 from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
+from edgeagent.modes import mode
+from edgeagent.modes.pipeline.central.trainer import PipelineRun
+from edgeagent.modes.pipeline.worker.run import Run, stage_input
+from edgeagent.modes.pipeline.worker.session import PipelineSession
 from edgeagent.planner.profiler import profile_layers
 from edgeagent.protocol.commands import Ping
 from edgeagent.protocol.limits import (
@@ -43,10 +47,8 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.protocol.wire import encode
-from edgeagent.roles.central import Central, PipelineRun
-from edgeagent.roles.worker import Worker, stage_input
-from edgeagent.roles.worker.run import Run
-from edgeagent.roles.worker.session import PipelineSession
+from edgeagent.roles.central import Central
+from edgeagent.roles.worker import Worker
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Inbound, Role
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
@@ -523,7 +525,7 @@ class StageOne:
 
     def __init__(self, broker: MemoryBroker) -> None:
         self.worker = Worker(
-            WorkerConfig(cluster="lim", device_id="w1"), transport=MemoryTransport(broker, "w1")
+            WorkerConfig(cluster="lim", device_id="w1"), transport=MemoryTransport(broker, "w1"), modes=mode
         )
         self.worker.clock = FakeClock()
         self.worker.listen(TOPICS.device(Family.CONTROL, "w1"))
@@ -621,7 +623,7 @@ def test_worker_drops_gradients_that_do_not_fit_and_keeps_the_batch(broker: Memo
 
 def test_central_takes_only_gradients_and_results_it_waits_for(broker: MemoryBroker) -> None:
     config = CentralConfig(cluster="lim", progress=False, workers=2)
-    central = Central(config, transport=MemoryTransport(broker, "c"))
+    central = Central(config, transport=MemoryTransport(broker, "c"), modes=mode)
     data = load_dataset("synthetic:200:64:10", seed=0, test_fraction=0.2)
     assert data.in_shape == SPEC.in_shape
     run = PipelineRun(central, config, data, SPEC, ["c", "w1", "w2"])  # stage 0: layer 0, 64 -> 128

@@ -10,13 +10,13 @@ from edgeagent.errors import ConfigError
 from edgeagent.models import ModelSpec
 from edgeagent.modes import MODES, mode
 from edgeagent.modes.pipeline import PipelineMode
+from edgeagent.modes.pipeline.worker.session import PipelineSession
 from edgeagent.protocol.commands import Emulate, Ping, Stop
 from edgeagent.protocol.messages import Assign, ErrorReport, Message, Ready
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker
-from edgeagent.roles.worker.session import PipelineSession
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 
 TOPICS = Topics("modes")
@@ -39,7 +39,7 @@ class Device:
     def __init__(self) -> None:
         broker = MemoryBroker()
         self.worker = Worker(
-            WorkerConfig(cluster="modes", device_id="w1"), transport=MemoryTransport(broker, "w1")
+            WorkerConfig(cluster="modes", device_id="w1"), transport=MemoryTransport(broker, "w1"), modes=mode
         )
         self.worker.listen(TOPICS.device(Family.CONTROL, "w1"))
         self.worker.listen(TOPICS.fixed(Family.COMMAND))

@@ -8,13 +8,14 @@ import signal
 import torch
 
 from edgeagent.config import WorkerConfig
+from edgeagent.modes import mode
 from edgeagent.roles.worker import Worker
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 
 
 def test_each_signal_fills_the_next_message_of_its_kind_with_nan() -> None:
     config = WorkerConfig(device_id="w", cluster="nan-on-usr1", nan_on_usr1="gradient")
-    worker = Worker(config, MemoryTransport(MemoryBroker(), "w"))
+    worker = Worker(config, MemoryTransport(MemoryBroker(), "w"), modes=mode)
     g = torch.ones(4, 3)
     assert worker.poisoned("gradient", 1, g) is g  # nothing until a signal
     previous = signal.signal(signal.SIGUSR1, lambda *_: worker.arm_nan())

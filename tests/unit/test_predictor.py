@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from edgeagent.models import ModelSpec
+from edgeagent.modes.pipeline.central.estimation import Estimation
 from edgeagent.planner.dp import Link, Problem, brute_force, compute_time, predict, solve
 from edgeagent.predictor.baselines import capacity_ratio, flops_linear, lookup_table, within
 from edgeagent.predictor.correction import Correction, blended, even_tiling, fitted
@@ -22,7 +23,6 @@ from edgeagent.predictor.net import LatencyPredictor, Sample
 from edgeagent.predictor.store import load, save
 from edgeagent.predictor.submodels import all_ranges, by_flops, encode, representative
 from edgeagent.predictor.tracker import DeviceTimes, Drift
-from edgeagent.roles.central.estimation import Estimation
 
 # -- sub-models ------------------------------------------------------------------------------------
 
@@ -434,7 +434,7 @@ def test_rule_changed_rescales_a_gross_gap_only(trained: LatencyPredictor) -> No
 def test_a_rescale_is_checked_soon_after_but_not_forever() -> None:
     """After a re-plan for a standing gap the next plan check comes ``2 * repartition_first`` batches on,
     not ``repartition_every``; at most GAP_RECHECKS in a row, and a check without a gap resets the count."""
-    from edgeagent.roles.central.estimation import GAP_RECHECKS
+    from edgeagent.modes.pipeline.central.estimation import GAP_RECHECKS
 
     state = SimpleNamespace(recheck_at=None, rechecks=0, policy=SimpleNamespace(first=10))
     at = []

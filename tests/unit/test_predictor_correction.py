@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from edgeagent.models import ModelSpec
+from edgeagent.modes.pipeline.central.estimation import Estimation
 from edgeagent.predictor.baselines import within
 from edgeagent.predictor.correction import (
     BLEND_STEPS,
@@ -31,7 +32,6 @@ from edgeagent.predictor.store import shipped
 from edgeagent.predictor.submodels import all_ranges
 from edgeagent.predictor.tracker import DeviceTimes
 from edgeagent.protocol.messages import Announce
-from edgeagent.roles.central.estimation import Estimation
 
 DATA = Path(__file__).resolve().parents[2] / "edgeagent" / "predictor" / "data"
 

@@ -12,6 +12,7 @@ import pytest
 
 from edgeagent.broker import EmbeddedBroker
 from edgeagent.config import WorkerConfig
+from edgeagent.modes import mode
 from edgeagent.ops import shipped
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.roles.worker import Worker
@@ -106,7 +107,7 @@ def test_worker_stops_petting_when_its_mqtt_loop_is_stuck(
     monkeypatch.setenv("WATCHDOG_USEC", "100000")  # pet every 0.05 s
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     with EmbeddedBroker() as broker:
-        worker = Worker(WorkerConfig(broker=broker.url, cluster="notify", device_id="w1"))
+        worker = Worker(WorkerConfig(broker=broker.url, cluster="notify", device_id="w1"), modes=mode)
         thread = threading.Thread(target=worker.serve, daemon=True)
         thread.start()
         try:
@@ -131,7 +132,7 @@ def test_a_broker_outage_does_not_stop_the_pets(fake: FakeSystemd, monkeypatch: 
     monkeypatch.setenv("WATCHDOG_USEC", "100000")  # pet every 0.05 s
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
     broker = EmbeddedBroker().start()
-    worker = Worker(WorkerConfig(broker=broker.url, cluster="notify", device_id="w2"))
+    worker = Worker(WorkerConfig(broker=broker.url, cluster="notify", device_id="w2"), modes=mode)
     thread = threading.Thread(target=worker.serve, daemon=True)
     thread.start()
     try:
@@ -193,7 +194,7 @@ def test_central_says_ready_and_status_per_epoch_and_stopping(
             progress=False,
             train=TrainConfig(epochs=2),
         )
-        report = Central(config).run()
+        report = Central(config, modes=mode).run()
     assert report.epochs == 2
     assert fake.count("READY=1") == 1
     assert fake.wait_for("STOPPING=1")

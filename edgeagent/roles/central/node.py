@@ -2,12 +2,10 @@
 
 :class:`Central` is the node's lasting part on the role runtime: connection, status, heartbeats,
 systemd, liveness stamped on arrival, and discovery of the devices (Sec. III-B). Once the devices are
-known it hands the run to the training mode (``--mode``; :mod:`edgeagent.modes`). The pipeline mode
-builds the run's context (:class:`~edgeagent.roles.central.trainer.PipelineRun`, complete from its
-constructor), attaches it (its handlers, its metrics) and lets it train; the run's parts live in this
-package:
-``setup``, ``planning``, ``liveness``, ``switching``, ``evaluation``, ``recovery``, ``checkpoint``,
-``trainer``.
+known it hands the run to the training mode (``--mode``), which it is handed by whoever builds it (a
+:data:`~edgeagent.roles.mode.ModeLookup`: the CLI passes the registry, :func:`edgeagent.modes.mode`). The
+mode builds its run (the pipeline's :class:`~edgeagent.modes.pipeline.central.trainer.PipelineRun`, say),
+attaches it (its handlers, its metrics) and lets it train; the run's parts live in the mode's package.
 """
 
 from __future__ import annotations
@@ -35,8 +33,6 @@ from edgeagent.errors import (
     TrainingError,
 )
 from edgeagent.models import ModelSpec, num_layers
-from edgeagent.modes import mode
-from edgeagent.modes.base import CentralRun, TrainingMode
 from edgeagent.ops.signals import StopRequested
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.predictor.measure import (
@@ -55,6 +51,7 @@ from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.central.checkpoint_file import checkpoint_version, load_checkpoint
 from edgeagent.roles.central.report import RunReport
 from edgeagent.roles.central.runs import RunDirectory, RunOutcome, RunRecord, settings_digest
+from edgeagent.roles.mode import CentralRun, ModeLookup, TrainingMode
 from edgeagent.runtime.compute import configure_threads
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Inbound, Role
@@ -91,21 +88,24 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def load_run(config: CentralConfig, *, quiet: bool = False) -> tuple[Dataset, ModelSpec, TrainingMode]:
+def load_run(
+    config: CentralConfig, modes: ModeLookup, *, quiet: bool = False
+) -> tuple[Dataset, ModelSpec, TrainingMode[Any, Any, Any]]:
     """A run's data set, model and training mode, checked against its number of workers: a user's typo
     (a data set, a model or its options, too many workers) is reported before any broker or device is
-    started or waited for (``edgeagent demo`` calls this before it starts them)."""
+    started or waited for (``edgeagent demo`` calls this before it starts them). ``modes`` finds a mode
+    by its name (:func:`edgeagent.modes.mode`)."""
     train = config.train
     data = load_dataset(train.dataset, seed=train.seed, test_fraction=train.test_fraction)
     spec = ModelSpec(train.model, data.in_shape, data.num_classes, tuple(sorted(train.model_options.items())))
-    chosen = mode(config.mode)
+    chosen = modes(config.mode)
     try:
         chosen.check(spec, config.workers)
     except PlanningError:
         if config.mode != "pipeline" or "mode" in config.model_fields_set:
             raise  # the pipeline mode asked for by name: one device per stage
         # More devices than the model has cut points: stages get several devices (hybrid stages).
-        chosen = mode("hybrid")
+        chosen = modes("hybrid")
         chosen.check(spec, config.workers)
         if not quiet:
             log.warning(
@@ -124,7 +124,8 @@ def load_run(config: CentralConfig, *, quiet: bool = False) -> tuple[Dataset, Mo
 
 
 class Central(Role):
-    """Runs one training run to its end: ``Central(config).run()`` returns the :class:`RunReport`."""
+    """Runs one training run to its end: ``Central(config, modes=mode).run()`` returns the
+    :class:`RunReport`; ``modes`` finds a training mode by its name (:func:`edgeagent.modes.mode`)."""
 
     def __init__(
         self,
@@ -132,6 +133,7 @@ class Central(Role):
         transport: Transport | None = None,
         progress: ProgressHook | None = None,
         *,
+        modes: ModeLookup,
         limits: InboxLimits | None = None,
     ) -> None:
         topics = Topics(config.cluster)
@@ -158,7 +160,8 @@ class Central(Role):
         self.workers: dict[str, DeviceState] = {}  # the run's devices; liveness stamped on arrival
         self._own_h_seconds: float | None = None  # at most what measuring h here takes (the h wait's unit)
         self.announced: dict[str, Announce] = {}  # what devices announced (joins, restarts)
-        self.mode = mode(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
+        self.modes = modes
+        self.mode = modes(config.mode)  # the training mode (edgeagent.modes): a strategy over this runtime
         self.active: CentralRun | None = None  # the mode's run, once its devices are known
         self._checkpoints = 0  # written by this process (--die-after-checkpoint counts them)
         # Messages of this run dropped because they held values that are not finite, by the device that
@@ -256,7 +259,7 @@ class Central(Role):
 
     def _load(self) -> tuple[Dataset, ModelSpec]:
         """The data set and the model, checked against the number of devices before anything waits."""
-        data, spec, self.mode = load_run(self.config)
+        data, spec, self.mode = load_run(self.config, self.modes)
         return data, spec
 
     def _finish(self, outcome: RunOutcome) -> None:

@@ -19,7 +19,8 @@ Note: a restarted central node resumes its own run, and no run overwrites anothe
     ``--fresh``, other settings, or a run that ended start a new run, which becomes the latest. A run
     that wrote no checkpoint yet is started again from its first batch under its own id. Keeping the
     id is what brings the workers back: those still in the run answer the discovery of their own run,
-    and the ``Assign`` from the checkpoint replaces their stage (:mod:`edgeagent.roles.worker.session`).
+    and the ``Assign`` from the checkpoint replaces their stage (the pipeline's
+    :mod:`edgeagent.modes.pipeline.worker.session`).
 """
 
 from __future__ import annotations

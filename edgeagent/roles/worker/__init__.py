@@ -1,7 +1,6 @@
-"""The worker: the device's node (:mod:`.node`) and, per run, the training mode's session; for the
-pipeline mode :mod:`.session` runs one stage and :mod:`.run` holds what it knows about the run."""
+"""The worker: the device's node (:mod:`.node`), whatever the training mode; per run, the mode's session
+(its package under :mod:`edgeagent.modes`) handles the data plane."""
 
 from edgeagent.roles.worker.node import Worker
-from edgeagent.roles.worker.run import stage_input
 
-__all__ = ["Worker", "stage_input"]
+__all__ = ["Worker"]

@@ -2,8 +2,9 @@
 
 A :class:`Worker` owns the process's lifecycle (``serve``, ``stop``, ``--once``), the birth message
 (``announce``), the device profile applied live, the budget of error reports, fault injection and the
-loop. The run itself belongs to a training mode: an ``Assign`` names the mode (:mod:`edgeagent.modes`),
-whose :class:`~edgeagent.modes.base.WorkerSession` installs its data plane's handlers over the node's
+loop. The run itself belongs to a training mode: an ``Assign`` names the mode, found by the
+:data:`~edgeagent.roles.mode.ModeLookup` the node is handed (the CLI passes :func:`edgeagent.modes.mode`),
+whose :class:`~edgeagent.roles.mode.WorkerSession` installs its data plane's handlers over the node's
 own for the run's lifetime; the node gives the session its turn whenever the inbox is empty. The
 device's ``h`` (papers/004 Sec. 3.2) is measured when a ``Discover`` names the model and on a
 ``characterise`` command, and travels with the announcement (:mod:`.characterise`).
@@ -24,8 +25,6 @@ import torch
 from edgeagent import __version__
 from edgeagent.config import WorkerConfig, parse_send_nan
 from edgeagent.errors import ConfigError, EdgeAgentError
-from edgeagent.modes import mode
-from edgeagent.modes.base import WorkerSession
 from edgeagent.ops.profiles import DeviceProfile, parse_profile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.predictor.measure import Characterisation
@@ -45,6 +44,7 @@ from edgeagent.protocol.messages import (
     StatusState,
 )
 from edgeagent.protocol.topics import Family, Topics
+from edgeagent.roles.mode import ModeLookup, WorkerSession
 from edgeagent.roles.worker.central_watch import CENTRAL_OFFLINE_BEATS, CentralWatch, Verdict, status_verdict
 from edgeagent.roles.worker.characterise import Characteriser, announced
 from edgeagent.runtime.compute import configure_threads
@@ -58,13 +58,20 @@ _ERROR_REPORTS_PER_10S = 10
 
 
 class Worker(Role):
-    """A device that takes whichever part of a run the central node assigns it (see the module doc)."""
+    """A device that takes whichever part of a run the central node assigns it (see the module doc);
+    ``modes`` finds the training mode an ``Assign`` names (:func:`edgeagent.modes.mode`)."""
 
     def __init__(
-        self, config: WorkerConfig, transport: Transport | None = None, *, limits: InboxLimits | None = None
+        self,
+        config: WorkerConfig,
+        transport: Transport | None = None,
+        *,
+        modes: ModeLookup,
+        limits: InboxLimits | None = None,
     ) -> None:
         topics = Topics(config.cluster)
         self.config = config
+        self.modes = modes
         self.slowdown = config.slowdown
         self._owns_transport = transport is None
         if transport is None:
@@ -201,7 +208,7 @@ class Worker(Role):
             self.report_error("assign", refusal, msg.run_id)
             return
         try:
-            training = mode(msg.mode)
+            training = self.modes(msg.mode)
         except ConfigError as exc:
             self.report_error("assign", str(exc), msg.run_id)
             return

@@ -12,14 +12,14 @@ from typing import Any
 from edgeagent.compression.schedule import stage_bits
 from edgeagent.compression.stage import NONE
 from edgeagent.errors import PlanningError
+from edgeagent.modes.pipeline.central.context import Plan
+from edgeagent.modes.pipeline.central.estimation import Estimation
 from edgeagent.planner.capacity import capacities
 from edgeagent.planner.dp import Link, Problem, compute_time, solve
 from edgeagent.planner.partition import balanced_partition
 from edgeagent.planner.policy import choose_plan
 from edgeagent.protocol.commands import Emulate, SetCompression
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.context import Plan
-from edgeagent.roles.central.estimation import Estimation
 
 log = logging.getLogger("edgeagent.roles.central")
 

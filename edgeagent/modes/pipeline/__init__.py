@@ -1,8 +1,8 @@
 """FTPipeHD's asynchronous pipeline (papers/000) as a training mode: the default, ``--mode pipeline``.
 
-The central node's half is :class:`~edgeagent.roles.central.trainer.PipelineRun` (the package
+The central node's half is :class:`~edgeagent.modes.pipeline.central.trainer.PipelineRun` (the package
 :mod:`edgeagent.roles.central`), the worker's half
-:class:`~edgeagent.roles.worker.session.PipelineSession`; both move data through
+:class:`~edgeagent.modes.pipeline.worker.session.PipelineSession`; both move data through
 :class:`~edgeagent.pipeline.runner.StageRunner`. Both halves are imported when first used: the registry
 (:mod:`edgeagent.modes`) stays free of torch and of the roles.
 """
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
-    from edgeagent.modes.base import WorkerSession
+    from edgeagent.modes.pipeline.central.trainer import PipelineRun
     from edgeagent.protocol.messages import Assign
     from edgeagent.roles.central import Central, RunReport
-    from edgeagent.roles.central.trainer import PipelineRun
+    from edgeagent.roles.mode import WorkerSession
     from edgeagent.roles.worker import Worker
 
 
@@ -41,7 +41,7 @@ class PipelineMode:
             )
 
     def _run_class(self) -> type[PipelineRun]:
-        from edgeagent.roles.central.trainer import PipelineRun
+        from edgeagent.modes.pipeline.central.trainer import PipelineRun
 
         return PipelineRun
 
@@ -54,7 +54,7 @@ class PipelineMode:
         return report
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
-        from edgeagent.roles.worker.session import PipelineSession
+        from edgeagent.modes.pipeline.worker.session import PipelineSession
 
         return PipelineSession.open(worker, assign)
 

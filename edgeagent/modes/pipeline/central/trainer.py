@@ -14,12 +14,12 @@ import torch
 
 from edgeagent.data import batch_indices
 from edgeagent.errors import DivergedError, EdgeAgentError, TrainingError
+from edgeagent.modes.pipeline.central.context import Fault, Plan
+from edgeagent.modes.pipeline.central.recovery import Recovery
 from edgeagent.pipeline.divergence import loss_not_finite
 from edgeagent.pipeline.rows import split_rows
 from edgeagent.pipeline.schedule import admit
 from edgeagent.protocol.messages import Gradient
-from edgeagent.roles.central.context import Fault, Plan
-from edgeagent.roles.central.recovery import Recovery
 from edgeagent.roles.central.report import RunReport
 from edgeagent.runtime.compute import Clock, emulate_slowdown
 

@@ -20,6 +20,8 @@ import torch
 from edgeagent.compression.stage import NONE
 from edgeagent.errors import EdgeAgentError, TrainingError
 from edgeagent.models import ModelSpec
+from edgeagent.modes.pipeline.worker.replicas import Replicas
+from edgeagent.modes.pipeline.worker.run import Run, stage_input
 from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.divergence import loss_not_finite
 from edgeagent.pipeline.runner import StageRunner
@@ -40,8 +42,6 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.topics import Family
 from edgeagent.replication.switch import Switch
-from edgeagent.roles.worker.replicas import Replicas
-from edgeagent.roles.worker.run import Run, stage_input
 from edgeagent.runtime.compute import Clock, emulate_slowdown
 from edgeagent.runtime.role import Handler, Inbound
 

@@ -16,6 +16,7 @@ import logging
 import statistics
 import time
 
+from edgeagent.modes.pipeline.central.setup import Setup
 from edgeagent.predictor.correction import TileFit
 from edgeagent.predictor.measure import model_key, model_tiling
 from edgeagent.predictor.store import shipped, shipped_path
@@ -23,7 +24,6 @@ from edgeagent.predictor.tracker import DeviceTimes, Drift
 from edgeagent.protocol.commands import Characterise
 from edgeagent.protocol.messages import Announce
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.setup import Setup
 
 log = logging.getLogger("edgeagent.roles.central")
 

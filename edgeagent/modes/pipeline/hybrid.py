@@ -7,8 +7,8 @@ devices add up their parameter gradients before every update, so the pipeline's 
 vertical sync stay exact. When a device of a replicated stage dies, the others take its rows from the
 next batch on: no rollback, no layers moved. With one device per stage it is the pipeline mode.
 
-The central node's half is :class:`~edgeagent.roles.central.hybrid.HybridRun`, the worker's
-:class:`~edgeagent.roles.worker.hybrid.HybridSession`; both are imported when first used.
+The central node's half is :class:`~edgeagent.modes.pipeline.central.hybrid.HybridRun`, the worker's
+:class:`~edgeagent.modes.pipeline.worker.hybrid.HybridSession`; both are imported when first used.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from edgeagent.modes.pipeline import PipelineMode
 
 if TYPE_CHECKING:
     from edgeagent.models import ModelSpec
-    from edgeagent.modes.base import WorkerSession
+    from edgeagent.modes.pipeline.central.trainer import PipelineRun
     from edgeagent.protocol.messages import Assign
-    from edgeagent.roles.central.trainer import PipelineRun
+    from edgeagent.roles.mode import WorkerSession
     from edgeagent.roles.worker import Worker
 
 
@@ -42,12 +42,12 @@ class HybridMode(PipelineMode):
             )
 
     def _run_class(self) -> type[PipelineRun]:
-        from edgeagent.roles.central.hybrid import HybridRun
+        from edgeagent.modes.pipeline.central.hybrid import HybridRun
 
         return HybridRun
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
-        from edgeagent.roles.worker.hybrid import HybridSession
+        from edgeagent.modes.pipeline.worker.hybrid import HybridSession
 
         return HybridSession.open(worker, assign)
 

@@ -1,6 +1,6 @@
 """The hybrid mode's half of a run on a worker: one member of a stage that several devices may hold.
 
-A :class:`HybridSession` is a :class:`~edgeagent.roles.worker.session.PipelineSession` whose stage is held
+A :class:`HybridSession` is a :class:`~.session.PipelineSession` whose stage is held
 by a *group* of devices (``Assign.groups``; the primary, ``worker_list[k]``, first). Every batch's rows are
 split among the group in proportion to the members' shares (:mod:`edgeagent.pipeline.rows`): each member
 forwards and backwards only its rows, the stages before and after see the batch as pieces and collect
@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from edgeagent.errors import TrainingError
+from edgeagent.modes.pipeline.worker.hybrid_intake import HybridIntake, HybridState
+from edgeagent.modes.pipeline.worker.run import Run
 from edgeagent.pipeline.groups import Groups, cover
 from edgeagent.pipeline.rows import Rows
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
@@ -34,8 +36,6 @@ from edgeagent.protocol.commands import Reshare
 from edgeagent.protocol.identity import PlanView
 from edgeagent.protocol.messages import Assign, Commit, EvalResult, GradSync, Message, Repartition
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.worker.hybrid_intake import HybridIntake, HybridState
-from edgeagent.roles.worker.run import Run
 from edgeagent.runtime.compute import Clock, emulate_slowdown
 from edgeagent.runtime.role import Handler, Inbound
 

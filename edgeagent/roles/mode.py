@@ -11,7 +11,10 @@ metrics. A mode owns what differs between ways of training, in two halves:
   whenever the inbox is empty.
 
 The worker routes an ``Assign`` to the mode it names (``Assign.mode``); the central node picks the mode
-from ``--mode`` (``pipeline``, FTPipeHD's, by default). A new mode is a new module registered in
+from ``--mode`` (``pipeline``, FTPipeHD's, by default). Neither imports a mode: both are handed a
+:data:`ModeLookup` (the registry's :func:`edgeagent.modes.mode`) by whoever builds them, the CLI. The
+interface lives here, with the nodes that drive it, so that the modes (above) import the roles (below)
+and never the other way round. A new mode is a new package under :mod:`edgeagent.modes` registered in
 :data:`edgeagent.modes.MODES`: it adds files, it does not edit the pipeline's.
 """
 
@@ -26,8 +29,8 @@ if TYPE_CHECKING:
     from edgeagent.protocol.messages import Assign, Message
     from edgeagent.runtime.role import Inbound
 
-# The nodes a mode runs on and what its run returns, as type parameters: the interface names no role, so
-# the roles may import it without a circle (the central node ``Central``, the worker ``Worker``, the
+# The nodes a mode runs on and what its run returns, as type parameters: the interface names no node, so
+# the nodes may import it without a circle (the central node ``Central``, the worker ``Worker``, the
 # report ``RunReport``, all of edgeagent.roles, bind them: ``TrainingMode[Central, Worker, RunReport]``).
 CentralNode = TypeVar("CentralNode", contravariant=True)
 WorkerNode = TypeVar("WorkerNode", contravariant=True)
@@ -100,3 +103,8 @@ class TrainingMode(Protocol[CentralNode, WorkerNode, Report]):
         built, it leaves that run (``worker.leave_run()``) before it subscribes to anything.
         """
         ...
+
+
+# name (``--mode``, ``Assign.mode``) -> its mode: what the CLI hands the nodes (:func:`edgeagent.modes.mode`,
+# a :class:`~edgeagent.errors.ConfigError` for an unknown name).
+ModeLookup = Callable[[str], TrainingMode[Any, Any, Any]]

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 from edgeagent.errors import TrainingError
+from edgeagent.modes.pipeline.central.checkpoint import Checkpoints
 from edgeagent.protocol.messages import (
     Announce,
     ErrorReport,
@@ -25,7 +26,6 @@ from edgeagent.protocol.messages import (
 from edgeagent.protocol.topics import Family
 from edgeagent.replication.store import layer_of
 from edgeagent.replication.switch import serve_fetch
-from edgeagent.roles.central.checkpoint import Checkpoints
 from edgeagent.runtime.role import Inbound
 
 log = logging.getLogger("edgeagent.roles.central")

@@ -7,8 +7,8 @@ answers every mini-batch with its gradient as soon as it is done (Algorithm 2), 
 models with FedAvg weighted by ``|D_k|`` at every epoch's end (eq. 3). Raw inputs never leave a device
 (``P >= 1``); ``P = L`` is FL, the baseline, in the same code.
 
-The central node's half is :class:`~edgeagent.roles.central.splitfed.SplitFedRun`, the worker's
-:class:`~edgeagent.roles.worker.splitfed.SplitFedSession`; both are imported when first used.
+The central node's half is :class:`~edgeagent.modes.splitfed.central.SplitFedRun`, the worker's
+:class:`~edgeagent.modes.splitfed.worker.SplitFedSession`; both are imported when first used.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from edgeagent.config import CentralConfig
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
-    from edgeagent.modes.base import WorkerSession
     from edgeagent.protocol.messages import Assign
     from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.mode import WorkerSession
     from edgeagent.roles.worker import Worker
 
 
@@ -54,7 +54,7 @@ class SplitFedMode:
             )
 
     def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
-        from edgeagent.roles.central.splitfed import SplitFedRun
+        from edgeagent.modes.splitfed.central import SplitFedRun
 
         run = SplitFedRun(central, data, spec, devices)
         central.attach(run)
@@ -64,7 +64,7 @@ class SplitFedMode:
         return report
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
-        from edgeagent.roles.worker.splitfed import SplitFedSession
+        from edgeagent.modes.splitfed.worker import SplitFedSession
 
         return SplitFedSession.open(worker, assign)
 

@@ -8,9 +8,9 @@ import time
 import torch
 
 from edgeagent.errors import DivergedError
+from edgeagent.modes.pipeline.central.context import Fault
+from edgeagent.modes.pipeline.central.switching import Switching
 from edgeagent.pipeline.divergence import DIVERGED_EPOCHS, divergence, ends_run
-from edgeagent.roles.central.context import Fault
-from edgeagent.roles.central.switching import Switching
 from edgeagent.runtime.compute import Clock, emulate_slowdown
 
 log = logging.getLogger("edgeagent.roles.central")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import time
 
+from edgeagent.modes.pipeline.central.context import Fault, Plan
+from edgeagent.modes.pipeline.central.liveness import Liveness
 from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.planner.redistribute import bytes_sent, redistribution_plan
 from edgeagent.protocol.messages import Commit, Repartition
 from edgeagent.protocol.topics import Family
 from edgeagent.replication.switch import Switch
-from edgeagent.roles.central.context import Fault, Plan
-from edgeagent.roles.central.liveness import Liveness
 
 log = logging.getLogger("edgeagent.roles.central")
 

@@ -3,8 +3,8 @@ every step each computes the gradient of its batch and the devices average them 
 replicas stay identical (papers/001, the fault-tolerant tree allreduce, and its baselines).
 
 The collectives are pure state machines (:mod:`edgeagent.allreduce`, ``--collective``); the central node's
-half is :class:`~edgeagent.roles.central.allreduce.AllreduceRun` (ranks, steps, membership, evaluation, the
-report), the worker's :class:`~edgeagent.roles.worker.allreduce.AllreduceSession` (the replica, the links,
+half is :class:`~edgeagent.modes.allreduce.central.AllreduceRun` (ranks, steps, membership, evaluation, the
+report), the worker's :class:`~edgeagent.modes.allreduce.worker.AllreduceSession` (the replica, the links,
 the collective's deadlines, ``--fail-link``). Both are imported when first used.
 """
 
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
-    from edgeagent.modes.base import WorkerSession
     from edgeagent.protocol.messages import Assign
     from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.mode import WorkerSession
     from edgeagent.roles.worker import Worker
 
 
@@ -34,8 +34,8 @@ class AllreduceMode:
             raise PlanningError("--mode allreduce trains on the workers: start at least one (--workers)")
 
     def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
-        from edgeagent.roles.central.allreduce import AllreduceRun
-        from edgeagent.roles.worker.allreduce_codec import gradient_bits
+        from edgeagent.modes.allreduce.central import AllreduceRun
+        from edgeagent.modes.allreduce.codec import gradient_bits
 
         gradient_bits(central.config.compression)  # a ConfigError before any device is assigned
         run = AllreduceRun(central, data, spec, devices)
@@ -46,7 +46,7 @@ class AllreduceMode:
         return report
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
-        from edgeagent.roles.worker.allreduce import AllreduceSession
+        from edgeagent.modes.allreduce.worker import AllreduceSession
 
         return AllreduceSession.open(worker, assign)
 

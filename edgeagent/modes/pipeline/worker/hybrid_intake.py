@@ -1,4 +1,4 @@
-"""A hybrid stage member's intake and bookkeeping (see :mod:`edgeagent.roles.worker.hybrid`).
+"""A hybrid stage member's intake and bookkeeping (see :mod:`edgeagent.modes.pipeline.worker.hybrid`).
 
 :class:`HybridState` is what a member of a (possibly replicated) stage keeps about the batches not yet
 updated on its stage; :class:`HybridIntake` takes the pieces of those batches as they arrive (inputs and
@@ -14,10 +14,10 @@ import torch
 
 from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import restore
+from edgeagent.modes.pipeline.worker.session import PipelineSession
 from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.rows import RowBuffer, Rows, gradient_piece
 from edgeagent.protocol.messages import Activation, Gradient, GradSync
-from edgeagent.roles.worker.session import PipelineSession
 from edgeagent.runtime.role import Inbound
 
 

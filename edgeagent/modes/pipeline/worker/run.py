@@ -3,7 +3,7 @@
 :class:`Run` is plain state (no I/O): the plan (points, worker list, this device's stage), the stage's
 data path (a :class:`~edgeagent.pipeline.runner.StageRunner`), the batches waiting here and the 1F1B
 bookkeeping. Which incoming batch fits (:meth:`Run.activation_problem`) and what to compute next
-(:meth:`Run.ready`) are decided here, so the session (:mod:`edgeagent.roles.worker.session`) only moves
+(:meth:`Run.ready`) are decided here, so the session (:mod:`.session`) only moves
 messages and the rules can be read (and tested) without a broker.
 """
 

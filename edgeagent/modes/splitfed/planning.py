@@ -1,9 +1,9 @@
 """Split-federated training's plan on the server (PiPar Sec. 3.3): the profiling phase and every
-device's (P_k, N_k) (:func:`~edgeagent.roles.central.splitfed_plan.choose`), the exhaustive search run for
+device's (P_k, N_k) (:func:`~edgeagent.modes.splitfed.choose.choose`), the exhaustive search run for
 real (``--splitfed-plan exhaustive``), and ours's calibration and re-plan after every epoch.
 
-A mixin of :class:`~edgeagent.roles.central.splitfed.SplitFedRun`: the rounds, events and progress are
-the run's; the pure parts are in :mod:`edgeagent.roles.central.splitfed_plan` and :mod:`edgeagent.splitfed`.
+A mixin of :class:`~edgeagent.modes.splitfed.central.SplitFedRun`: the rounds, events and progress are
+the run's; the pure parts are in :mod:`edgeagent.modes.splitfed.choose` and :mod:`edgeagent.splitfed`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from edgeagent.errors import TrainingError
-from edgeagent.roles.central.splitfed_plan import (
+from edgeagent.modes.splitfed.choose import (
     REAL_LINK_BPS,
     ServerProfile,
     choose,

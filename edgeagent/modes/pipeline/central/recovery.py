@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeagent.errors import TrainingError
+from edgeagent.modes.pipeline.central.context import Fault
+from edgeagent.modes.pipeline.central.evaluation import Evaluation
 from edgeagent.planner.recovery import (
     RecoveryPoint,
     choose_recovery_point,
@@ -20,8 +22,6 @@ from edgeagent.planner.recovery import (
 from edgeagent.protocol.commands import Ping
 from edgeagent.protocol.messages import Discover
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.context import Fault
-from edgeagent.roles.central.evaluation import Evaluation
 
 log = logging.getLogger("edgeagent.roles.central")
 

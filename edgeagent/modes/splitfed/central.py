@@ -28,6 +28,10 @@ from edgeagent.compression.stage import NONE, StageCodecs, restore
 from edgeagent.data import Dataset
 from edgeagent.errors import PlanningError
 from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_shapes, num_layers
+from edgeagent.modes.splitfed.choose import (
+    ServerProfile,
+)
+from edgeagent.modes.splitfed.planning import SplitFedPlanning
 from edgeagent.pipeline.sgd import SGD
 from edgeagent.planner.deadlines import silence
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
@@ -43,10 +47,6 @@ from edgeagent.protocol.splitfed_messages import (
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.checkpoint_file import resume_of, save_model
 from edgeagent.roles.central.report import RunReport
-from edgeagent.roles.central.splitfed_plan import (
-    ServerProfile,
-)
-from edgeagent.roles.central.splitfed_planning import SplitFedPlanning
 from edgeagent.splitfed.cost import DeviceCosts
 from edgeagent.splitfed.fedavg import fedavg, layer_range, shift, state_checksum
 

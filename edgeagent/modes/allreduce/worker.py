@@ -34,11 +34,11 @@ from edgeagent.compression.base import CompressionError
 from edgeagent.data import load_dataset
 from edgeagent.errors import EdgeAgentError
 from edgeagent.models import ModelSpec
+from edgeagent.modes.allreduce.codec import LinkCodec, gradient_bits
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.commands import Stop
 from edgeagent.protocol.messages import Assign, Message, Ready, Status
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.worker.allreduce_codec import LinkCodec, gradient_bits
 from edgeagent.runtime.role import Handler, Inbound
 
 if TYPE_CHECKING:

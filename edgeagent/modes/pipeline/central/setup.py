@@ -9,14 +9,14 @@ import time
 import torch
 
 from edgeagent.errors import TrainingError
+from edgeagent.modes.pipeline.central.context import Fault
+from edgeagent.modes.pipeline.central.handlers import Handlers
 from edgeagent.pipeline.build import layer_slice
 from edgeagent.pipeline.groups import Groups
 from edgeagent.planner.dp import Link
 from edgeagent.protocol.commands import MeasureLink
 from edgeagent.protocol.messages import Assign
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.context import Fault
-from edgeagent.roles.central.handlers import Handlers
 from edgeagent.roles.central.node import DeviceState
 
 log = logging.getLogger("edgeagent.roles.central")

@@ -7,10 +7,10 @@ import logging
 import math
 import time
 
+from edgeagent.modes.pipeline.central.context import Fault
+from edgeagent.modes.pipeline.central.planning import Planning
 from edgeagent.planner.deadlines import silence
 from edgeagent.planner.dp import Link, compute_time, predict
-from edgeagent.roles.central.context import Fault
-from edgeagent.roles.central.planning import Planning
 
 log = logging.getLogger("edgeagent.roles.central")
 

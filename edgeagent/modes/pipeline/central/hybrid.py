@@ -1,6 +1,6 @@
 """The hybrid mode's run on the central node: the pipeline run where a stage may be held by several devices.
 
-What differs from :class:`~edgeagent.roles.central.trainer.PipelineRun` (papers/000) is here:
+What differs from :class:`~edgeagent.modes.pipeline.central.trainer.PipelineRun` (papers/000) is here:
 
 * **Planning** with :func:`edgeagent.planner.hybrid.solve_hybrid` over every device the run knows (the
   stages' devices, devices it left out, devices that joined): the split, the devices of each stage and
@@ -27,6 +27,8 @@ from typing import Any
 from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import restore
 from edgeagent.errors import PlanningError, TrainingError
+from edgeagent.modes.pipeline.central.context import Fault, Plan
+from edgeagent.modes.pipeline.central.trainer import PipelineRun
 from edgeagent.pipeline.groups import Groups, cover
 from edgeagent.pipeline.rows import RowBuffer, gradient_piece
 from edgeagent.planner.hybrid import Device, HybridPlan, HybridProblem, predict_hybrid
@@ -34,8 +36,6 @@ from edgeagent.planner.hybrid_dp import solve_hybrid
 from edgeagent.protocol.commands import Reshare
 from edgeagent.protocol.messages import EvalResult, Gradient
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.context import Fault, Plan
-from edgeagent.roles.central.trainer import PipelineRun
 from edgeagent.runtime.role import Inbound
 
 log = logging.getLogger("edgeagent.roles.central")

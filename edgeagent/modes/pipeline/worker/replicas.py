@@ -17,8 +17,8 @@ from edgeagent.replication.store import WeightStore, replica_message
 from edgeagent.replication.switch import serve_fetch
 
 if TYPE_CHECKING:
+    from edgeagent.modes.pipeline.worker.run import Run
     from edgeagent.roles.worker.node import Worker
-    from edgeagent.roles.worker.run import Run
 
 
 class Replicas:

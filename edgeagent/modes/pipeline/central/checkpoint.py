@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from edgeagent.models import num_layers
+from edgeagent.modes.pipeline.central.context import RunState
 from edgeagent.protocol.commands import Collect
 from edgeagent.protocol.messages import Weights
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.checkpoint_file import save_model
-from edgeagent.roles.central.context import RunState
 
 log = logging.getLogger("edgeagent.roles.central")
 
