@@ -1,4 +1,4 @@
-"""``edgeagent install-service`` and ``bundle`` (ops/install.py, ops/bundle.py) and the shipped files the
+"""``edgeagent install-service`` and ``bundle`` (ops/install.py, broker/bundle.py) and the shipped files the
 CLI finds in the package (ops/shipped.py): pure, no broker, no systemd."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from edgeagent.cli.main import main
 from edgeagent.config import WorkerConfig, build
 from edgeagent.errors import ConfigError
 from edgeagent.ops import shipped
-from edgeagent.ops.bundle import make_bundle, write_archive
+from edgeagent.broker.bundle import make_bundle, write_archive
 from edgeagent.ops.install import UnitPaths, render_unit
 from edgeagent.ops.units import ServiceUnit
 
