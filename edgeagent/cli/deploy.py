@@ -126,8 +126,8 @@ def bundle(
 ) -> None:
     """The archive a Pi needs, made on the central node: DEVICE's worker.yaml (its id, cluster and broker
     URL), its broker password, the site CA and its client certificate and key."""
-    from edgeagent.config import WorkerConfig, build
     from edgeagent.broker.bundle import make_bundle, write_archive
+    from edgeagent.config import WorkerConfig, build
     from edgeagent.transport.mqtt import BrokerUrl
 
     BrokerUrl.parse(broker)  # a bad URL fails here, not on the Pi

@@ -11,13 +11,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from edgeagent.broker.bundle import make_bundle, write_archive
 from edgeagent.broker.certs import init_site
 from edgeagent.broker.credentials import CredentialStore
 from edgeagent.cli.main import main
 from edgeagent.config import WorkerConfig, build
 from edgeagent.errors import ConfigError
 from edgeagent.ops import shipped
-from edgeagent.broker.bundle import make_bundle, write_archive
 from edgeagent.ops.install import UnitPaths, render_unit
 from edgeagent.ops.units import ServiceUnit
 
