@@ -31,13 +31,21 @@ class MosquittoProcess:
     """A private Mosquitto on an ephemeral port, so tests never share the machine's broker."""
 
     def __init__(
-        self, tmp: Path, port: int | None = None, *, extra: str = "", anonymous: bool = True
+        self,
+        tmp: Path,
+        port: int | None = None,
+        *,
+        extra: str = "",
+        anonymous: bool = True,
+        nodelay: bool = True,
     ) -> None:
+        """``nodelay=False``: Nagle's algorithm left on, as Debian's package configures Mosquitto."""
         self.port = port or free_port()
         self.conf = tmp / f"mosquitto-{self.port}.conf"
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\nallow_anonymous {str(anonymous).lower()}\npersistence false\n"
-            "max_queued_messages 10000\nset_tcp_nodelay true\nlog_dest stderr\nlog_type error\n" + extra
+            f"max_queued_messages 10000\n{'set_tcp_nodelay true' if nodelay else ''}\nlog_dest stderr\n"
+            "log_type error\n" + extra
         )
         self.proc: subprocess.Popen[bytes] | None = None
 

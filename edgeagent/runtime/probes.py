@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -9,14 +10,36 @@ from typing import TYPE_CHECKING
 from edgeagent.errors import TrainingError
 from edgeagent.protocol.messages import Probe
 from edgeagent.protocol.topics import Family
+from edgeagent.transport.hosts import is_nearby
 
 if TYPE_CHECKING:
     from edgeagent.runtime.role import Role
+
+log = logging.getLogger(__name__)
 
 MAX_BANDWIDTH = 10e9  # bytes/s; a measurement above this is noise (the transfer time vanished in jitter)
 
 
 _PROBE_SIZES = (64 * 1024, 256 * 1024, 1024 * 1024)  # bytes of the big probe, smallest first
+
+# The shortest delayed-ACK timer (Linux 40 ms; macOS and Windows 100-200 ms), with room for timer slack.
+NAGLE_MIN_RTT = 0.030
+NAGLE_MIN_BANDWIDTH = 10e6  # bytes/s
+BROKER_FIX = "set_tcp_nodelay true"
+
+
+def nagle_bound(rtt_small: float, bandwidth: float, *, nearby: bool) -> bool:
+    """Whether the fastest round trip of a tiny probe shows Nagle-bound delivery.
+
+    A sender with Nagle's algorithm on (the broker's socket) holds a small packet while an earlier one
+    is unacknowledged, and the receiver delays that ACK by a timer (Linux 40 ms, macOS and Windows
+    100-200 ms): every round trip of a small message then takes a timer's worth, on any path, while big
+    transfers still run at the path's rate. A tiny probe's fastest round trip of 30 ms or more is that
+    signature where no path explains it: through a broker on loopback or the LAN (``nearby``), or over
+    a path that moves 10 MB/s or more (a high-delay path that fast is a long-haul fibre link, not an
+    edge device's; a broker beyond the LAN on a slower path is not judged, its latency may be real).
+    """
+    return rtt_small >= NAGLE_MIN_RTT and (nearby or bandwidth >= NAGLE_MIN_BANDWIDTH)
 
 
 class LinkProbes:
@@ -32,6 +55,7 @@ class LinkProbes:
         self._nonce = 0
         self._lock = threading.Lock()
         self._topics: set[str] = set()
+        self.nagle_warned = False  # said once per role (a process runs one): see _check_nagle
 
     def watch(self, peer: str) -> None:
         """Listen to ``peer``'s probe topic: its probes to us and its echoes of ours."""
@@ -102,7 +126,38 @@ class LinkProbes:
             bigs.append(self._round_trip(target, big, timeout))
         rtt_small, rtt_big = min(smalls), min(bigs)
         bandwidth = (big - small) / max(rtt_big - rtt_small, (big - small) / MAX_BANDWIDTH)
+        self._check_nagle(target, rtt_small, bandwidth, small)
         return bandwidth, rtt_small / 2
+
+    def _check_nagle(self, target: str, rtt_small: float, bandwidth: float, small: int) -> None:
+        """Say once, loudly, that the broker holds small messages back, and the line that fixes it.
+
+        Our clients re-arm ``TCP_QUICKACK`` after each read (:mod:`edgeagent.transport.mqtt`), which
+        hides the broker's Nagle on Linux; when the probes still show it (a system without the option,
+        a peer on an older edgeagent), only the broker can fix it: every activation, gradient and
+        acknowledgement waits a delayed-ACK timer per hop, several times slower training.
+        """
+        address = getattr(self.role.transport, "broker_address", None)
+        nearby = isinstance(address, str) and is_nearby(address)
+        if self.nagle_warned or not nagle_bound(rtt_small, bandwidth, nearby=nearby):
+            return
+        self.nagle_warned = True
+        url = getattr(self.role.transport, "url", None)
+        broker = url.redacted() if url is not None and hasattr(url, "redacted") else "the broker"
+        log.warning(
+            "SLOW BROKER: a %d-byte probe to %s through %s (%s) takes %.0f ms there and back on a path "
+            "that moves %.0f MB/s: the broker holds small packets back (Nagle's algorithm) until a delayed "
+            "ACK, tens of ms per message, and training runs several times slower. If it is Mosquitto, add "
+            "this line to its mosquitto.conf and restart it: `%s` (other brokers: turn on TCP_NODELAY for "
+            "client connections)",
+            small,
+            target,
+            broker,
+            address or "address unknown",
+            rtt_small * 1e3,
+            bandwidth / 1e6,
+            BROKER_FIX,
+        )
 
     def _warm_up(self, target: str, size: int, timeout: float) -> None:
         """The first round trip, retried: the echo of a probe sent before our subscription to the peer's

@@ -15,3 +15,13 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_nearby(address: str) -> bool:
+    """A loopback, private (RFC 1918, unique local) or link-local address: one hop across a LAN at most,
+    where a 64-byte round trip never takes tens of milliseconds unless something holds it back."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address == "localhost"
+    return ip.is_loopback or ip.is_private or ip.is_link_local
