@@ -18,7 +18,6 @@ from edgeagent.runtime.probes import BROKER_FIX, NAGLE_MIN_RTT, LinkProbes
 from edgeagent.runtime.role import Role
 from edgeagent.transport.mqtt import TCP_QUICKACK, MqttTransport
 from tests.conftest import MosquittoProcess
-from tests.protocol.test_brokers import wait_until
 
 pytestmark = pytest.mark.mosquitto
 
@@ -54,9 +53,8 @@ def test_our_socket_has_nodelay_and_quickack(stock_url: str) -> None:
         sock: Any = transport._client.socket()
         assert sock is not None
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
-        # Linux reads it back as 1 until the kernel judges the exchange interactive again: it is
-        # re-armed after the SUBACK's read, and nothing is sent after that.
-        assert wait_until(lambda: sock.getsockopt(socket.IPPROTO_TCP, TCP_QUICKACK) == 1, 5.0)
+        # TCP_QUICKACK is not asserted here: Linux reads it back as 1 whenever the connection is not in
+        # interactive mode, fix or no fix; the round-trip tests below are what tell them apart.
         assert transport.broker_address == "127.0.0.1"
     finally:
         transport.close()
