@@ -8,13 +8,13 @@ import signal
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from edgeagent.broker import EmbeddedBroker, free_port
+from tests.helpers import FakeSystemd, unique_cluster
 
 
 def _wait_port(port: int, timeout: float = 10.0) -> bool:
@@ -104,7 +104,15 @@ def broker_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def cluster() -> str:
     """A unique cluster name, so concurrent runs on one broker never see each other's topics."""
-    return f"t{uuid.uuid4().hex[:8]}"
+    return unique_cluster()
+
+
+@pytest.fixture
+def fake_systemd(tmp_path: Path) -> Iterator[FakeSystemd]:
+    """A datagram socket where systemd would listen (pass its ``path`` as NOTIFY_SOCKET)."""
+    f = FakeSystemd(tmp_path / "notify.sock")
+    yield f
+    f.close()
 
 
 def first_pid_in(group: Path, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,14 @@ import torch
 from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import batch, shard
 from edgeagent.cli.demo import LocalWorkers
-from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.config import TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec
-from edgeagent.modes import mode
 from edgeagent.modes.allreduce.central import AllreduceRun
 from edgeagent.protocol.messages import Ready
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.roles.central import Central, RunReport
+from tests.helpers import LocalCluster
 
 pytestmark = pytest.mark.slow
 
@@ -49,24 +48,11 @@ def run(
 ) -> tuple[RunReport, list[str]]:
     """A run of ``steps`` steps; ``kill=(device, step)``: SIGKILL it when that step is done (and start it
     again at once with ``restart``)."""
-    cluster = f"t{uuid.uuid4().hex[:8]}"
     train = TRAIN.model_copy(update={"max_batches": steps, "epochs": 100})  # the steps bound the run
-    config = CentralConfig(
-        cluster=cluster,
-        broker=broker,
-        workers=workers,
-        train=train,
-        progress=False,
-        mode="allreduce",
-        save_model=str(save),
-        **central,
-    )
-    local = LocalWorkers(workers, broker, cluster, [1.0] * workers).start_all()
     killed: list[str] = []
-    node: Central
     joining: list[str] = []
 
-    def progress(values: dict[str, Any]) -> None:
+    def progress(values: dict[str, Any], node: Central, local: LocalWorkers) -> None:
         if restart and killed and not joining:
             wait_for_ready(node, killed[0], joining)
         if kill is not None and values.get("batch") == kill[1] and not killed:
@@ -83,11 +69,16 @@ def run(
                 while not (state.online and state.last_heartbeat > died) and time.monotonic() < deadline:
                     time.sleep(0.05)
 
-    node = Central(config, progress=progress, modes=mode)
-    try:
-        return node.run(), killed
-    finally:
-        local.stop()
+    cluster = LocalCluster(
+        broker,
+        workers=workers,
+        on_progress=progress,
+        train=train,
+        mode="allreduce",
+        save_model=str(save),
+        **central,
+    )
+    return cluster.run(), killed
 
 
 def wait_for_ready(node: Central, device: str, seen: list[str]) -> None:

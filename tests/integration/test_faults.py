@@ -21,6 +21,7 @@ from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.modes import mode
 from edgeagent.roles.central import Central, RunReport
+from tests.helpers import LocalCluster
 
 pytestmark = pytest.mark.slow
 
@@ -39,17 +40,21 @@ def run(
     train = central.pop("train", TrainConfig(epochs=3))
     # Killed workers stay dead unless a test restarts them: recover without waiting for them to come back.
     central.setdefault("restart_window", 30.0 if watch_restart else 0.0)
-    cluster = f"t{uuid.uuid4().hex[:8]}"
-    config = CentralConfig(
-        cluster=cluster,
-        broker=broker,
+
+    def progress(values: dict[str, Any], _node: Central, local: LocalWorkers) -> None:
+        if on_batch is not None and "batch" in values:
+            on_batch(values["batch"], local)
+
+    cluster = LocalCluster(
+        broker,
         workers=workers,
+        on_progress=progress,
+        worker_options={"kills": kills},
         train=train,
-        progress=False,
         save_model=str(save) if save else None,
         **central,
     )
-    local = LocalWorkers(workers, broker, cluster, [1.0] * workers, kills=kills).start_all()
+    local = cluster.local
     stop = threading.Event()
 
     def restarter() -> None:
@@ -64,15 +69,10 @@ def run(
     watcher = threading.Thread(target=restarter, daemon=True)
     if watch_restart:
         watcher.start()
-
-    def progress(values: dict[str, Any]) -> None:
-        if on_batch is not None and "batch" in values:
-            on_batch(values["batch"], local)
-
     try:
-        return Central(config, progress=progress, modes=mode).run()
+        return cluster.node.run()
     finally:
-        stop.set()
+        stop.set()  # before the workers stop: the restarter must not start them again
         local.stop()
 
 

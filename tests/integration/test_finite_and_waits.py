@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.central import Central, latest_checkpoint
 from edgeagent.roles.central.checkpoint_file import load_checkpoint
 from edgeagent.transport.mqtt import MqttTransport
+from tests.helpers import LocalCluster
 
 pytestmark = pytest.mark.slow
 
@@ -51,18 +51,22 @@ def central_and_workers(
     progress: Any = None,
     **settings: Any,
 ) -> tuple[Central, LocalWorkers]:
-    """A central node (to run in this process) and worker processes with extra ``flags`` each."""
-    cluster = f"t{uuid.uuid4().hex[:8]}"
+    """A central node (to run in this process) and worker processes with extra ``flags`` each, not started."""
     settings.setdefault("train", TrainConfig(epochs=2))
     settings.setdefault("restart_window", 0.0)  # nobody restarts the workers: recover at once
-    config = CentralConfig(cluster=cluster, broker=broker, workers=workers, progress=False, **settings)
-    train = config.train
+    model = settings["train"].model
     # A user model (the hybrid test's) is built only by workers whose allow-list names it.
-    allowed = [train.model] if ":" in train.model or "." in train.model else []
-    local = LocalWorkers(
-        workers, broker, cluster, slowdowns or [1.0] * workers, extra=flags, allowed_models=allowed
+    allowed = [model] if ":" in model or "." in model else []
+    cluster = LocalCluster(
+        broker,
+        workers=workers,
+        slowdowns=slowdowns,
+        on_progress=None if progress is None else lambda values, _node, _local: progress(values),
+        worker_options={"extra": flags, "allowed_models": allowed},
+        start=False,
+        **settings,
     )
-    return Central(config, progress=progress, modes=mode), local
+    return cluster.node, cluster.local
 
 
 def finite(state: dict[str, torch.Tensor]) -> bool:

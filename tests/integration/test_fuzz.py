@@ -49,7 +49,6 @@ from edgeagent.protocol.messages import (
     Activation,
     ActivationMode,
     Announce,
-    Assign,
     Commit,
     Discover,
     ErrorReport,
@@ -70,7 +69,6 @@ from edgeagent.protocol.messages import (
     Status,
     Weights,
 )
-from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,
@@ -83,6 +81,7 @@ from edgeagent.protocol.topics import Family, Topics, topic_matches
 from edgeagent.protocol.wire import MESSAGE_TYPES, encode
 from edgeagent.roles.central import Central, RunReport
 from edgeagent.transport.mqtt import MqttTransport
+from tests.helpers import make_assign
 
 pytestmark = pytest.mark.slow
 
@@ -219,20 +218,7 @@ def base_messages(spec: ModelSpec) -> list[Message]:
         Announce(device_id=FUZZER, busy_with=FOREIGN),
         Status(device_id=FUZZER, state="idle", run_id=FOREIGN),
         Heartbeat(device_id=FUZZER, seq=1, run_id=FOREIGN),
-        Assign(
-            run_id=FOREIGN,
-            plan_id=0,
-            worker_list=["central", FUZZER],
-            points=[0, 1, 3],
-            model=spec.to_dict(),
-            seed=0,
-            committed_forward_id=-1,
-            committed_backward_id=-1,
-            status=0,
-            options=TrainOptions(learning_rate=0.1),
-            epochs=1,
-            batches_per_epoch=1,
-        ),
+        make_assign(run_id=FOREIGN, worker_list=["central", FUZZER], points=[0, 1, 3], model=spec.to_dict()),
         Ready(run_id=FOREIGN, plan_id=0, device_id=FUZZER, stage=1, parameters=10),
         Activation(run_id=FOREIGN, plan_id=0, stage=0, batch_id=0, version=0, mode="train", x=x, y=y),
         Gradient(run_id=FOREIGN, plan_id=0, stage=1, batch_id=0, g=x, loss=1.0, stage_times=[0.1]),

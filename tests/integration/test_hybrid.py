@@ -19,9 +19,9 @@ import torch
 
 from edgeagent.cli.demo import LocalWorkers, allowed_for
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.modes import mode
 from edgeagent.modes.pipeline.central.hybrid import HybridRun
 from edgeagent.roles.central import Central, RunReport
+from tests.helpers import LocalCluster
 
 pytestmark = pytest.mark.slow
 
@@ -44,30 +44,22 @@ def run(
 ) -> RunReport:
     """Central node in this process, workers as processes; ``on_batch`` runs as batches commit."""
     central.setdefault("restart_window", 0.0)
-    cluster = f"t{uuid.uuid4().hex[:8]}"
-    config = CentralConfig(
-        cluster=cluster,
-        broker=broker,
-        workers=workers,
-        train=train,
-        progress=False,
-        save_model=str(save) if save else None,
-        **central,
-    )
-    allowed = allowed_for(train.model)  # the heavy user model: the workers must be told they may build it
-    local = LocalWorkers(workers, broker, cluster, slowdowns or [1.0] * workers, allowed_models=allowed)
-    local.start_all()
-    node: Central
 
-    def progress(values: dict[str, Any]) -> None:
+    def progress(values: dict[str, Any], node: Central, local: LocalWorkers) -> None:
         if on_batch is not None and "batch" in values:
             on_batch(values["batch"], node, local)
 
-    node = Central(config, progress=progress, modes=mode)
-    try:
-        return node.run()
-    finally:
-        local.stop()
+    allowed = allowed_for(train.model)  # the heavy user model: the workers must be told they may build it
+    return LocalCluster(
+        broker,
+        workers=workers,
+        slowdowns=slowdowns,
+        on_progress=progress,
+        worker_options={"allowed_models": allowed},
+        train=train,
+        save_model=str(save) if save else None,
+        **central,
+    ).run()
 
 
 def hybrid_run(node: Central) -> HybridRun:

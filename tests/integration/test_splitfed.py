@@ -23,10 +23,9 @@ import pytest
 import torch
 
 from edgeagent.cli.demo import LocalWorkers
-from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.config import TrainConfig
 from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
-from edgeagent.modes import mode
 from edgeagent.modes.splitfed.central import SplitFedRun
 from edgeagent.modes.splitfed.choose import exhaustive_grid
 from edgeagent.protocol.messages import Status
@@ -36,6 +35,7 @@ from edgeagent.protocol.wire import decode
 from edgeagent.roles.central import Central, RunReport, latest_checkpoint
 from edgeagent.splitfed.trial import candidates, schedule
 from edgeagent.transport.mqtt import MqttTransport
+from tests.helpers import LocalCluster
 
 pytestmark = pytest.mark.slow
 
@@ -65,38 +65,19 @@ def run(
     dataset: str = "digits",
     **central: Any,
 ) -> tuple[RunReport, Central]:
-    cluster = f"t{uuid.uuid4().hex[:8]}"
-    config = CentralConfig(
-        cluster=cluster,
-        broker=broker,
+    cluster = LocalCluster(
+        broker,
         workers=len(datasets),
+        slowdowns=slowdowns,
+        on_progress=on_progress,
+        worker_options={"kills": kills, "links": links, "datasets": [str(p) for p in datasets]},
         mode="split-federated",
-        progress=False,
         train=TrainConfig(
             model=model, dataset=dataset, epochs=epochs, batch_size=32, learning_rate=0.05, momentum=0.5
         ),
         **central,
     )
-    local = LocalWorkers(
-        len(datasets),
-        broker,
-        cluster,
-        slowdowns or [1.0] * len(datasets),
-        kills=kills,
-        links=links,
-        datasets=[str(p) for p in datasets],
-    ).start_all()
-    node: Central
-
-    def progress(values: dict[str, Any]) -> None:
-        if on_progress is not None:
-            on_progress(values, node, local)
-
-    node = Central(config, progress=progress, modes=mode)
-    try:
-        return node.run(), node
-    finally:
-        local.stop()
+    return cluster.run(), cluster.node
 
 
 def test_two_devices_reach_fl_accuracy_and_never_send_raw_inputs(mosquitto_url: str, tmp_path: Path) -> None:

@@ -31,12 +31,12 @@ from edgeagent.modes import mode
 from edgeagent.modes.pipeline.worker.session import PipelineSession
 from edgeagent.protocol.limits import SENDER
 from edgeagent.protocol.messages import Activation, Announce, Assign, Heartbeat, Ready
-from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker
 from edgeagent.transport.mqtt import MqttTransport
 from tests.conftest import MosquittoProcess
+from tests.helpers import make_assign
 from tests.protocol.test_security import CLUSTER, TOPICS, Client
 
 TIMEOUT = 10.0
@@ -76,19 +76,8 @@ def secured_port(
 
 
 def _assign(worker_list: list[str], points: list[int], model: dict[str, object]) -> Assign:
-    return Assign(
-        run_id="run1",
-        plan_id=0,
-        worker_list=worker_list,
-        points=points,
-        model=model,
-        seed=0,
-        committed_forward_id=-1,
-        committed_backward_id=-1,
-        status=0,
-        options=TrainOptions(learning_rate=0.1),
-        epochs=1,
-        batches_per_epoch=10,
+    return make_assign(
+        run_id="run1", worker_list=worker_list, points=points, model=model, batches_per_epoch=10
     )
 
 

@@ -28,11 +28,11 @@ from edgeagent.broker.credentials import CredentialStore
 from edgeagent.errors import ConfigError
 from edgeagent.ops.homeassistant import discovery_configs
 from edgeagent.protocol.commands import Reshare
-from edgeagent.protocol.messages import Assign, Repartition, Status
-from edgeagent.protocol.options import TrainOptions
+from edgeagent.protocol.messages import Repartition, Status
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import encode
 from tests.conftest import MosquittoProcess
+from tests.helpers import make_assign
 
 CLUSTER = "site"
 TOPICS = Topics(CLUSTER)
@@ -131,19 +131,12 @@ def _assign(
     shares: list[list[float]] | None = None,
 ) -> bytes:
     return encode(
-        Assign(
+        make_assign(
             run_id=run_id,
             plan_id=plan_id,
             worker_list=worker_list,
             points=list(range(len(worker_list) + 1)),
-            model={},
-            seed=0,
-            committed_forward_id=0,
-            committed_backward_id=0,
-            status=0,
-            options=TrainOptions(learning_rate=0.1),
-            epochs=1,
-            batches_per_epoch=1,
+            committed=0,
             groups=groups or [],
             shares=shares or [],
         ),

@@ -3,11 +3,14 @@ the run here, and how long an offline central node is waited for."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from edgeagent.errors import ProtocolError
 from edgeagent.protocol.messages import Heartbeat, Status
 from edgeagent.roles.worker.central_watch import CENTRAL_OFFLINE_BEATS, CentralWatch, status_verdict
+from tests.helpers import make_assign
 
 
 def _status(state: str, run_id: str = "", detail: str = "", device: str = "central") -> Status:
@@ -58,24 +61,12 @@ def test_after_a_reconnect_the_central_node_must_be_seen_again() -> None:
 
 
 def test_an_assign_says_the_central_nodes_heartbeat_interval_within_bounds() -> None:
-    from edgeagent.protocol.messages import Assign
     from edgeagent.protocol.options import TrainOptions
 
-    fields = dict(
-        run_id="r",
-        plan_id=0,
-        worker_list=["central", "w"],
-        points=[0, 1, 2],
-        model={},
-        seed=0,
-        committed_forward_id=-1,
-        committed_backward_id=-1,
-        status=0,
-        options=TrainOptions(learning_rate=0.05),
-        epochs=1,
-        batches_per_epoch=1,
+    fields: dict[str, Any] = dict(
+        run_id="r", worker_list=["central", "w"], points=[0, 1, 2], options=TrainOptions(learning_rate=0.05)
     )
-    assert Assign(**fields, heartbeat_interval=2.0).heartbeat_interval == 2.0  # type: ignore[arg-type]
+    assert make_assign(**fields, heartbeat_interval=2.0).heartbeat_interval == 2.0
     for bad in (float("nan"), float("inf"), -1.0, 1e9):
         with pytest.raises(ProtocolError, match="heartbeat_interval"):
-            Assign(**fields, heartbeat_interval=bad)  # type: ignore[arg-type]
+            make_assign(**fields, heartbeat_interval=bad)

@@ -28,13 +28,13 @@ from edgeagent.predictor.measure import (
 from edgeagent.predictor.submodels import REPRESENTATIVES
 from edgeagent.protocol.commands import COMMAND_TYPES, Characterise
 from edgeagent.protocol.limits import MALFORMED
-from edgeagent.protocol.messages import MAX_H, Announce, Assign, Discover, ErrorReport, Message
-from edgeagent.protocol.options import TrainOptions
+from edgeagent.protocol.messages import MAX_H, Announce, Discover, ErrorReport, Message
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker
 from edgeagent.runtime.role import Role
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
+from tests.helpers import make_assign
 
 TOPICS = Topics("h")
 SPEC = ModelSpec("mlp", (16,), 4)
@@ -278,20 +278,7 @@ def test_a_model_that_does_not_build_is_announced_without_h(
 def test_characterise_during_a_run_belongs_to_that_run() -> None:
     device = Device()
     spec = ModelSpec("mlp", (64,), 10, (("hidden", (128, 64)),))
-    assign = Assign(
-        run_id="run",
-        plan_id=0,
-        worker_list=["central", "w1"],
-        points=[0, 2, 3],
-        model=spec.to_dict(),
-        seed=0,
-        committed_forward_id=-1,
-        committed_backward_id=-1,
-        status=0,
-        options=TrainOptions(learning_rate=0.1),
-        epochs=1,
-        batches_per_epoch=10,
-    )
+    assign = make_assign(points=[0, 2, 3], model=spec.to_dict(), batches_per_epoch=10)
     device.send(assign, TOPICS.device(Family.CONTROL, "w1"))
     assert device.worker.session is not None
     answer = device.announced(Characterise(run_id="run", device="w1", model=MODEL, batch_size=8))

@@ -33,7 +33,6 @@ from edgeagent.protocol.messages import (
     Ready,
     Weights,
 )
-from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker
@@ -41,6 +40,7 @@ from edgeagent.runtime.role import Role
 from edgeagent.transport.hosts import is_loopback
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 from edgeagent.transport.mqtt import BrokerUrl
+from tests.helpers import make_assign
 
 T = Topics("id")
 X, Y = torch.zeros(2, 4), torch.tensor([0, 1])
@@ -234,19 +234,8 @@ def test_the_allow_list_takes_dotted_paths_in_either_spelling() -> None:
 
 
 def assign(model: str) -> Assign:
-    return Assign(
-        run_id="r",
-        plan_id=0,
-        worker_list=["central", "w1"],
-        points=[0, 1, 4],
-        model={"name": model, "in_shape": [4], "num_classes": 2, "options": {}},
-        seed=0,
-        committed_forward_id=-1,
-        committed_backward_id=-1,
-        status=0,
-        options=TrainOptions(learning_rate=0.1),
-        epochs=1,
-        batches_per_epoch=1,
+    return make_assign(
+        run_id="r", points=[0, 1, 4], model={"name": model, "in_shape": [4], "num_classes": 2, "options": {}}
     )
 
 

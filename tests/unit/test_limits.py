@@ -36,7 +36,6 @@ from edgeagent.protocol.limits import (
 from edgeagent.protocol.messages import (
     Activation,
     ActivationMode,
-    Assign,
     EvalResult,
     Gradient,
     Heartbeat,
@@ -44,7 +43,6 @@ from edgeagent.protocol.messages import (
     Probe,
     Status,
 )
-from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family, TopicInfo, Topics
 from edgeagent.protocol.wire import encode
 from edgeagent.roles.central import Central
@@ -52,6 +50,7 @@ from edgeagent.roles.worker import Worker
 from edgeagent.runtime.probes import LinkProbes
 from edgeagent.runtime.role import Inbound, Role
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
+from tests.helpers import make_assign
 
 TOPICS = Topics("lim")
 HB = TOPICS.device(Family.HEARTBEAT, "w1")
@@ -532,18 +531,10 @@ class StageOne:
         self.pub = MemoryTransport(broker, "central")
         self.sent: list[tuple[str, bytes]] = []
         MemoryTransport(broker, "spy").subscribe(TOPICS.all(), lambda t, p: self.sent.append((t, p)))
-        assign = Assign(
-            run_id="run",
-            plan_id=0,
+        assign = make_assign(
             worker_list=["central", "w1", "w2"],
             points=[0, 1, 2, 3],
             model=SPEC.to_dict(),
-            seed=0,
-            committed_forward_id=-1,
-            committed_backward_id=-1,
-            status=0,
-            options=TrainOptions(learning_rate=0.1),
-            epochs=1,
             batches_per_epoch=10,
             in_flight=2,
             layer_shapes=[[128], [64], [10]],

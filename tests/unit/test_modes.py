@@ -12,12 +12,12 @@ from edgeagent.modes import MODES, mode
 from edgeagent.modes.pipeline import PipelineMode
 from edgeagent.modes.pipeline.worker.session import PipelineSession
 from edgeagent.protocol.commands import Emulate, Ping, Stop
-from edgeagent.protocol.messages import Assign, ErrorReport, Message, Ready
-from edgeagent.protocol.options import TrainOptions
+from edgeagent.protocol.messages import ErrorReport, Message, Ready
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.roles.worker import Worker
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
+from tests.helpers import make_assign
 
 TOPICS = Topics("modes")
 SPEC = ModelSpec("mlp", (64,), 10, (("hidden", (128, 64)),))
@@ -54,21 +54,7 @@ class Device:
         self.worker._step()
 
     def assign(self, training: str = "pipeline") -> None:
-        assign = Assign(
-            run_id="run",
-            plan_id=0,
-            worker_list=["central", "w1"],
-            points=[0, 2, 3],
-            model=SPEC.to_dict(),
-            seed=0,
-            committed_forward_id=-1,
-            committed_backward_id=-1,
-            status=0,
-            options=TrainOptions(learning_rate=0.1),
-            epochs=1,
-            batches_per_epoch=10,
-            mode=training,
-        )
+        assign = make_assign(points=[0, 2, 3], model=SPEC.to_dict(), batches_per_epoch=10, mode=training)
         self.send(TOPICS.device(Family.CONTROL, "w1"), assign)
 
     def replies(self, kind: type[Message]) -> list[Message]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 
 import pytest
@@ -78,24 +76,6 @@ def test_a_negative_or_nan_setting_is_refused(bad: dict[str, float]) -> None:
     settings = {"learning_rate": 0.1, **bad}
     with pytest.raises(ValueError, match=next(iter(bad))):
         SGD(_model(0).parameters(), Options(**settings))
-
-
-def test_a_stage_update_imports_neither_torch_dynamo_nor_sympy() -> None:
-    """The reason for both: torch.optim's first call imports torch._dynamo, tensor.backward(grad)'s
-    imports sympy (seconds on a Pi, at every device's start)."""
-    code = (
-        "import sys, torch\n"
-        "from edgeagent.models import ModelSpec, build_layers\n"
-        "from edgeagent.pipeline.stage import Stage, StageModule, TrainOptions\n"
-        "layers = build_layers(ModelSpec('mlp', (1, 8, 8), 10), 2, 4, seed=0)\n"
-        "module = StageModule({2 + k: layer for k, layer in enumerate(layers)})\n"
-        "stage = Stage(module, TrainOptions(0.1, momentum=0.9), is_first=False, is_last=False)\n"
-        "out, _ = stage.forward(0, torch.randn(4, 128))\n"
-        "stage.backward(0, grad_output=torch.ones_like(out))\n"
-        "print(stage.version, sorted({'torch._dynamo', 'sympy'} & set(sys.modules)))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "1 []", out.stdout + out.stderr
 
 
 def test_backward_with_a_received_gradient_equals_tensor_backward_bit_for_bit() -> None:
