@@ -126,6 +126,9 @@ class Recovery(Evaluation):
 
         def settled() -> bool:
             pending = expected - set(self.inbox.alive) - set(self.announced)
+            for d in pending:  # a device whose last will came during the wait is down too: its window
+                if (w := self.workers.get(d)) is not None and not w.online:
+                    until[d] = max(until[d], started + self.config.restart_window)
             now = time.monotonic()
             return not any(now < until[d] for d in pending)
 
