@@ -169,8 +169,8 @@ class Broker:
         tls = self.site.tls
         argv = [
             str(PROGRAM), "broker", "--host", self.host, "--port", str(self.port),
-            "--credentials", str(self.site.credentials), "--tls-cert", str(tls.broker.cert),
-            "--tls-key", str(tls.broker.key), "--tls-ca", str(tls.ca.cert), "--require-client-cert",
+            "--credentials-dir", str(self.site.credentials), "--cert-file", str(tls.broker.cert),
+            "--key-file", str(tls.broker.key), "--ca-file", str(tls.ca.cert), "--require-client-cert",
             "--log-level", "WARNING",
         ]  # fmt: skip
         with self.log.open("ab") as out:

@@ -713,9 +713,9 @@ def run_training(
     group = LAB_CGROUP / "central"
     edgeagent = [sys.executable, "-m", "edgeagent"]
     broker_cmd = [
-        "broker", "--host", BRIDGE_IP, "--port", str(port), "--credentials", str(credentials),
-        "--tls-cert", str(site.broker.cert), "--tls-key", str(site.broker.key), "--tls-ca", str(site.ca.cert),
-        "--require-client-cert",
+        "broker", "--host", BRIDGE_IP, "--port", str(port), "--credentials-dir", str(credentials),
+        "--cert-file", str(site.broker.cert), "--key-file", str(site.broker.key),
+        "--ca-file", str(site.ca.cert), "--require-client-cert",
     ]  # fmt: skip
     broker = spawn([*edgeagent, *broker_cmd, "--log-level", "WARNING"], cgroup=group, env=role_env())
     stack.callback(stop, [broker])

@@ -72,12 +72,12 @@ def install() -> bool:
 
     t = time.monotonic()
     tls, creds, pw = ETC / "tls", ETC / "broker", Path("/root/pw")
-    sh(EA, "certs", tls, "--host", "central.local", "--device", "central", "--device", "watch")
+    sh(EA, "certs", "--certs-dir", tls, "--host", "central.local", "--device", "central", "--device", "watch")
     sh(
         EA,
         "credentials",
         "add",
-        "--dir",
+        "--credentials-dir",
         creds,
         "--cluster",
         CLUSTER,
@@ -91,7 +91,7 @@ def install() -> bool:
         EA,
         "credentials",
         "add",
-        "--dir",
+        "--credentials-dir",
         creds,
         "--cluster",
         CLUSTER,

@@ -97,7 +97,8 @@ def main() -> None:
             "ds = load_dataset('digits'); print(len(ds.x_train) + len(ds.x_test))"
         )
         checks["digits load, the worker imports"] = run([python, "-c", code]).stdout.split() == ["1797"]
-        certs = subprocess.run([edgeagent, "certs", str(Path(tmp) / "site")], capture_output=True, text=True)
+        site = str(Path(tmp) / "site")
+        certs = subprocess.run([edgeagent, "certs", "--certs-dir", site], capture_output=True, text=True)
         print(f"edgeagent certs (needs [central]): exit {certs.returncode}: {certs.stderr.strip()}")
         checks["certs names the extra to install"] = (
             certs.returncode == 2 and "edgeagent[central]" in certs.stderr

@@ -92,7 +92,7 @@ def device_certificate(device: str, tls: Path) -> tuple[bytes, bytes, bytes, str
     if not ca.cert.is_file():
         raise ConfigError(
             f"no site CA in {tls} ({ca.cert.name} missing): make the site's certificates first with "
-            f"`edgeagent certs {tls} --host BROKER_HOST --device central`"
+            f"`edgeagent certs --certs-dir {tls} --host BROKER_HOST --device central`"
         )
     done = f"the certificate of {device} from {tls}"
     if not pair.exists():

@@ -69,13 +69,13 @@ def broker_config(
         if not insecure_plaintext:
             raise ConfigError(
                 f"the broker would listen on {host}:{port}, beyond loopback, in plain TCP: every password "
-                "and tensor would cross the network in clear. Give --tls-cert and --tls-key (made by "
+                "and tensor would cross the network in clear. Give --cert-file and --key-file (made by "
                 "`edgeagent certs`; clients then use mqtts:// with --ca-file), bind to 127.0.0.1, or pass "
                 "--insecure-plaintext to accept that"
             )
         log.warning(
             "INSECURE: the broker listens on %s:%d, beyond loopback, in plain TCP (--insecure-plaintext): "
-            "passwords and training data cross the network unencrypted; use --tls-cert/--tls-key",
+            "passwords and training data cross the network unencrypted; use --cert-file/--key-file",
             host,
             port,
         )

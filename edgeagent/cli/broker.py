@@ -6,46 +6,28 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import cloup
 
+from edgeagent.cli.flags import SETTINGS, Flag, Group, apply, warn_deprecated
+from edgeagent.cli.tool_flags import BROKER_LISTENER, BROKER_SECURITY, CREDENTIALS_DIR_FLAG
 from edgeagent.errors import ConfigError
 from edgeagent.ops.logs import console, setup_logging
 
 __all__ = ["broker", "certs_command", "credentials"]
 
 
-_FILE = click.Path(exists=True, dir_okay=False)
-
-
-@click.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(1, 65535), help="Port [default: 1883, or 8883 with --tls-cert].")
-@click.option(
-    "--credentials",
-    type=click.Path(exists=True, file_okay=False),
-    help="Directory made by `edgeagent credentials add`: logins and topic rights. Required beyond loopback "
-    "(with --tls-cert and --tls-key).",
-)
-@click.option("--tls-cert", type=_FILE, help="Serve mqtts:// with this certificate.")
-@click.option("--tls-key", type=_FILE, help="The key of --tls-cert.")
-@click.option("--tls-ca", type=_FILE, help="Verify client certificates against this CA.")
-@click.option("--require-client-cert", is_flag=True, help="Refuse TLS clients without a certificate.")
-@click.option(
-    "--insecure-plaintext",
-    is_flag=True,
-    help="Listen beyond loopback in plain TCP, without TLS (passwords and data in clear; logged). "
-    "Without it a --host beyond loopback needs --tls-cert and --tls-key.",
-)
-@click.option("--log-level", default="INFO")
+@cloup.command(**SETTINGS)
+@apply([BROKER_LISTENER, BROKER_SECURITY])
 def broker(
     host: str,
     port: int | None,
-    credentials: str | None,
-    tls_cert: str | None,
-    tls_key: str | None,
-    tls_ca: str | None,
+    log_level: str,
+    credentials_dir: str | None,
+    cert_file: str | None,
+    key_file: str | None,
+    ca_file: str | None,
     require_client_cert: bool,
     insecure_plaintext: bool,
-    log_level: str,
 ) -> None:
     """The embedded MQTT 3.1.1 broker (amqtt)."""
     from amqtt.errors import BrokerError
@@ -53,20 +35,22 @@ def broker(
     from edgeagent.broker import BrokerTls, serve_forever
 
     setup_logging(log_level, device="broker")
-    if (tls_cert is None) != (tls_key is None):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    if tls_cert is None and (tls_ca or require_client_cert):
-        raise ConfigError("--tls-ca and --require-client-cert need --tls-cert and --tls-key")
-    if require_client_cert and not tls_ca:
-        raise ConfigError("--require-client-cert needs --tls-ca to verify the client certificates")
+    if (cert_file is None) != (key_file is None):
+        raise ConfigError("--cert-file and --key-file go together")
+    if cert_file is None and (ca_file or require_client_cert):
+        raise ConfigError("--ca-file and --require-client-cert need --cert-file and --key-file")
+    if require_client_cert and not ca_file:
+        raise ConfigError("--require-client-cert needs --ca-file to verify the client certificates")
     tls = (
-        BrokerTls(tls_cert, tls_key, tls_ca, require_client_cert)
-        if tls_cert is not None and tls_key is not None
+        BrokerTls(cert_file, key_file, ca_file, bool(require_client_cert))
+        if cert_file is not None and key_file is not None
         else None
     )
     port = port or (8883 if tls else 1883)
     try:
-        serve_forever(host, port, credentials=credentials, tls=tls, insecure_plaintext=insecure_plaintext)
+        serve_forever(
+            host, port, credentials=credentials_dir, tls=tls, insecure_plaintext=bool(insecure_plaintext)
+        )
     except BrokerError as exc:  # amqtt's wrapper of the listener's OSError (port taken, bad address)
         cause = exc.__cause__ or exc
         raise ConfigError(
@@ -75,22 +59,15 @@ def broker(
         ) from exc
 
 
-@click.group()
+@cloup.group()
 def credentials() -> None:
     """Broker logins and topic rights (per-device passwords; ACLs for amqtt and Mosquitto)."""
 
 
-_credentials_dir = click.option(
-    "--dir",
-    "directory",
-    default="/etc/edgeagent/broker",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="The credentials directory (give it to `edgeagent broker --credentials`).",
-)
+_credentials_dir = apply([Group("Where", (CREDENTIALS_DIR_FLAG,))])
 
 
-@credentials.command("add")
+@credentials.command("add", **SETTINGS)
 @_credentials_dir
 @click.argument("names", nargs=-1)
 @click.option(
@@ -159,7 +136,7 @@ def credentials_add(
     )
 
 
-@credentials.command("remove")
+@credentials.command("remove", **SETTINGS)
 @_credentials_dir
 @click.argument("names", nargs=-1, required=True)
 def credentials_remove(directory: str, names: tuple[str, ...]) -> None:
@@ -172,7 +149,7 @@ def credentials_remove(directory: str, names: tuple[str, ...]) -> None:
         console.print(f"removed {name}")
 
 
-@credentials.command("list")
+@credentials.command("list", **SETTINGS)
 @_credentials_dir
 def credentials_list(directory: str) -> None:
     """List the logins, their roles and clusters (never passwords)."""
@@ -190,27 +167,53 @@ def credentials_list(directory: str) -> None:
         console.print(f"{name:24} {grant.role:9} cluster {grant.cluster}{extra}", highlight=False)
 
 
-@click.command("certs")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--host",
-    "hosts",
-    multiple=True,
-    metavar="NAME|IP",
-    help="A DNS name or IP address the broker is reached by (repeat; localhost and 127.0.0.1 are always in).",
+@cloup.command("certs", **SETTINGS)
+@click.argument(
+    "old_directory", metavar="[DIR]", required=False, type=click.Path(file_okay=False, path_type=Path)
 )
-@click.option(
-    "--device",
-    "devices",
-    multiple=True,
-    metavar="ID",
-    help="A device id to issue a client certificate for (repeat).",
+@apply(
+    [
+        Group(
+            "Certificates",
+            (
+                Flag(
+                    ("--certs-dir",),
+                    "directory",
+                    "Where the CA, the broker's and the devices' certificates go (required).",
+                    None,
+                    kwargs={"type": click.Path(file_okay=False, path_type=Path)},
+                ),
+                Flag(
+                    ("--host",),
+                    "hosts",
+                    "A DNS name or IP address the broker is reached by (repeat).",
+                    None,
+                    default="localhost and 127.0.0.1, always in",
+                    kwargs={"multiple": True, "metavar": "NAME|IP"},
+                ),
+                Flag(
+                    ("--device",),
+                    "devices",
+                    "A device id to issue a client certificate for (repeat).",
+                    None,
+                    kwargs={"multiple": True, "metavar": "ID"},
+                ),
+            ),
+        )
+    ]
 )
-def certs_command(directory: Path, hosts: tuple[str, ...], devices: tuple[str, ...]) -> None:
-    """Make (or complete) the site's TLS certificates in DIRECTORY: a CA, the broker's and one per device.
+def certs_command(
+    old_directory: Path | None, directory: Path | None, hosts: tuple[str, ...], devices: tuple[str, ...]
+) -> None:
+    """Make (or complete) the site's TLS certificates in --certs-dir: a CA, the broker's and one per device.
 
     Existing files are never overwritten: run it again with more --device to add devices.
     """
+    if old_directory is not None:
+        warn_deprecated("certs DIR", "certs --certs-dir DIR")
+        directory = directory or old_directory
+    if directory is None:
+        raise click.UsageError("give the directory of the certificates: --certs-dir DIR")
     from edgeagent.broker.certs import init_site, san_hosts  # cryptography: the [central] or [broker] extra
 
     try:
@@ -236,8 +239,9 @@ def certs_command(directory: Path, hosts: tuple[str, ...], devices: tuple[str, .
         f"  keep {d / 'ca.key'} on this machine only (it signs new certificates); copy nothing but\n"
         f"  ca.pem and a device's own DEVICE.pem/DEVICE.key to that device.\n"
         "  broker:\n"
-        f"    edgeagent broker --host 0.0.0.0 --port 8883 --credentials DIR --tls-cert {d / 'broker.pem'} "
-        f"--tls-key {d / 'broker.key'} --tls-ca {d / 'ca.pem'} --require-client-cert\n"
+        "    edgeagent broker --host 0.0.0.0 --port 8883 --credentials-dir DIR \\\n"
+        f"      --cert-file {d / 'broker.pem'} --key-file {d / 'broker.key'} --ca-file {d / 'ca.pem'} "
+        "--require-client-cert\n"
         "  each worker (and the central node, with its own device certificate):\n"
         f"    edgeagent worker --broker mqtts://{host}:8883 --ca-file ca.pem --cert-file {example}.pem "
         f"--key-file {example}.key ..."

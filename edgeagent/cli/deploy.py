@@ -7,7 +7,10 @@ import shutil
 from pathlib import Path
 
 import click
+import cloup
 
+from edgeagent.cli.flags import SETTINGS, Flag, Group, apply
+from edgeagent.cli.tool_flags import CERTS_DIR, CREDENTIALS_DIR
 from edgeagent.ops.install import INSTALLED_ETC, UnitPaths, this_program, write_unit
 from edgeagent.ops.logs import console
 from edgeagent.ops.shipped import CONFIGS, ROLES
@@ -72,7 +75,7 @@ def install_service(
     )
 
 
-@click.command()
+@cloup.command(**SETTINGS)
 @click.argument("device")
 @click.option(
     "--broker",
@@ -81,19 +84,33 @@ def install_service(
     help="The broker URL the device connects to (a name or address its certificate covers).",
 )
 @click.option("--cluster", default="default", show_default=True)
-@click.option(
-    "--credentials",
-    type=_DIR,
-    default="/etc/edgeagent/broker",
-    show_default=True,
-    help="The broker's logins (`edgeagent credentials`): DEVICE's login is added here if it has none.",
-)
-@click.option(
-    "--tls",
-    type=_DIR,
-    default="/etc/edgeagent/tls",
-    show_default=True,
-    help="The site's certificates (`edgeagent certs`): DEVICE's is issued here if it has none.",
+@apply(
+    [
+        Group(
+            "Site",
+            (
+                Flag(
+                    ("--credentials-dir",),
+                    "credentials",
+                    "The broker's logins (`edgeagent credentials`): DEVICE's login is added here if it has "
+                    "none.",
+                    None,
+                    default=CREDENTIALS_DIR,
+                    aliases=("--credentials",),
+                    kwargs={"default": CREDENTIALS_DIR, "type": _DIR},
+                ),
+                Flag(
+                    ("--certs-dir",),
+                    "tls",
+                    "The site's certificates (`edgeagent certs`): DEVICE's is issued here if it has none.",
+                    None,
+                    default=CERTS_DIR,
+                    aliases=("--tls",),
+                    kwargs={"default": CERTS_DIR, "type": _DIR},
+                ),
+            ),
+        )
+    ]
 )
 @click.option(
     "--password-file",

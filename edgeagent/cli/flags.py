@@ -136,7 +136,8 @@ class Command(cloup.Command):
             params = {p.name: p for p in self.params}
             old = params[name].opts[0]
             warn_deprecated(old, params[key].opts[0])
-            if ctx.params.get(key) in (None, ()):
+            source = ctx.get_parameter_source(key)
+            if ctx.params.get(key) in (None, ()) or source == click.core.ParameterSource.DEFAULT:
                 ctx.params[key] = value
         return rest
 

@@ -8,34 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import click
+import cloup
 
-from edgeagent.cli.options import F, access_options, resolve_access
+from edgeagent.cli.flags import SETTINGS, apply
+from edgeagent.cli.options import F, resolve_access
+from edgeagent.cli.tool_flags import ACCESS, MONITOR_DISPLAY, PROFILES, broker_group
 from edgeagent.errors import ConfigError, EdgeAgentError
 from edgeagent.ops.logs import console, setup_logging
-from edgeagent.ops.shipped import CONFIGS
 
 __all__ = ["monitor", "profile"]
 
 
-@click.command()
-@click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True)
-@click.option("--cluster", default=None, help="Show one cluster (default: all).")
-@click.option("--refresh", default=0.5, show_default=True, type=float, help="Seconds between redraws.")
-@click.option("--duration", default=None, type=float, help="Stop after this many seconds (default: Ctrl-C).")
-@click.option(
-    "--show-left",
-    is_flag=True,
-    help="Keep listing devices that left (shut down cleanly); by default they are hidden "
-    "30 s after leaving, at once if they had left before the monitor started.",
-)
-@click.option(
-    "--connect-timeout",
-    default=10.0,
-    show_default=True,
-    type=click.FloatRange(min=0.1),
-    help="Seconds to wait for the broker before giving up (longer over a slow or flaky link).",
-)
-@access_options
+@cloup.command(**SETTINGS)
+@apply([broker_group(None, "Show one cluster (default: all)."), ACCESS, MONITOR_DISPLAY])
 def monitor(
     broker: str,
     cluster: str | None,
@@ -62,7 +47,7 @@ def monitor(
     )
 
 
-@click.group()
+@cloup.group()
 def profile() -> None:
     """Device profiles (/etc/edgeagent/devices/<id>.yaml), pushed from the central node as retained
     messages."""
@@ -83,29 +68,14 @@ def _profile_transport(broker: str, cluster: str, kw: dict[str, Any]) -> tuple[A
     return transport, Topics(cluster)
 
 
-PROFILES = CONFIGS / "devices"
-
-_profile_options = [
-    click.option("--broker", default="mqtt://127.0.0.1:1883", show_default=True),
-    click.option("--cluster", default="default", show_default=True),
-    click.option(
-        "--dir",
-        "directory",
-        default="/etc/edgeagent/devices",
-        show_default=True,
-        type=click.Path(file_okay=False),
-        help=f"The <id>.yaml profiles (docs/deployment.md installs them here; examples: {PROFILES}).",
-    ),
-]
+_profile_groups = apply([broker_group("default", "The cluster."), PROFILES, ACCESS])
 
 
 def profile_options(f: F) -> F:
-    for option in reversed(_profile_options):
-        f = option(f)
-    return access_options(f)
+    return _profile_groups(f)
 
 
-@profile.command("push")
+@profile.command("push", **SETTINGS)
 @profile_options
 @click.argument("ids", nargs=-1)
 def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...], **kw: Any) -> None:
@@ -113,7 +83,9 @@ def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...]
     from edgeagent.ops import profiles as profiles_module
 
     if not Path(directory).is_dir():
-        raise ConfigError(f"--dir {directory}: no such directory; give the directory of <id>.yaml profiles")
+        raise ConfigError(
+            f"--profiles-dir {directory}: no such directory; give the directory of <id>.yaml profiles"
+        )
     found = profiles_module.load_profiles(directory, list(ids) or None)
     if not found:
         raise ConfigError(f"no profiles (<id>.yaml) in {directory}; nothing to push")
@@ -126,7 +98,7 @@ def profile_push(broker: str, cluster: str, directory: str, ids: tuple[str, ...]
         console.print(f"pushed {p.id} (profile {p.digest()})")
 
 
-@profile.command("show")
+@profile.command("show", **SETTINGS)
 @profile_options
 @click.argument("device_id")
 def profile_show(broker: str, cluster: str, directory: str, device_id: str, **kw: Any) -> None:
@@ -144,7 +116,7 @@ def profile_show(broker: str, cluster: str, directory: str, device_id: str, **kw
     console.print(f"# profile {current.digest()}\n{profiles_module.dump(current)}", highlight=False)
 
 
-@profile.command("diff")
+@profile.command("diff", **SETTINGS)
 @profile_options
 @click.argument("device_id")
 def profile_diff(broker: str, cluster: str, directory: str, device_id: str, **kw: Any) -> None:

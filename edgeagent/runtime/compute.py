@@ -11,20 +11,37 @@ import torch
 
 @dataclass
 class TimeAccount:
-    """Where a role's time went: compute (emulated), communication (encoding and publishing), idle."""
+    """Where a role's time went: compute (emulated), communication (encoding and publishing), idle; and the
+    bytes it sent and took in (payloads, as on the wire)."""
 
     compute: float = 0.0
     communication: float = 0.0
     idle: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    sent_bytes: int = 0
+    received_bytes: int = 0
 
     def reset(self) -> None:
         self.compute = self.communication = self.idle = 0.0
+        self.sent_bytes = self.received_bytes = 0
         self.started = time.perf_counter()
 
     def summary(self) -> dict[str, float]:
         wall = time.perf_counter() - self.started
         return {"wall": wall, "compute": self.compute, "communication": self.communication, "idle": self.idle}
+
+    def figures(self) -> dict[str, float | int]:
+        """The account as a device's metrics carry it (``compute_s`` ... ``bytes_received``, see
+        docs/protocol.md): every mode's devices publish these; the central node's report keeps them."""
+        t = self.summary()
+        return {
+            "compute_s": round(t["compute"], 3),
+            "communication_s": round(t["communication"], 3),
+            "idle_s": round(t["idle"], 3),
+            "wall_s": round(t["wall"], 3),
+            "bytes_sent": self.sent_bytes,
+            "bytes_received": self.received_bytes,
+        }
 
 
 class Clock:

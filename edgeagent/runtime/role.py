@@ -199,6 +199,7 @@ class Role:
                 return None
             finally:
                 self.times.idle += time.perf_counter() - started
+        self.times.received_bytes += item.size
         self.gate.release(item.wire_topic, item.size)
         return item
 
@@ -283,6 +284,7 @@ class Role:
         payload = encode(message, sender=self.device_id)
         self.transport.publish(topic, payload, qos=qos, retain=retain)
         self.times.communication += time.perf_counter() - started
+        self.times.sent_bytes += len(payload)
         return len(payload)
 
     def set_status(self, state: StatusState, *, run_id: str = "", stage: int = -1, detail: str = "") -> None:
@@ -361,8 +363,9 @@ class Role:
         values = self._metrics_snapshot()
         if values is None or not self.transport.connected:
             return
-        # Every device's health rides along (absent fields: the board does not expose them).
-        values = {**values, "health": read_health()}
+        # Every device's time account (a mode's own figures first) and health ride along (absent health
+        # fields: the board does not expose them).
+        values = {**self.times.figures(), **values, "health": read_health()}
         msg = Metrics(device_id=self.device_id, values=values, run_id=self._status.run_id)
         try:
             self.send(self.topics.device(Family.METRICS, self.device_id), msg, qos=0)

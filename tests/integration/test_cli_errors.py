@@ -92,20 +92,28 @@ def test_a_monitor_without_a_broker_exits_non_zero() -> None:
 
 
 def test_profile_push_from_a_missing_directory(tmp_path: Path) -> None:
-    proc = run_cli("profile", "push", "--dir", str(tmp_path / "devices"))
-    assert_user_error(proc, "--dir", "devices")
+    proc = run_cli("profile", "push", "--profiles-dir", str(tmp_path / "devices"))
+    assert_user_error(proc, "--profiles-dir", "devices")
 
 
 def test_credentials_in_a_directory_that_cannot_be_made(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    proc = run_cli("credentials", "add", "--dir", str(blocker / "creds"), "pi-1")
+    proc = run_cli("credentials", "add", "--credentials-dir", str(blocker / "creds"), "pi-1")
     assert_user_error(proc, str(blocker / "creds"))
 
 
 def test_credentials_with_a_wildcard_discovery_prefix(tmp_path: Path) -> None:
     proc = run_cli(
-        "credentials", "add", "--dir", str(tmp_path), "--role", "central", "--home-assistant-prefix", "#", "c"
+        "credentials",
+        "add",
+        "--credentials-dir",
+        str(tmp_path),
+        "--role",
+        "central",
+        "--home-assistant-prefix",
+        "#",
+        "c",
     )
     assert_user_error(proc, "discovery prefix '#'")
 
@@ -113,7 +121,7 @@ def test_credentials_with_a_wildcard_discovery_prefix(tmp_path: Path) -> None:
 def test_certs_in_a_directory_that_cannot_be_made(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    proc = run_cli("certs", str(blocker / "tls"), "--host", "127.0.0.1", "--device", "pi-1")
+    proc = run_cli("certs", "--certs-dir", str(blocker / "tls"), "--host", "127.0.0.1", "--device", "pi-1")
     assert_user_error(proc)
 
 
@@ -155,9 +163,9 @@ def test_central_with_an_unknown_model(amqtt_url: str, cluster: str) -> None:
     "args",
     [
         ("broker", "--help", "0"),
-        ("credentials", "add", "--dir", "{tmp}/creds", "pi-1", "0"),
-        ("certs", "{tmp}/tls", "--host", "127.0.0.1", "--device", "pi-1", "0"),
-        ("profile", "push", "--dir", "{tmp}/no-such-dir", "2"),  # the error path
+        ("credentials", "add", "--credentials-dir", "{tmp}/creds", "pi-1", "0"),
+        ("certs", "--certs-dir", "{tmp}/tls", "--host", "127.0.0.1", "--device", "pi-1", "0"),
+        ("profile", "push", "--profiles-dir", "{tmp}/no-such-dir", "2"),  # the error path
     ],
     ids=lambda args: args[0],
 )
@@ -182,7 +190,7 @@ def test_commands_that_train_nothing_do_not_import_torch(args: tuple[str, ...], 
 def test_the_program_exits_with_its_code_and_its_output_flushed(tmp_path: Path) -> None:
     """``python -m edgeagent`` leaves through os._exit (no interpreter teardown of torch): what a command
     printed to a pipe still arrives, and the exit status is the command's."""
-    added = run_cli("credentials", "add", "--dir", str(tmp_path / "creds"), "pi-1")
+    added = run_cli("credentials", "add", "--credentials-dir", str(tmp_path / "creds"), "pi-1")
     assert added.returncode == 0, added.stderr
     assert "added pi-1" in added.stderr and "password: " in added.stderr  # the console: stderr
     assert "edgeagent, version " in run_cli("--version").stdout  # stdout, a pipe: flushed

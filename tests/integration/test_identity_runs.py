@@ -234,10 +234,10 @@ def test_a_worker_builds_a_user_model_only_from_its_allow_list(
 
 def test_the_broker_refuses_plain_tcp_beyond_loopback_unless_asked(tmp_path: Path) -> None:
     creds = tmp_path / "creds"
-    assert run_cli("credentials", "add", "--dir", str(creds), "pi-1").returncode == 0
+    assert run_cli("credentials", "add", "--credentials-dir", str(creds), "pi-1").returncode == 0
     port = str(free_port("0.0.0.0"))
-    proc = run_cli("broker", "--host", "0.0.0.0", "--port", port, "--credentials", str(creds))
-    assert_user_error(proc, "beyond loopback, in plain TCP", "--tls-cert", "--insecure-plaintext")
+    proc = run_cli("broker", "--host", "0.0.0.0", "--port", port, "--credentials-dir", str(creds))
+    assert_user_error(proc, "beyond loopback, in plain TCP", "--cert-file", "--insecure-plaintext")
     # Asked for: it listens, and says at once that it is insecure.
     args = [
         "broker",
@@ -245,7 +245,7 @@ def test_the_broker_refuses_plain_tcp_beyond_loopback_unless_asked(tmp_path: Pat
         "0.0.0.0",
         "--port",
         port,
-        "--credentials",
+        "--credentials-dir",
         str(creds),
         "--insecure-plaintext",
     ]

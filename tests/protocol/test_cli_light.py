@@ -45,10 +45,10 @@ def test_help_and_the_commands_that_train_nothing_do_not_import_torch(
     profiles = tmp_path / "devices"
     profiles.mkdir()
     (profiles / "dev-1.yaml").write_text("id: dev-1\nthreads: 1\n")
-    access = ["--broker", amqtt_url, "--cluster", cluster, "--dir", str(profiles)]
-    creds = ["--dir", str(tmp_path / "creds")]
+    access = ["--broker", amqtt_url, "--cluster", cluster, "--profiles-dir", str(profiles)]
+    creds = ["--credentials-dir", str(tmp_path / "creds")]
     run = [
-        ["certs", str(tmp_path / "site"), "--device", "dev-1"],
+        ["certs", "--certs-dir", str(tmp_path / "site"), "--device", "dev-1"],
         ["credentials", "add", *creds, "dev-1", "--password-out", str(tmp_path / "passwords")],
         ["credentials", "list", *creds],
         ["profile", "push", *access],
@@ -71,7 +71,7 @@ def test_help_and_the_commands_that_train_nothing_do_not_import_torch(
     ran = {" ".join(r["args"][:2]): r["code"] for r in results if r["args"][-1] != "--help"}
     assert ran == {
         "--version": 0,
-        "certs " + str(tmp_path / "site"): 0,
+        "certs --certs-dir": 0,
         "credentials add": 0,
         "credentials list": 0,
         "profile push": 0,

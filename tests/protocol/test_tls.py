@@ -444,18 +444,22 @@ def test_init_site_refuses_inconsistent_or_bad_input(tmp_path: Path) -> None:
 def test_certs_command(tmp_path: Path) -> None:
     runner = CliRunner()
     site = tmp_path / "site"
-    result = runner.invoke(certs_command, [str(site), "--host", "pi-broker.local", "--device", "dev-1"])
+    result = runner.invoke(
+        certs_command, ["--certs-dir", str(site), "--host", "pi-broker.local", "--device", "dev-1"]
+    )
     assert result.exit_code == 0, result.output
     assert f"wrote {site / 'ca.key'} (private key, mode 0600)" in result.output
     assert "valid for: pi-broker.local, localhost, 127.0.0.1" in result.output
-    assert f"--tls-cert {site / 'broker.pem'}" in result.output and "--require-client-cert" in result.output
+    assert f"--cert-file {site / 'broker.pem'}" in result.output and "--require-client-cert" in result.output
     assert "--broker mqtts://pi-broker.local:8883 --ca-file ca.pem --cert-file dev-1.pem" in result.output
 
-    result = runner.invoke(certs_command, [str(site), "--host", "pi-broker.local", "--device", "dev-1"])
+    result = runner.invoke(
+        certs_command, ["--certs-dir", str(site), "--host", "pi-broker.local", "--device", "dev-1"]
+    )
     assert result.exit_code == 0, result.output
     assert "nothing to write" in result.output and "wrote" not in result.output
 
-    result = runner.invoke(certs_command, [str(site), "--host", "-bad-"])
+    result = runner.invoke(certs_command, ["--certs-dir", str(site), "--host", "-bad-"])
     assert result.exit_code != 0 and "neither an IP address nor a DNS name" in result.output
     assert sorted(os.listdir(site)) == sorted(
         ["ca.pem", "ca.key", "broker.pem", "broker.key", "dev-1.pem", "dev-1.key"]

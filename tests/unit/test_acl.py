@@ -281,7 +281,7 @@ def test_credentials_cli(tmp_path: Path) -> None:
         [
             "credentials",
             "add",
-            "--dir",
+            "--credentials-dir",
             directory,
             "--cluster",
             "site",
@@ -296,12 +296,12 @@ def test_credentials_cli(tmp_path: Path) -> None:
     assert stat.S_IMODE((out / "pi-1.password").stat().st_mode) == 0o600
     store = CredentialStore(directory)
     assert store.verify("pi-1", (out / "pi-1.password").read_text().strip())
-    listing = runner.invoke(main, ["credentials", "list", "--dir", directory])
+    listing = runner.invoke(main, ["credentials", "list", "--credentials-dir", directory])
     assert "hub" in listing.output and "pi-1" in listing.output and "cluster site" in listing.output
     ha = [
         "credentials",
         "add",
-        "--dir",
+        "--credentials-dir",
         directory,
         "--role",
         "observer",
@@ -311,8 +311,16 @@ def test_credentials_cli(tmp_path: Path) -> None:
     ]
     assert runner.invoke(main, ha).exit_code == 0
     assert store.grants()["hass"] == Grant("observer", "default", home_assistant_prefix="ha")
-    assert "home assistant ha" in runner.invoke(main, ["credentials", "list", "--dir", directory]).output
-    assert runner.invoke(main, ["credentials", "remove", "--dir", directory, "hub", "hass"]).exit_code == 0
+    assert (
+        "home assistant ha"
+        in runner.invoke(main, ["credentials", "list", "--credentials-dir", directory]).output
+    )
+    assert (
+        runner.invoke(
+            main, ["credentials", "remove", "--credentials-dir", directory, "hub", "hass"]
+        ).exit_code
+        == 0
+    )
     assert set(store.users()) == {"pi-1"}
     bad = runner.invoke(main, ["credentials", "remove", "--dir", directory, "nobody"])
     assert bad.exit_code == 2 and "no user 'nobody'" in bad.output

@@ -152,9 +152,9 @@ def test_bundle_command(tmp_path: Path) -> None:
         [
             "bundle",
             "pi-9",
-            "--tls",
+            "--certs-dir",
             str(tmp_path / "tls"),
-            "--credentials",
+            "--credentials-dir",
             str(tmp_path / "broker"),
             "--broker",
             "mqtts://10.0.0.2:8883",

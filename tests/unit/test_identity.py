@@ -286,7 +286,9 @@ def test_a_password_goes_in_clear_only_to_loopback() -> None:
 
 
 def test_a_broker_beyond_loopback_refuses_plain_tcp_unless_asked(caplog: pytest.LogCaptureFixture) -> None:
-    with pytest.raises(ConfigError, match=r"beyond loopback, in plain TCP.*--tls-cert.*--insecure-plaintext"):
+    with pytest.raises(
+        ConfigError, match=r"beyond loopback, in plain TCP.*--cert-file.*--insecure-plaintext"
+    ):
         broker_config("0.0.0.0", 1883, credentials="creds")
     with caplog.at_level(logging.WARNING):
         assert broker_config("0.0.0.0", 1883, credentials="creds", insecure_plaintext=True)["listeners"]
@@ -306,7 +308,7 @@ def test_the_shipped_units_and_configs_use_tls() -> None:
     units = {unit.stem: unit.read_text() for unit in (repo / "systemd").glob("*.service")}
     assert "--insecure-plaintext" not in "".join(units.values())
     broker = units["edgeagent-broker"]
-    assert "--port 8883" in broker and "--tls-cert ${CREDENTIALS_DIRECTORY}/broker.pem" in broker
+    assert "--port 8883" in broker and "--cert-file ${CREDENTIALS_DIRECTORY}/broker.pem" in broker
     assert (
         "--require-client-cert" in broker
         and "LoadCredential=broker.key:/etc/edgeagent/tls/broker.key" in broker

@@ -488,7 +488,9 @@ class SplitFedRun(SplitFedPlanning):
             server.optimizer.zero_grad(set_to_none=True)
             self.iterations += 1
             self._progress({"batch": self.iterations, "total": self._total(), "loss": float(loss)})
-        server.compute += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        server.compute += seconds
+        self.central.times.compute += seconds  # the central node's own account (the report's devices)
         self.loss_sum += float(loss)
         self.loss_count += 1
         self.central.send(

@@ -195,6 +195,7 @@ class SplitFedSession:
         self.down = Downlink(worker.config.down_mbps)
         self.pending_round: tuple[float, SplitRound] | None = None
         self.uplink = Uplink(worker)
+        worker.times.reset()  # the device's time account (its metrics, the report's devices) is this run's
 
     @classmethod
     def open(cls, worker: Worker, assign: Assign) -> SplitFedSession | None:
@@ -371,7 +372,7 @@ class SplitFedSession:
         rows = self._rows(r, r.next_micro)
         started = Clock()
         out = r.model(self.x[rows])
-        r.compute += emulate_slowdown(started, self.worker.slowdown)
+        r.compute += emulate_slowdown(started, self.worker.slowdown, self.worker.times)
         r.outputs[r.next_micro] = out
         self.uplink.post(
             self.topic,
@@ -398,7 +399,7 @@ class SplitFedSession:
             r.optimizer.step()
             r.optimizer.zero_grad(set_to_none=True)
             self._next_iteration(r)
-        r.compute += emulate_slowdown(started, self.worker.slowdown)
+        r.compute += emulate_slowdown(started, self.worker.slowdown, self.worker.times)
 
     def _local_iteration(self, r: _Round) -> None:
         """FL: the whole model here, one update per batch."""
@@ -411,7 +412,7 @@ class SplitFedSession:
         loss.backward()
         r.optimizer.step()
         r.optimizer.zero_grad(set_to_none=True)
-        r.compute += emulate_slowdown(started, self.worker.slowdown)
+        r.compute += emulate_slowdown(started, self.worker.slowdown, self.worker.times)
         r.loss_sum += float(loss.detach())
         r.correct += int((out.argmax(1) == self.y[rows]).sum())
         self._next_iteration(r)

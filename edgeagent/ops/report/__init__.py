@@ -5,7 +5,8 @@
 * :mod:`.derived` computes what the plots and benchmarks show from those records (pure, no matplotlib):
   :func:`recovery_times`, the throughput series, epoch ends, per-batch intervals.
 * :mod:`.plots` draws them: :func:`write_plots` writes ``report-loss.png``, ``report-throughput.png``,
-  ``report-partition.png`` and, only when the run had recoveries, ``report-faults.png`` beside the JSON,
+  ``report-partition.png``, ``report-devices.png`` (:mod:`.devices_plot`, the pipeline bubble, when the report
+  has its devices) and, only when the run had recoveries, ``report-faults.png`` beside the JSON,
   and a mode's own plot (:mod:`.splitfed_plot`, :mod:`.allreduce_plot`) when the report holds its section.
 * :mod:`.style` is the look they share: colours, the figure, notes and legends.
 

@@ -2,8 +2,9 @@
 
 ``report.json`` gives ``report-loss.png`` (training loss and test accuracy over training time),
 ``report-throughput.png`` (samples/s over training time), ``report-partition.png`` (layers per stage
-against batch id) and, only when the run had recoveries, ``report-faults.png`` (seconds per batch around
-each fault). A plot with nothing to show carries a note saying so.
+against batch id), ``report-devices.png`` (each device's compute, communication and idle seconds, when the
+report has its devices) and, only when the run had recoveries, ``report-faults.png`` (seconds per batch
+around each fault). A plot with nothing to show carries a note saying so.
 
 Drawing goes through matplotlib's object API and its Agg canvas (no pyplot, no display, no global state);
 matplotlib is imported only when a plot is drawn.
@@ -26,6 +27,7 @@ from edgeagent.ops.report.derived import (
     _split_at_faults,
     _throughput,
 )
+from edgeagent.ops.report.devices_plot import plot_devices  # every device's compute / communication / idle
 from edgeagent.ops.report.parse import (
     _int,
     _num,
@@ -502,6 +504,9 @@ def write_plots(report: Mapping[str, Any], json_path: str | Path) -> list[Path]:
         written.append(_plot_faults(report, steps, recoveries, paths["faults"]))
     else:
         paths["faults"].unlink(missing_ok=True)  # left by an earlier run that wrote the same report name
+    devices = plot_devices(report, json_path)
+    if devices is not None:
+        written.append(devices)
     splitfed = plot_splitfed(report, json_path)
     if splitfed is not None:
         written.append(splitfed)

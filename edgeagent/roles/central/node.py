@@ -49,6 +49,7 @@ from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import Announce, Discover, Event, Heartbeat, Message, Status
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.central.checkpoint_file import checkpoint_version, load_checkpoint
+from edgeagent.roles.central.devices import DeviceFigures, device_rows
 from edgeagent.roles.central.report import RunReport
 from edgeagent.roles.central.runs import RunDirectory, RunOutcome, RunRecord, settings_digest
 from edgeagent.roles.mode import CentralRun, ModeLookup, TrainingMode
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgeagent.roles.central")
 _MAX_ANNOUNCED = 1024  # devices remembered from their announcements (the run's own are never dropped)
+_FINAL_FIGURES_WAIT = 2.0  # seconds the end of a run waits for the workers' final metrics (the report's)
 
 ProgressHook = Callable[[dict[str, Any]], None]
 
@@ -170,6 +172,7 @@ class Central(Role):
         # Every device's own heartbeat interval, as its heartbeats say (liveness waits for its own, not
         # ours: a device profile may set up to 60 s); bounded like the announcements.
         self.heartbeat_intervals: dict[str, float] = {}
+        self.figures = DeviceFigures(self.transport, self.topics, self.run_id)  # every device's metrics
 
     def _pick_run(self, config: CentralConfig) -> tuple[str, dict[str, Any] | None, str | None]:
         """(run id, loaded checkpoint, its path): ``--resume FILE``'s; else the cluster's latest run if it
@@ -229,6 +232,7 @@ class Central(Role):
         watchdog = Watchdog(self.notifier, self.healthy, interval).start() if interval else None
         prometheus = self._serve_prometheus()
         outcome: RunOutcome = "running"  # an error leaves the run resumable: a restart goes on with it
+        report: RunReport | None = None
         try:
             devices = [self.device_id, *self._discover(self.config.workers, spec)]
             report = self.mode.run(self, data, spec, devices)
@@ -247,6 +251,8 @@ class Central(Role):
             if watchdog is not None:
                 watchdog.stop()
             self._finish(outcome)
+            if report is not None:
+                report.devices = self._device_rows()
             if prometheus is not None:
                 prometheus.close()
 
@@ -275,7 +281,9 @@ class Central(Role):
             self.set_status("left", run_id=self.run_id, detail=detail)
         else:
             if self.active is not None and self.active.worker_list[1:]:
+                seen = self.figures.seen()
                 self.send(self.topics.fixed(Family.COMMAND), Stop(run_id=self.run_id))
+                self._await_final_figures(seen)
             self.set_status("idle")  # the run is over (workers leave a run whose central node is idle)
         self.stop_heartbeats()
         self.probes.unwatch_all()
@@ -366,6 +374,24 @@ class Central(Role):
 
     def _metrics(self) -> dict[str, Any] | None:
         return self.active.metrics() if self.active is not None else None
+
+    def _await_final_figures(self, seen: dict[str, int]) -> None:
+        """The workers answer ``stop`` with their final metrics: wait for them (briefly; only from workers
+        still online, and only when metrics are on), so that the report's devices hold the whole run."""
+        if self.active is None or self.config.metrics_interval <= 0:
+            return
+        online = [d for d in self.active.worker_list[1:] if d in self.workers and self.workers[d].online]
+        if online and not self.figures.wait_newer(online, seen, _FINAL_FIGURES_WAIT):
+            log.debug("not every worker sent its final metrics; the report keeps their latest")
+
+    def _device_rows(self) -> list[dict[str, Any]]:
+        """The report's devices: each device's last figures (this node's own, taken now)."""
+        latest = self.figures.latest()
+        own = self._metrics()
+        latest[self.device_id] = {**self.times.figures(), **(own or {})}
+        order = list(self.active.worker_list) if self.active is not None else [self.device_id]
+        pairs = getattr(self.active, "stage_time_pairs", None)  # the pipeline modes: predicted, measured
+        return device_rows(latest, order, pairs() if callable(pairs) else None)
 
     def collect_weights(self) -> dict[str, torch.Tensor]:
         """The trained model's state, gathered from every device of the run (keys ``<layer>.<name>``)."""

@@ -58,6 +58,10 @@ class RunReport:
     # Data-parallel training (--mode allreduce): the collective, its timeout, every step's time, members,
     # digests and contributors, and the faults (excluded and joined devices, failed links).
     allreduce: dict[str, Any] = field(default_factory=dict)
+    # Every device's time account and bytes as its last metrics said (roles.central.devices), stage 0 first:
+    # compute_s, communication_s, idle_s, wall_s, bytes_sent, bytes_received, and in the pipeline
+    # modes predicted_stage_s / measured_stage_s (seconds per batch) where the estimator knows both.
+    devices: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -208,6 +208,20 @@ class Estimation(Setup):
             return []
         return [statistics.median(row[k] for row in rows) for k in range(stages)]
 
+    def stage_time_pairs(self) -> dict[str, dict[str, float]]:
+        """Each worker's stage time, predicted (the latency predictor's, for its layers of the current split)
+        and measured (:meth:`steady_stage_times`), in seconds per batch: the report's devices. Empty with
+        FTPipeHD's capacity estimator, which predicts no times of its own."""
+        times, steady = self.device_times, self.steady_stage_times()
+        if times is None or not steady or len(self.points) != len(self.worker_list) + 1:
+            return {}  # (hybrid stages: several devices to a stage, no one device's stage time)
+        out: dict[str, dict[str, float]] = {}
+        for k, device in enumerate(self.worker_list[1:], start=1):
+            predicted = times.predict(device, self.points[k], self.points[k + 1])
+            if predicted is not None:
+                out[device] = {"predicted_stage_s": predicted, "measured_stage_s": steady[k - 1]}
+        return out
+
     def _observe_stage_times(self, batches_left: int) -> None:
         """Dynamic prediction: compare every worker's steady stage time (:meth:`steady_stage_times`) with
         its prediction; beyond epsilon (see :meth:`DeviceTimes.observe`), ask the device for a new ``h``
