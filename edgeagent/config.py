@@ -510,10 +510,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _model_of(train: Any) -> tuple[Any, ...]:
-    return (train.get("model"),) if isinstance(train, dict) else ()
-
-
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``overrides`` (flags that were given) into ``base`` (from YAML).
 
@@ -521,8 +517,11 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     model's (``--model mlp`` over the shipped central.yaml's MobileNetV2 was refused for its
     ``width_mult``); options given with it stand alone."""
     train, given = base.get("train"), overrides.get("train")
-    changed = isinstance(given, dict) and given.get("model") not in (None, *_model_of(train))
-    if changed and isinstance(train, dict):
+    if (
+        isinstance(train, dict)
+        and isinstance(given, dict)
+        and given.get("model") not in (None, train.get("model"))
+    ):
         base = {**base, "train": {k: v for k, v in train.items() if k != "model_options"}}
     out = dict(base)
     for key, value in overrides.items():
