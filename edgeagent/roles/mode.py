@@ -72,7 +72,10 @@ class CentralRun(Protocol):
     """What the central node needs of a mode's run while it lasts: the handlers of its messages, its
     metrics, the devices it uses (told to stop at the end) and the trained model."""
 
-    worker_list: list[str]
+    @property
+    def worker_list(self) -> list[str]:
+        """The run's devices in stage order, the central node first."""
+        ...
 
     def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]: ...
 

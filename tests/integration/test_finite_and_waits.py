@@ -27,7 +27,7 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import TrainingError
 from edgeagent.models import layer_output_shapes
 from edgeagent.modes import mode
-from edgeagent.modes.pipeline.central.trainer import PipelineRun
+from edgeagent.modes.pipeline.central.run import PipelineRun
 from edgeagent.protocol.messages import Activation, EvalResult
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
@@ -164,7 +164,7 @@ def test_a_device_that_keeps_sending_nan_ends_the_run_naming_it(amqtt_url: str) 
     assert "no progress past batch 15 in 3 recoveries" in line, line
     active = central.active
     assert isinstance(active, PipelineRun)
-    assert len(active.report.recoveries) == 3  # bounded: then the run ends
+    assert len(active.state.report.recoveries) == 3  # bounded: then the run ends
 
 
 def test_a_slow_mobilenetv2_stage_survives_a_re_split(amqtt_url: str, cluster: str) -> None:
@@ -231,11 +231,11 @@ def test_evaluation_batches_outside_an_evaluation_are_dropped(amqtt_url: str, cl
             return
         active = holder["central"].active
         assert isinstance(active, PipelineRun)
-        width = layer_output_shapes(active.spec)[active.points[1] - 1][1:]
+        width = layer_output_shapes(active.state.spec)[active.state.points[1] - 1][1:]
         for batch_id in forged:  # the central node waits meanwhile: batches are in flight at the workers
             msg = Activation(
-                run_id=active.run_id,
-                plan_id=active.plan_id,
+                run_id=active.state.run_id,
+                plan_id=active.state.plan_id,
                 stage=0,
                 batch_id=batch_id,
                 version=0,

@@ -40,7 +40,7 @@ from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
 from edgeagent.models import ModelSpec, layer_output_shapes
 from edgeagent.modes import mode
-from edgeagent.modes.pipeline.central.trainer import PipelineRun
+from edgeagent.modes.pipeline.central.run import PipelineRun
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.chunking import CHUNK_TAG
 from edgeagent.protocol.commands import Ping
@@ -491,7 +491,7 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
         spec = ModelSpec(train.model, data.in_shape, data.num_classes)
         active = central.active
         assert isinstance(active, PipelineRun)
-        num_stages = len(active.worker_list)
+        num_stages = len(active.state.worker_list)
         targets = fuzz_topics(topics, num_stages)
         live = central.transport._patterns()
         uncovered = [p for p in live if not any(topic_matches(p, t) for t in targets)]
@@ -504,12 +504,12 @@ def test_fuzzed_payloads_on_every_topic_are_dropped_while_the_run_trains(
 
         # The payloads.
         legit = {(*spec.in_shape,)} | {s[1:] for s in layer_output_shapes(spec)}
-        run_messages = run_batches(central.run_id, active.plan_id, legit, data.num_classes)
+        run_messages = run_batches(central.run_id, active.state.plan_id, legit, data.num_classes)
         real = [encode(m, sender=FUZZER) for m in base_messages(spec)]
         junk = random_bytes | random_json | random_cbor | random_envelopes() | mutated(real) | oversized
         sent = {"messages": 0, "run": 0, "floods": 0}
-        run_id, plan_id, w1 = central.run_id, active.plan_id, WORKERS[0]
-        holders = list(active.worker_list)  # partition="uniform": the split never changes
+        run_id, plan_id, w1 = central.run_id, active.state.plan_id, WORKERS[0]
+        holders = list(active.state.worker_list)  # partition="uniform": the split never changes
         wrong = torch.zeros(3, 5)
 
         junk_cases = st.tuples(st.sampled_from(targets), junk)

@@ -2,7 +2,7 @@
 unreplicated pipeline, failover inside a stage under a real SIGKILL, joins as replicas.
 
 Which device holds which stage follows the DP over profiled layer times, which vary from run to run: the
-tests read the plan from the running central node (``Central.active.groups``) rather than assume one.
+tests read the plan from the running central node (``Central.active.state.groups``) rather than assume one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from edgeagent.cli.demo import LocalWorkers, allowed_for
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.modes.pipeline.central.hybrid import HybridRun
+from edgeagent.modes.pipeline.central.run import HybridRun
 from edgeagent.roles.central import Central, RunReport
 from tests.helpers import LocalCluster
 
@@ -92,7 +92,7 @@ def kill_a_replica(at: int, *, primary: bool) -> tuple[OnBatch, list[str]]:
     def on_batch(batch: int, node: Central, local: LocalWorkers) -> None:
         if batch != at or killed:
             return
-        groups = hybrid_run(node).groups
+        groups = hybrid_run(node).state.groups
         stage = groups.replicated[0]
         victim = groups.members[stage][0 if primary else -1]
         killed.append(victim)
@@ -158,7 +158,7 @@ def test_a_stage_with_no_device_left_falls_back_to_the_pipelines_recovery(amqtt_
 
     def on_batch(batch: int, node: Central, local: LocalWorkers) -> None:
         if batch == 30 and not killed:
-            groups = hybrid_run(node).groups
+            groups = hybrid_run(node).state.groups
             alone = [g[0] for g in groups.members[1:] if len(g) == 1]
             killed.append(alone[-1])
             os.kill(local.procs[alone[-1]].pid, signal.SIGKILL)

@@ -29,6 +29,7 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import TrainingError
 from edgeagent.models import ModelSpec
 from edgeagent.modes import mode
+from edgeagent.modes.pipeline.central.run import PipelineRun
 from edgeagent.protocol.commands import Collect
 from edgeagent.protocol.messages import Announce, Gradient, Weights
 from edgeagent.protocol.topics import Topics
@@ -172,7 +173,9 @@ def test_an_intruder_changes_nothing(
         if isinstance(batch, int) and batch >= 3 and not forged_at and node.active is not None:
             forged_at.append(batch)
             intruder.forge_announcements()
-            intruder.forge_gradients(node.run_id, getattr(node.active, "plan_id", 0), batch)
+            active = node.active
+            assert isinstance(active, PipelineRun)
+            intruder.forge_gradients(node.run_id, active.state.plan_id, batch)
 
     node = Central(config, progress=progress, modes=mode)
     local.start_all()
@@ -185,7 +188,7 @@ def test_an_intruder_changes_nothing(
     assert report.epochs == 2 and report.recoveries == [] and report.final_accuracy > 0.5
     # No joiner, no announcement taken for another device.
     assert all(set(p.get("workers", [])) <= {"worker-1", "worker-2"} for p in report.partitions)
-    assert getattr(node.active, "joiners", None) == []
+    assert isinstance(node.active, PipelineRun) and node.active.state.joiners == []
     assert "a-ghost" not in node.announced and "intruder" not in node.workers
     assert node.announced["worker-2"].slowdown == 1.0
     # Nothing of the intruder's in the trained model.

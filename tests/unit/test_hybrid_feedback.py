@@ -1,12 +1,13 @@
-"""Measured feedback on hybrid re-splits (modes/pipeline/central/hybrid.py): a re-split that measures
+"""Measured feedback on hybrid re-splits (modes/pipeline/central/hybrid_feedback.py): a re-split that measures
 slower than the plan before it is undone, and the DP's plan is not chosen again. The run's state is set
 by hand: these rules read only the plan, the timeline and the clock."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
-from edgeagent.modes.pipeline.central.hybrid import MEASURE_BATCHES, HybridRun, _key
+from edgeagent.modes.pipeline.central.hybrid_feedback import MEASURE_BATCHES, Feedback, plan_key
 from edgeagent.pipeline.groups import Groups
 from edgeagent.roles.central.node import DeviceState
 from edgeagent.roles.central.report import RunReport
@@ -24,51 +25,55 @@ class Clock:
 
 
 def a_run(before: float) -> tuple[Any, Clock]:
-    """A HybridRun just switched from OLD ([0, 2, 3], measured ``before`` s/batch) to NEW at batch 100."""
-    run: Any = object.__new__(HybridRun)
+    """The hybrid run's feedback just after a switch from OLD ([0, 2, 3], measured ``before`` s/batch) to
+    NEW at batch 100."""
     clock = Clock()
-    run.clock = clock
-    run.report = RunReport(run_id="r", model="m", dataset="d", workers=["w1", "w2"])
-    run.points, run.groups = [0, 1, 2, 3], NEW
+    state: Any = SimpleNamespace(
+        clock=clock,
+        report=RunReport(run_id="r", model="m", dataset="d", workers=["w1", "w2"]),
+        points=[0, 1, 2, 3],
+        groups=NEW,
+        plan_job=None,
+        total=1000,
+        start_version=0,
+        workers={d: DeviceState(d, 0.0) for d in ("w1", "w2")},
+    )
+    run = Feedback(state)
     run.previous = ([0, 2, 3], OLD, before)
     run.plan_started = (0.0, 100)
-    run.plan_job = None
-    run.total = 1000
-    run.rejected = set()
-    run.workers = {d: DeviceState(d, 0.0) for d in ("w1", "w2")}
     return run, clock
 
 
 def commit(run: Any, clock: Clock, until: int, step: float) -> None:
-    start = int(run.report.timeline[-1]["batch"]) + 1 if run.report.timeline else 100
+    start = int(run.state.report.timeline[-1]["batch"]) + 1 if run.state.report.timeline else 100
     for batch in range(start, until):
         clock.now += step
-        run.report.timeline.append({"batch": batch, "t": clock.now, "loss": 1.0})
+        run.state.report.timeline.append({"batch": batch, "t": clock.now, "loss": 1.0})
 
 
 def test_a_slower_re_split_is_undone_and_not_chosen_again() -> None:
     run, clock = a_run(before=0.010)
     commit(run, clock, 100 + MEASURE_BATCHES - 1, step=0.030)
-    run._check_previous(100 + MEASURE_BATCHES - 1)
-    assert run.plan_job is None  # not measured long enough yet
+    run.check_previous(100 + MEASURE_BATCHES - 1)
+    assert run.state.plan_job is None  # not measured long enough yet
     commit(run, clock, 100 + MEASURE_BATCHES, step=0.030)
-    run._check_previous(100 + MEASURE_BATCHES)
-    job = getattr(run, "plan_job")  # noqa: B009 - a fresh read: the check above narrowed it to None
+    run.check_previous(100 + MEASURE_BATCHES)
+    job = getattr(run.state, "plan_job")  # noqa: B009 - a fresh read: the check above narrowed it to None
     plan = job.result()
     assert plan.points == [0, 2, 3] and plan.groups == OLD and "back to the plan before" in plan.reason
-    assert _key([0, 1, 2, 3], NEW) in run.rejected and run.previous is None
+    assert plan_key([0, 1, 2, 3], NEW) in run.rejected and run.previous is None
 
 
 def test_a_re_split_that_measures_as_fast_stays() -> None:
     run, clock = a_run(before=0.010)
     commit(run, clock, 100 + MEASURE_BATCHES, step=0.0105)  # within the 10 % margin
-    run._check_previous(100 + MEASURE_BATCHES)
-    assert run.plan_job is None and run.rejected == set() and run.previous is None
+    run.check_previous(100 + MEASURE_BATCHES)
+    assert run.state.plan_job is None and run.rejected == set() and run.previous is None
 
 
 def test_no_way_back_to_a_plan_whose_device_is_gone() -> None:
     run, clock = a_run(before=0.010)
-    run.workers["w2"].online = False
+    run.state.workers["w2"].online = False
     commit(run, clock, 100 + MEASURE_BATCHES, step=0.030)
-    run._check_previous(100 + MEASURE_BATCHES)
-    assert run.plan_job is None
+    run.check_previous(100 + MEASURE_BATCHES)
+    assert run.state.plan_job is None

@@ -15,7 +15,7 @@ from edgeagent.config import CentralConfig, WorkerConfig
 from edgeagent.data import load_dataset
 from edgeagent.models import ModelSpec, build_layers, layer_output_shapes
 from edgeagent.modes import mode
-from edgeagent.modes.pipeline.central.trainer import PipelineRun
+from edgeagent.modes.pipeline.central.run import PipelineRun
 from edgeagent.modes.pipeline.worker.run import Run, stage_input
 from edgeagent.modes.pipeline.worker.session import PipelineSession
 from edgeagent.planner.profiler import profile_layers
@@ -618,38 +618,40 @@ def test_central_takes_only_gradients_and_results_it_waits_for(broker: MemoryBro
     data = load_dataset("synthetic:200:64:10", seed=0, test_fraction=0.2)
     assert data.in_shape == SPEC.in_shape
     run = PipelineRun(central, config, data, SPEC, ["c", "w1", "w2"])  # stage 0: layer 0, 64 -> 128
-    assert run.points == [0, 1, 2, 3]
+    assert run.state.points == [0, 1, 2, 3]
     for kind, handler in run.handlers().items():
         central.on(kind, handler)
     info = TopicInfo(Family.GRADIENTS, device="w1", stage=1)
 
     def grad(batch: int, g: torch.Tensor) -> Inbound:
-        msg = Gradient(run_id=central.run_id, plan_id=run.plan_id, stage=1, batch_id=batch, g=g, loss=1.0)
+        msg = Gradient(
+            run_id=central.run_id, plan_id=run.state.plan_id, stage=1, batch_id=batch, g=g, loss=1.0
+        )
         return Inbound(info, "w1", msg, wire_topic=TOPICS.gradients(1, "w1"))
 
-    run.runner.outputs[3] = ((4, 128), torch.float32)
+    run.state.runner.outputs[3] = ((4, 128), torch.float32)
     central.dispatch(grad(3, torch.zeros(4, 7)))
     central.dispatch(grad(3, torch.zeros(4, 128, dtype=torch.float16)))
     central.dispatch(grad(4, torch.zeros(4, 128)))
-    assert run.inbox.gradients == {} and central.dropped == 3
+    assert run.state.inbox.gradients == {} and central.dropped == 3
     central.dispatch(grad(3, torch.zeros(4, 128)))
-    assert list(run.inbox.gradients) == [3]
+    assert list(run.state.inbox.gradients) == [3]
 
     def result(batch: int) -> Inbound:
         msg = EvalResult(
-            run_id=central.run_id, plan_id=run.plan_id, batch_id=batch, correct=1, count=1, loss_sum=0.0
+            run_id=central.run_id, plan_id=run.state.plan_id, batch_id=batch, correct=1, count=1, loss_sum=0.0
         )
         info = TopicInfo(Family.RESULTS, device="w2", stage=2)
         return Inbound(info, "w2", msg, wire_topic=TOPICS.results(2, "w2"))
 
-    run.inbox.eval_ids = {0, 1}
+    run.state.inbox.eval_ids = {0, 1}
     central.dispatch(result(7))
-    assert run.inbox.results == {} and central.dropped == 4
+    assert run.state.inbox.results == {} and central.dropped == 4
     central.dispatch(result(1))
-    assert list(run.inbox.results) == [1]
-    run.inbox.eval_ids = set()
+    assert list(run.state.inbox.results) == [1]
+    run.state.inbox.eval_ids = set()
     central.dispatch(result(0))  # no evaluation out: a late duplicate, ignored quietly
-    assert list(run.inbox.results) == [1] and central.dropped == 4
+    assert list(run.state.inbox.results) == [1] and central.dropped == 4
 
 
 def test_worker_leaves_a_run_when_the_central_node_goes_idle_without_its_stop(broker: MemoryBroker) -> None:

@@ -369,13 +369,13 @@ def test_a_late_drift_does_not_stop_a_stage_to_measure_h_again() -> None:
         )
 
     step = 0.087  # seconds per batch
-    assert not Estimation._h_pays(run(), slower, 15 * step)  # 1.3 s left: 0.2 s to save at most
+    assert not Estimation(run())._h_pays(slower, 15 * step)  # 1.3 s left: 0.2 s to save at most
     assert events == ["drift_ignored"]
-    assert Estimation._h_pays(run(rule="paper"), slower, 15 * step)  # the paper's rule: always
-    assert Estimation._h_pays(run(), slower, 990 * step)  # 86 s left: up to 15 s to save
-    assert not Estimation._h_pays(run(), slower, 590 * step)  # 51 s left: up to 9.0 s, under 9.5 s
+    assert Estimation(run(rule="paper"))._h_pays(slower, 15 * step)  # the paper's rule: always
+    assert Estimation(run())._h_pays(slower, 990 * step)  # 86 s left: up to 15 s to save
+    assert not Estimation(run())._h_pays(slower, 590 * step)  # 51 s left: up to 9.0 s, under 9.5 s
     four_times = Drift("worker-1", 11, 20, measured=0.4, predicted=0.1)
-    assert Estimation._h_pays(run(), four_times, 165 * 0.4)  # 66 s left: up to 49.5 s
+    assert Estimation(run())._h_pays(four_times, 165 * 0.4)  # 66 s left: up to 49.5 s
 
 
 def test_a_standing_gap_rescales_the_device_under_rule_rescale(trained: LatencyPredictor) -> None:
@@ -437,12 +437,13 @@ def test_a_rescale_is_checked_soon_after_but_not_forever() -> None:
     from edgeagent.modes.pipeline.central.estimation import GAP_RECHECKS
 
     state = SimpleNamespace(recheck_at=None, rechecks=0, policy=SimpleNamespace(first=10))
+    estimation = Estimation(state)  # type: ignore[arg-type]
     at = []
     for done in (10, 30, 50, 70):
-        Estimation._schedule_recheck(state, done, True)  # type: ignore[arg-type]
+        estimation.schedule_recheck(done, True)
         at.append(state.recheck_at)
     assert GAP_RECHECKS == 3 and at == [30, 50, 70, None]
-    Estimation._schedule_recheck(state, 110, False)  # type: ignore[arg-type]
+    estimation.schedule_recheck(110, False)
     assert (state.recheck_at, state.rechecks) == (None, 0)
-    Estimation._schedule_recheck(state, 210, True)  # type: ignore[arg-type]
+    estimation.schedule_recheck(210, True)
     assert state.recheck_at == 230

@@ -309,11 +309,11 @@ def test_the_central_node_takes_the_tiles_and_says_when_they_do_not_fit(
     h = [0.001 * (k + 1) for k in range(10)]
     short = Announce(device_id="w1", h=h, h_key=model_key(spec), h_batch=32, tiles=[0.004] * 7)
     with caplog.at_level(logging.WARNING):
-        assert Estimation._take_h(node, times, short)  # type: ignore[arg-type]
+        assert Estimation(node)._take_h(times, short)  # type: ignore[arg-type]
     assert "w1 announced 7 tile times that do not fit this model's tiling (need 8" in caplog.text
     assert times.tiles["w1"] == () and node.characterisations[-1]["tiles"] == []
     good = Announce(device_id="w2", h=h, h_key=model_key(spec), h_batch=32, tiles=[0.004] * 8)
-    assert Estimation._take_h(node, times, good)  # type: ignore[arg-type]
+    assert Estimation(node)._take_h(times, good)  # type: ignore[arg-type]
     assert node.characterisations[-1]["tiles"] == [0.004] * 8
     assert node.characterisations[-2]["overhead"] is None  # no tiles to fit
     fit = times.fits["w2"]  # linear, the default
@@ -322,6 +322,6 @@ def test_the_central_node_takes_the_tiles_and_says_when_they_do_not_fit(
     assert node.characterisations[-1]["blend"] is None
     assert times.table("w2") == fit.table() != predictor.table(tuple(h))  # corrected by them
     blending = DeviceTimes(predictor, correction="blend")
-    assert Estimation._take_h(node, blending, good)  # type: ignore[arg-type]
+    assert Estimation(node)._take_h(blending, good)  # type: ignore[arg-type]
     assert node.characterisations[-1]["blend"] == blending.blend_weights["w2"] in BLEND_STEPS
     assert node.characterisations[-1]["overhead"] is None

@@ -1,6 +1,6 @@
 """FTPipeHD's asynchronous pipeline (papers/000) as a training mode: the default, ``--mode pipeline``.
 
-The central node's half is :class:`~edgeagent.modes.pipeline.central.trainer.PipelineRun` (the package
+The central node's half is :class:`~edgeagent.modes.pipeline.central.run.PipelineRun` (the package
 :mod:`edgeagent.roles.central`), the worker's half
 :class:`~edgeagent.modes.pipeline.worker.session.PipelineSession`; both move data through
 :class:`~edgeagent.pipeline.runner.StageRunner`. Both halves are imported when first used: the registry
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
-    from edgeagent.modes.pipeline.central.trainer import PipelineRun
+    from edgeagent.modes.pipeline.central.run import PipelineRun
     from edgeagent.protocol.messages import Assign
     from edgeagent.roles.central import Central, RunReport
     from edgeagent.roles.mode import WorkerSession
@@ -41,7 +41,7 @@ class PipelineMode:
             )
 
     def _run_class(self) -> type[PipelineRun]:
-        from edgeagent.modes.pipeline.central.trainer import PipelineRun
+        from edgeagent.modes.pipeline.central.run import PipelineRun
 
         return PipelineRun
 

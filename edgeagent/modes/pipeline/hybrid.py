@@ -7,7 +7,7 @@ devices add up their parameter gradients before every update, so the pipeline's 
 vertical sync stay exact. When a device of a replicated stage dies, the others take its rows from the
 next batch on: no rollback, no layers moved. With one device per stage it is the pipeline mode.
 
-The central node's half is :class:`~edgeagent.modes.pipeline.central.hybrid.HybridRun`, the worker's
+The central node's half is :class:`~edgeagent.modes.pipeline.central.run.HybridRun`, the worker's
 :class:`~edgeagent.modes.pipeline.worker.hybrid.HybridSession`; both are imported when first used.
 """
 
@@ -19,7 +19,7 @@ from edgeagent.modes.pipeline import PipelineMode
 
 if TYPE_CHECKING:
     from edgeagent.models import ModelSpec
-    from edgeagent.modes.pipeline.central.trainer import PipelineRun
+    from edgeagent.modes.pipeline.central.run import PipelineRun
     from edgeagent.protocol.messages import Assign
     from edgeagent.roles.mode import WorkerSession
     from edgeagent.roles.worker import Worker
@@ -42,7 +42,7 @@ class HybridMode(PipelineMode):
             )
 
     def _run_class(self) -> type[PipelineRun]:
-        from edgeagent.modes.pipeline.central.hybrid import HybridRun
+        from edgeagent.modes.pipeline.central.run import HybridRun
 
         return HybridRun
 

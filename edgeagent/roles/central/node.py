@@ -4,7 +4,7 @@
 systemd, liveness stamped on arrival, and discovery of the devices (Sec. III-B). Once the devices are
 known it hands the run to the training mode (``--mode``), which it is handed by whoever builds it (a
 :data:`~edgeagent.roles.mode.ModeLookup`: the CLI passes the registry, :func:`edgeagent.modes.mode`). The
-mode builds its run (the pipeline's :class:`~edgeagent.modes.pipeline.central.trainer.PipelineRun`, say),
+mode builds its run (the pipeline's :class:`~edgeagent.modes.pipeline.central.run.PipelineRun`, say),
 attaches it (its handlers, its metrics) and lets it train; the run's parts live in the mode's package.
 """
 

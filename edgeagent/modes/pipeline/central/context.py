@@ -1,10 +1,11 @@
-"""The run context: everything one pipeline run on the central node knows, built once and complete.
+"""The run context: everything one pipeline run on the central node knows, shared by the run's parts.
 
-:class:`RunState` is constructed after discovery, when the devices, the data and the model are known:
-its constructor profiles the layers, makes the initial split and builds stage 0, so no attribute is
-ever half-initialised. The modules of this package add behaviour to it as a chain of classes (setup,
-planning, liveness, switching, evaluation, recovery, the trainer); the node (:mod:`.node`) owns the
-runtime (transport, inbox, heartbeats) and hands it to the run.
+:class:`RunState` is built in two steps by the run (:class:`~.run.PipelineRun`), once the devices, the
+data and the model are known: its constructor profiles the layers and sets every field; :meth:`RunState.begin`
+then takes the first split (which the planning part computes from this state) and builds the report and
+stage 0. The parts of the run (setup, estimation, planning, liveness, checkpoints, handlers, switching,
+evaluation, recovery, the trainer: one module each) hold this state and the parts below them; the node
+(:mod:`edgeagent.roles.central.node`) owns the runtime (transport, inbox, heartbeats) and hands it to the run.
 """
 
 from __future__ import annotations
@@ -106,8 +107,10 @@ class RunState:
         worker_list: list[str],
         *,
         resume: dict[str, Any] | None = None,
+        mode: str = "pipeline",
     ) -> None:
         self.node = node
+        self.mode = mode  # what the assignments name (Assign.mode): the worker half of this run
         self.topics = node.topics
         self.device_id = node.device_id
         self.times = node.times
@@ -182,14 +185,26 @@ class RunState:
         # none), and how many such checks came in a row (at most GAP_RECHECKS).
         self.recheck_at: int | None = None
         self.rechecks = 0
-        self.device_times = self._device_times()  # the latency predictor (None: FTPipeHD's capacity)
-        self.points = self.initial_points()
+        # With the predictor: the run's DeviceTimes (Estimation.load_device_times; None: FTPipeHD's capacity).
+        self.device_times: DeviceTimes | None = None
+        # Set by begin(): the split, the report, the starting weights and stage 0's data path.
+        self.points: list[int] = []
+        self.report: RunReport
+        self.initial: dict[str, torch.Tensor] | None = None
+        self.initial_momentum: dict[str, torch.Tensor] | None = None
+        self.runner: StageRunner
+
+    def begin(self, points: list[int]) -> None:
+        """The second step of the construction, once ``device_times`` is set: the first split (``points``;
+        a checkpoint's when the run resumes one of the same length), then the report and stage 0."""
+        self.points = points
+        resume = self.resume
         if resume is not None and len(resume["points"]) == len(self.worker_list) + 1:
             self.points = list(resume["points"])
         self.report = self._new_report()
         self.initial, self.initial_momentum = self._start_weights()
         stage = build_stage(
-            spec,
+            self.spec,
             seed=self.train.seed,
             options=self.options,
             points=self.points,
@@ -202,14 +217,6 @@ class RunState:
         self.runner = StageRunner(stage, 0, codecs=self.codecs)  # stage 0's data path (pipeline/runner.py)
 
     # -- what every part of the run uses -------------------------------------------------------
-
-    MODE = "pipeline"  # what the assignments name (Assign.mode): the worker half of this run
-
-    def initial_points(self) -> list[int]:  # planning.Planning gives the real one
-        raise NotImplementedError
-
-    def _device_times(self) -> DeviceTimes | None:  # estimation.Estimation gives the real one
-        raise NotImplementedError
 
     @property
     def stage(self) -> Stage:
@@ -258,33 +265,6 @@ class RunState:
         """Training seconds so far (evaluation excluded): the time axis of the report."""
         return time.perf_counter() - self.train_started - self.eval_seconds
 
-    def metrics(self) -> dict[str, Any] | None:
-        """What the central node publishes on its metrics topic (docs/protocol.md)."""
-        report = self.report
-        if not self.train_started:
-            return None
-        t = self.times.summary()
-        last = report.timeline[-1] if report.timeline else None
-        done = len(report.timeline)
-        return {
-            "stage": 0,
-            "batches": done,
-            "epoch": min(self.train.epochs - 1, done // max(1, self.per_epoch)),  # in progress, from 0
-            "samples_per_second": done * self.train.batch_size / max(1e-9, self.clock()),
-            "compute_s": round(t["compute"], 3),
-            "communication_s": round(t["communication"], 3),
-            "idle_s": round(t["idle"], 3),
-            "wall_s": round(t["wall"], 3),
-            "loss": last["loss"] if last else None,
-            "accuracy": report.test_accuracy_per_epoch[-1] if report.test_accuracy_per_epoch else None,
-            "points": list(self.points),
-            "workers": list(self.worker_list[1:]),
-            "status": self.status,
-            "compression_ratio": round(self.codecs.ratio, 3),
-            "slowdown": self.config.slowdown,
-            "link_mbps": self.config.link_mbps,
-        }
-
     # -- built once --------------------------------------------------------------------------
 
     def _profile(self, model: torch.nn.Sequential) -> LayerProfile:
@@ -309,7 +289,7 @@ class RunState:
             learning_rate=self.train.learning_rate,
             layer_profile=self.profile.to_dict(),
             partition_mode=self.config.partition,
-            mode=self.MODE,
+            mode=self.mode,
             estimator="predictor" if self.device_times is not None else "capacity",
             tie_break=self.tie_break,
             characterisations=self.characterisations,

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from edgeagent.errors import TrainingError
 from edgeagent.modes.pipeline.central.checkpoint import Checkpoints
+from edgeagent.modes.pipeline.central.context import RunState
+from edgeagent.modes.pipeline.central.estimation import Estimation
 from edgeagent.protocol.messages import (
     Announce,
     ErrorReport,
@@ -31,8 +33,13 @@ from edgeagent.runtime.role import Inbound
 log = logging.getLogger("edgeagent.roles.central")
 
 
-class Handlers(Checkpoints):
+class Handlers:
     """What the run does with each message type (see :meth:`handlers`)."""
+
+    def __init__(self, state: RunState, estimation: Estimation, checkpoints: Checkpoints) -> None:
+        self.state = state
+        self.estimation = estimation
+        self.checkpoints = checkpoints
 
     def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]:
         return {
@@ -48,46 +55,49 @@ class Handlers(Checkpoints):
         }
 
     def _ours(self, msg: Message) -> bool:
-        return getattr(msg, "run_id", None) == self.run_id
+        return getattr(msg, "run_id", None) == self.state.run_id
 
     def _member(self, item: Inbound, device: str) -> bool:
         """Whether ``device`` (the topic's: identity is checked on arrival) is one of the run's devices,
         discovered or joined since; a message about the run from any other is dropped with a line."""
-        if device in self.workers:
+        state = self.state
+        if device in state.workers:
             return True
-        self.node.discard(item, f"{device!r} is not a device of run {self.run_id}")
+        state.node.discard(item, f"{device!r} is not a device of run {state.run_id}")
         return False
 
     def on_gradient(self, item: Inbound) -> None:
+        state = self.state
         msg = item.message
         assert isinstance(msg, Gradient)
-        if not self._ours(msg) or msg.plan_id != self.plan_id:
+        if not self._ours(msg) or msg.plan_id != state.plan_id:
             return  # a stale gradient of an earlier run or plan
-        grad, problem = self.runner.take_gradient(msg)
+        grad, problem = state.runner.take_gradient(msg)
         if grad is None:
-            self.node.discard(item, problem or "")
+            state.node.discard(item, problem or "")
             return
-        self.inbox.gradients[grad.batch_id] = grad
+        state.inbox.gradients[grad.batch_id] = grad
 
     def on_eval_result(self, item: Inbound) -> None:
+        state = self.state
         msg = item.message
         assert isinstance(msg, EvalResult)
-        if not self._ours(msg) or msg.plan_id != self.plan_id:
+        if not self._ours(msg) or msg.plan_id != state.plan_id:
             return
-        if msg.batch_id not in self.inbox.eval_ids:
-            if self.inbox.eval_ids:  # else a late duplicate of an evaluation that is over
-                self.node.discard(item, f"no evaluation batch {msg.batch_id} is out")
+        if msg.batch_id not in state.inbox.eval_ids:
+            if state.inbox.eval_ids:  # else a late duplicate of an evaluation that is over
+                state.node.discard(item, f"no evaluation batch {msg.batch_id} is out")
             return
         self._take_result(msg)
 
     def _take_result(self, msg: EvalResult) -> None:
         """An evaluation batch's result is in (the hybrid mode adds up the pieces of a batch first)."""
-        self.inbox.results[msg.batch_id] = msg
+        self.state.inbox.results[msg.batch_id] = msg
 
     def on_status(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Status)
-        w = self.workers.get(msg.device_id)
+        w = self.state.workers.get(msg.device_id)
         if w is not None and msg.state == "offline" and not w.online:
             log.warning("worker %s went offline (last will)", msg.device_id)
 
@@ -97,58 +107,68 @@ class Handlers(Checkpoints):
         if not self._ours(msg) or not self._member(item, msg.device_id):
             return
         if msg.phase == "alive":
-            self.inbox.alive[msg.device_id] = msg
+            self.state.inbox.alive[msg.device_id] = msg
         else:
-            self.inbox.ready.setdefault(msg.plan_id, {})[msg.device_id] = msg.phase
+            self.state.inbox.ready.setdefault(msg.plan_id, {})[msg.device_id] = msg.phase
 
     def on_link_report(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, LinkReport)
         if self._ours(msg):
-            self.inbox.links[msg.source] = msg
+            self.state.inbox.links[msg.source] = msg
 
     def on_fetch(self, item: Inbound) -> None:
+        state = self.state
         msg = item.message
         assert isinstance(msg, FetchRequest)
-        if not self._ours(msg) or msg.owner != self.device_id or not self._member(item, msg.requester):
+        if not self._ours(msg) or msg.owner != state.device_id or not self._member(item, msg.requester):
             return
         try:
-            reply = serve_fetch(self.store, self.runner.stage, msg, self.spec, self.train.seed, self.run_id)
+            reply = serve_fetch(
+                state.store,
+                state.runner.stage,
+                msg,
+                state.spec,
+                state.train.seed,
+                state.run_id,
+            )
         except TrainingError as exc:
             log.error("cannot serve %s's fetch of layers %s: %s", msg.requester, msg.layers, exc)
             return
-        self.send(self.topics.device(Family.REPLICA, self.device_id), reply)
+        state.send(state.topics.device(Family.REPLICA, state.device_id), reply)
 
     def on_weights(self, item: Inbound) -> None:
+        state = self.state
         msg = item.message
         assert isinstance(msg, Weights)
         if not self._ours(msg) or not self._member(item, msg.device_id):
             return
         if msg.purpose == "redistribute":
-            if self.switch is not None:
-                self.switch.accept(msg)
+            if state.switch is not None:
+                state.switch.accept(msg)
         elif msg.purpose == "collect":
             problem = self._collect_problem(msg)
             if problem is not None:
-                self.node.discard(item, problem)
+                state.node.discard(item, problem)
             else:
-                self.inbox.weights[msg.device_id] = msg
-        elif msg.purpose in ("chain", "global") and msg.plan_id == self.plan_id:
+                state.inbox.weights[msg.device_id] = msg
+        elif msg.purpose in ("chain", "global") and msg.plan_id == state.plan_id:
             try:
-                self.store.add_replica(msg)
+                state.store.add_replica(msg)
             except TrainingError as exc:
                 log.warning("%s", exc)
                 return
-            self._replicated(msg)
-            self._maybe_checkpoint(msg.version)
+            self.checkpoints.replicated(msg)
+            self.checkpoints.maybe_checkpoint(msg.version)
 
     def _collect_problem(self, msg: Weights) -> str | None:
         """Why a device's answer to ``collect`` cannot go into the trained model, or None: only the layers of
         the stage it holds, as that stage."""
-        stage = self.groups.stage_of(msg.device_id)
+        state = self.state
+        stage = state.groups.stage_of(msg.device_id)
         if stage is None or stage != msg.stage:
             return f"collect of stage {msg.stage} from {msg.device_id!r}, which holds stage {stage}"
-        start, end = self.points[stage], self.points[stage + 1]
+        start, end = state.points[stage], state.points[stage + 1]
         try:
             outside = sorted({key for key in msg.tensors if not start <= layer_of(key) < end})
         except (IndexError, ValueError):
@@ -158,37 +178,33 @@ class Handlers(Checkpoints):
             return f"collect from {msg.device_id!r} ({held}) holds {outside[:3]}"
         return None
 
-    def on_h(self, msg: Announce) -> None:
-        """A device announced its ``h`` (estimation.Estimation uses it)."""
-
-    def ask_h(self, device: str, *, slower: float = 1.0) -> None:
-        """Ask a device for its ``h`` (estimation.Estimation does)."""
-
     def on_announce(self, item: Inbound) -> None:
+        state = self.state
         msg = item.message
         assert isinstance(msg, Announce)
-        self.node.remember(msg, keep=self.worker_list)
-        if msg.h and msg.busy_with in ("", self.run_id):
-            self.on_h(msg)
-        joinable = self.train_started and not msg.busy_with
-        new = msg.device_id not in self.worker_list and msg.device_id not in self.joiners
-        if joinable and new and self.resplits:
-            self.joiners.append(msg.device_id)
+        state.node.remember(msg, keep=state.worker_list)
+        if msg.h and msg.busy_with in ("", state.run_id):
+            self.estimation.on_h(msg)
+        joinable = state.train_started and not msg.busy_with
+        new = msg.device_id not in state.worker_list and msg.device_id not in state.joiners
+        if joinable and new and state.resplits:
+            state.joiners.append(msg.device_id)
             log.info("%s is available; it joins at the next re-partition", msg.device_id)
-            self.ask_h(msg.device_id)
+            self.estimation.ask_h(msg.device_id)
 
     def on_error(self, item: Inbound) -> None:
+        state = self.state
         msg = item.message
         assert isinstance(msg, ErrorReport)
         if self._ours(msg) and not self._member(item, msg.device_id):
             return  # another device cannot end this run
         if msg.code == "nonfinite":  # a worker dropped what another device sent (logged there)
             if self._ours(msg) and msg.about:
-                self.node.nonfinite[msg.about] += 1
+                state.node.nonfinite[msg.about] += 1
             log.warning("worker %s %s", msg.device_id, msg.reason)
             return
         log.error("worker %s reports %s: %s", msg.device_id, msg.code, msg.reason)
-        if self._ours(msg) and msg.code == "diverged" and msg.device_id in self.worker_list:
-            self.inbox.diverged = msg.reason
+        if self._ours(msg) and msg.code == "diverged" and msg.device_id in state.worker_list:
+            state.inbox.diverged = msg.reason
         elif self._ours(msg):
-            self.inbox.error = f"worker {msg.device_id} failed: {msg.reason}"
+            state.inbox.error = f"worker {msg.device_id} failed: {msg.reason}"

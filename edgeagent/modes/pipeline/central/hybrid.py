@@ -1,6 +1,7 @@
 """The hybrid mode's run on the central node: the pipeline run where a stage may be held by several devices.
 
-What differs from :class:`~edgeagent.modes.pipeline.central.trainer.PipelineRun` (papers/000) is here:
+What differs from the pipeline run (papers/000) is here, as hybrid variants of its parts that
+:class:`~edgeagent.modes.pipeline.central.run.HybridRun` holds instead:
 
 * **Planning** with :func:`edgeagent.planner.hybrid.solve_hybrid` over every device the run knows (the
   stages' devices, devices it left out, devices that joined): the split, the devices of each stage and
@@ -27,8 +28,18 @@ from typing import Any
 from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import restore
 from edgeagent.errors import PlanningError, TrainingError
-from edgeagent.modes.pipeline.central.context import Fault, Plan
-from edgeagent.modes.pipeline.central.trainer import PipelineRun
+from edgeagent.modes.pipeline.central.checkpoint import Checkpoints
+from edgeagent.modes.pipeline.central.context import Fault, Plan, RunState
+from edgeagent.modes.pipeline.central.estimation import Estimation
+from edgeagent.modes.pipeline.central.evaluation import Evaluation
+from edgeagent.modes.pipeline.central.handlers import Handlers
+from edgeagent.modes.pipeline.central.hybrid_feedback import Feedback, plan_key
+from edgeagent.modes.pipeline.central.liveness import Liveness
+from edgeagent.modes.pipeline.central.planning import Planning
+from edgeagent.modes.pipeline.central.recovery import Recovery
+from edgeagent.modes.pipeline.central.setup import Setup
+from edgeagent.modes.pipeline.central.switching import Switching
+from edgeagent.modes.pipeline.central.trainer import Trainer
 from edgeagent.pipeline.groups import Groups, cover
 from edgeagent.pipeline.rows import RowBuffer, gradient_piece
 from edgeagent.planner.hybrid import Device, HybridPlan, HybridProblem, predict_hybrid
@@ -41,51 +52,38 @@ from edgeagent.runtime.role import Inbound
 log = logging.getLogger("edgeagent.roles.central")
 
 RESPLIT_GAIN = 0.05  # a new hybrid plan must be this much faster (predicted) than the current one
-# After a re-split, the new plan's step is measured over this many batches; if it is this much slower
-# than the plan before it measured, the run goes back to that plan and never picks the new one again.
-MEASURE_BATCHES = 20
-REVERT_MARGIN = 0.10
 MIN_NORMALISED_ROWS = 8  # rows of a batch per member of a replicated stage, at least, with batch norm
 
 
-class HybridRun(PipelineRun):
-    """One run of the hybrid mode on the central node (see the module doc)."""
+class HybridPlanning(Planning):
+    """The hybrid DP's plans: the first over every discovered device, re-splits from each device's
+    measured seconds per batch (its capacity), kept unless they gain ``RESPLIT_GAIN``."""
 
-    MODE = "hybrid"
-
-    # -- the plan ------------------------------------------------------------------------------------
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # Set before the run state is built: its constructor asks for the first plan (initial_points).
+    def __init__(self, state: RunState, feedback: Feedback, estimation: Estimation) -> None:
+        super().__init__(state, estimation)
+        self.feedback = feedback
         self.device_caps: dict[str, float] = {}  # measured capacity of every device (per whole batch)
-        self.grad_pieces: dict[int, tuple[RowBuffer, dict[str, float]]] = {}
-        self.eval_pieces: dict[int, dict[tuple[int, int], EvalResult]] = {}
-        # Measured feedback on re-splits: when the current plan started (training clock, first batch),
-        # the plan before it with its measured step, and plans measured slower than their predecessor.
-        self.plan_started: tuple[float, int] | None = None
-        self.previous: tuple[list[int], Groups, float] | None = None
-        self.rejected: set[tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]] = set()
-        super().__init__(*args, **kwargs)
 
     @property
     def oracle(self) -> bool:
-        return self.config.partition == "oracle"
+        return self.state.config.partition == "oracle"
 
     def initial_points(self) -> list[int]:
         """The first plan over every discovered device: equal devices, or the true speeds (oracle)."""
-        devices = list(self.worker_list)
-        caps = [self._true_cap(d) if self.oracle else self._first_cap(d) for d in devices]
-        plan = self._solve_hybrid(devices, caps, [math.inf] * len(devices))
+        devices = list(self.state.worker_list)
+        caps = [self.true_cap(d) if self.oracle else self.estimation.first_cap(d) for d in devices]
+        plan = self.solve_hybrid(devices, caps, [math.inf] * len(devices))
         self._adopt_plan(plan, devices)
         return list(plan.points)
 
-    def _true_cap(self, device: str) -> float:
-        if device == self.device_id:
-            return self.config.slowdown
-        w = self.workers.get(device)
+    def true_cap(self, device: str) -> float:
+        state = self.state
+        if device == state.device_id:
+            return state.config.slowdown
+        w = state.workers.get(device)
         return w.slowdown if w is not None else 1.0
 
-    def _solve_hybrid(self, devices: list[str], caps: list[float], bandwidths: list[float]) -> HybridPlan:
+    def solve_hybrid(self, devices: list[str], caps: list[float], bandwidths: list[float]) -> HybridPlan:
         try:
             return solve_hybrid(self._hybrid_problem(devices, caps, bandwidths))
         except ValueError as exc:
@@ -97,10 +95,11 @@ class HybridRun(PipelineRun):
     def _hybrid_problem(
         self, devices: list[str], caps: list[float], bandwidths: list[float]
     ) -> HybridProblem:
-        latency = max((lk.latency for lk in self.links), default=0.0)
+        state = self.state
+        latency = max((lk.latency for lk in state.links), default=0.0)
         return HybridProblem(
-            layer_times=tuple(self.profile.seconds),
-            output_bytes=tuple(self.profile.output_bytes),
+            layer_times=tuple(state.profile.seconds),
+            output_bytes=tuple(state.profile.output_bytes),
             devices=tuple(
                 Device(
                     capacity=c,
@@ -110,24 +109,24 @@ class HybridRun(PipelineRun):
                 )
                 for k, (d, c, b) in enumerate(zip(devices, caps, bandwidths, strict=True))
             ),
-            param_bytes=self.param_bytes,
-            in_flight=self.train.in_flight,
-            activation_factor=self._comm_factor(len(self.worker_list)),
-            max_replicas=self.config.max_replicas,
+            param_bytes=state.param_bytes,
+            in_flight=state.train.in_flight,
+            activation_factor=self._comm_factor(len(state.worker_list)),
+            max_replicas=state.config.max_replicas,
             min_share=self._min_share(),
         )
 
     def _min_share(self) -> float:
         """No member of a replicated stage gets fewer than ``MIN_NORMALISED_ROWS`` rows of a batch when
         the model normalises its batches (statistics of 3 rows are noise: training stalls)."""
-        if not self.normalises:
+        if not self.state.normalises:
             return 0.0
-        return min(1.0, MIN_NORMALISED_ROWS / max(1, self.train.batch_size))
+        return min(1.0, MIN_NORMALISED_ROWS / max(1, self.state.train.batch_size))
 
     def _adopt_plan(self, plan: HybridPlan, devices: list[str]) -> None:
-        groups = self._groups_of(plan, devices)
-        self.groups = groups
-        self.worker_list = groups.primaries
+        groups = self.groups_of(plan, devices)
+        self.state.groups = groups
+        self.state.worker_list = groups.primaries
         left_out = [d for d in devices if d not in groups.devices]
         log.info(
             "hybrid plan: layers %s held by %s%s (predicted %.1f ms per batch)",
@@ -137,126 +136,83 @@ class HybridRun(PipelineRun):
             1e3 * plan.time,
         )
 
-    def _plan_before_training(self) -> None:
-        """The first plan was made before any link was measured (the gradient exchange of a replicated
-        stage looked free): plan again with the measured links, and switch before batch 0 if it differs.
-        With ``--partition oracle`` the devices' true speeds, with ``dynamic`` equal devices;
-        ``uniform`` keeps the first plan (PipeDream's equal split ignores the links too)."""
-        if self.start_version or not self.links or self.config.partition == "uniform":
-            return
-        devices = [self.device_id, *sorted(d for d in self._usable() if d != self.device_id)]
-        caps = [self._true_cap(d) if self.oracle else self._first_cap(d) for d in devices]
-        plan = self._solve_hybrid(devices, caps, self._bandwidths(devices))
-        groups = self._groups_of(plan, devices)
-        if groups.members == self.groups.members and list(plan.points) == self.points:
-            return
-        what = (
-            "the true speeds (oracle)"
-            if self.oracle
-            else "predicted speeds (h)"
-            if self.device_times is not None
-            else "equal devices"
-        )
-        reason = f"the hybrid DP over {what} and the measured links"
-        order = Plan(list(plan.points), plan.time, reason, groups.primaries, groups)
-        fault = self._admit_joiners(order, 0) or self._switch_to(
-            list(plan.points), version=0, workers=groups.primaries, groups=groups
-        )
-        if fault is not None:
-            raise TrainingError(f"before training started: {fault.reason}")
-        self._record_partition(0, reason, plan.time)
-
-    def _bandwidths(self, devices: list[str]) -> list[float]:
+    def bandwidths(self, devices: list[str]) -> list[float]:
         """Each device's link to the broker for the DP: the slowest measured stage link (links are
         measured between consecutive stages, not per device; the central node is the broker's host)."""
-        slowest = min((lk.bandwidth for lk in self.links), default=math.inf)
+        slowest = min((lk.bandwidth for lk in self.state.links), default=math.inf)
         return [math.inf, *[slowest] * (len(devices) - 1)]
 
-    def _groups_of(self, plan: HybridPlan, devices: list[str]) -> Groups:
+    def groups_of(self, plan: HybridPlan, devices: list[str]) -> Groups:
         return Groups(
-            tuple(tuple(devices[d] for d in group) for group in plan.groups), plan.shares, self.groups.version
+            tuple(tuple(devices[d] for d in group) for group in plan.groups),
+            plan.shares,
+            self.state.groups.version,
         )
 
-    def _build_workers(self) -> None:
-        """Every device of every stage builds its stage (helpers too)."""
-        for device in self.groups.devices[1:]:
-            self._assign(
-                device, weights=self.initial, momentum=self.initial_momentum, committed=self.start_version - 1
-            )
-        self.store.snapshot(self.stage)
-        self._subscribe_stage()
-        self._wait_ready(self.plan_id, "built", set(self.groups.devices[1:]))
-
-    def _record_partition(self, batch: int, reason: str, predicted: float | None = None) -> None:
-        if batch == self.start_version and not self.report.partitions and not self.resume:
+    def record_partition(self, batch: int, reason: str, predicted: float | None = None) -> None:
+        state = self.state
+        if batch == state.start_version and not state.report.partitions and not state.resume:
             reason = (
                 "initial: the hybrid DP fed the true speeds (oracle), links not measured yet"
                 if self.oracle
                 else "initial: the hybrid DP over equal devices, links not measured yet"
             )
-        super()._record_partition(batch, reason, predicted)
-        self.report.partitions[-1]["groups"] = [list(g) for g in self.groups.members]
-        self.report.partitions[-1]["shares"] = [list(s) for s in self.groups.shares]
-
-    def metrics(self) -> dict[str, Any] | None:
-        values = super().metrics()
-        if values is not None:
-            values["groups"] = [list(g) for g in self.groups.members]
-            values["shares"] = [[round(x, 3) for x in s] for s in self.groups.shares]
-        return values
-
-    # -- measured speeds and the re-split job ---------------------------------------------------------
+        super().record_partition(batch, reason, predicted)
+        state.report.partitions[-1]["groups"] = [list(g) for g in state.groups.members]
+        state.report.partitions[-1]["shares"] = [list(s) for s in state.groups.shares]
 
     def _stage_work(self, device: str) -> float:
-        k = self.groups.stage_of(device)
+        state = self.state
+        k = state.groups.stage_of(device)
         if k is None:
             return 0.0
-        return sum(self.profile.seconds[self.points[k] : self.points[k + 1]])
+        return sum(state.profile.seconds[state.points[k] : state.points[k + 1]])
 
-    def _note_device_times(self, times: dict[str, float]) -> None:
+    def note_device_times(self, times: dict[str, float]) -> None:
         """Each device's capacity from its seconds per whole batch (papers/000 eq. 1-3, per device)."""
         for device, seconds in times.items():
             work = self._stage_work(device)
             if work > 0 and seconds > 0:
                 self.device_caps[device] = seconds / work
         group_times = []
-        for group in self.groups.members[1:]:
+        for group in self.state.groups.members[1:]:
             known = [times[d] for d in group if times.get(d, 0) > 0]
             group_times.append(1.0 / sum(1.0 / t for t in known) if len(known) == len(group) else 0.0)
         if all(group_times):
-            self.stage_times = group_times
+            self.state.stage_times = group_times
 
-    def _start_planning(self, done: int) -> None:
+    def start_planning(self, done: int) -> None:
         """The hybrid DP over every device the run may use, from measured capacities where known (after
         ``done`` batches)."""
-        caps = self._measured_capacities()
-        if caps is None or self.plan_job is not None:
+        state = self.state
+        caps = self.measured_capacities()
+        if caps is None or state.plan_job is not None:
             return
-        own = sum(self.runner.recent) / max(1, len(self.runner.recent))
-        work0 = sum(self.profile.seconds[self.points[0] : self.points[1]])
+        own = sum(state.runner.recent) / max(1, len(state.runner.recent))
+        work0 = sum(state.profile.seconds[state.points[0] : state.points[1]])
         if work0 > 0 and own > 0:
-            self.device_caps[self.device_id] = own / work0
-        devices = [self.device_id, *sorted(d for d in self._usable() if d != self.device_id)]
-        known = [c for d, c in self.device_caps.items() if d != self.device_id] or [1.0]
+            self.device_caps[state.device_id] = own / work0
+        devices = [state.device_id, *sorted(d for d in self.usable() if d != state.device_id)]
+        known = [c for d, c in self.device_caps.items() if d != state.device_id] or [1.0]
         mean = sum(known) / len(known)
         device_caps = [self.device_caps.get(d, mean) for d in devices]
-        bandwidths = self._bandwidths(devices)
+        bandwidths = self.bandwidths(devices)
         current = self._current_time(devices, device_caps, bandwidths)
         job: Future[Plan] = Future()
 
         def run() -> None:
             try:
-                plan = self._solve_hybrid(devices, device_caps, bandwidths)
-                groups = self._groups_of(plan, devices)
-                moving = groups.members != self.groups.members or list(plan.points) != self.points
-                if moving and _key(list(plan.points), groups) in self.rejected:
-                    groups, points = self.groups, list(self.points)
+                plan = self.solve_hybrid(devices, device_caps, bandwidths)
+                groups = self.groups_of(plan, devices)
+                moving = groups.members != state.groups.members or list(plan.points) != state.points
+                if moving and plan_key(list(plan.points), groups) in self.feedback.rejected:
+                    groups, points = state.groups, list(state.points)
                     reason = "kept: the hybrid DP's plan was measured slower than this one before"
                     job.set_result(Plan(points, current, reason, groups.primaries, groups))
                     return
                 # A switch drains the pipeline and moves layers: only for a clear gain (5 %).
                 if moving and not plan.time < (1 - RESPLIT_GAIN) * current:
-                    groups, points = self.groups, list(self.points)
+                    groups, points = state.groups, list(state.points)
                     reason = (
                         f"kept: the hybrid DP's plan would gain {1e3 * (current - plan.time):.1f} ms/batch"
                     )
@@ -267,37 +223,67 @@ class HybridRun(PipelineRun):
             except Exception as exc:  # a planning bug must not stop training: keep the split
                 job.set_exception(exc)
 
-        if self.node.background(run, f"plan-{self.plan_id}"):
-            self.plan_job = job
+        if state.node.background(run, f"plan-{state.plan_id}"):
+            state.plan_job = job
 
     def _current_time(self, devices: list[str], caps: list[float], bandwidths: list[float]) -> float:
         """The predicted seconds per batch of the current plan under the same model as the new one."""
         index = {d: k for k, d in enumerate(devices)}
         try:
-            groups = [tuple(sorted(index[d] for d in g)) for g in self.groups.members]
+            groups = [tuple(sorted(index[d] for d in g)) for g in self.state.groups.members]
             problem = replace(self._hybrid_problem(devices, caps, bandwidths), min_share=0.0)
-            return predict_hybrid(problem, self.points, groups)
+            return predict_hybrid(problem, self.state.points, groups)
         except (KeyError, ValueError):
             return math.inf
 
-    def _usable(self) -> list[str]:
+    def usable(self) -> list[str]:
         """Devices the next plan may use: the live devices of the run, those it left out, joiners."""
-        live = [d for d, w in self.workers.items() if w.online]
-        return list(dict.fromkeys([*live, *self.joiners]))
+        live = [d for d, w in self.state.workers.items() if w.online]
+        return list(dict.fromkeys([*live, *self.state.joiners]))
 
-    # -- pieces: the gradients of stage 1's devices, the evaluation results of the last stage's ------
+
+class HybridSetup(Setup):
+    """Every device of every stage builds its stage, helpers of a replicated stage too."""
+
+    def build_workers(self) -> None:
+        """Every device of every stage builds its stage (helpers too)."""
+        state = self.state
+        for device in state.groups.devices[1:]:
+            self.assign(
+                device,
+                weights=state.initial,
+                momentum=state.initial_momentum,
+                committed=state.start_version - 1,
+            )
+        state.store.snapshot(state.stage)
+        self.subscribe_stage()
+        self.wait_ready(state.plan_id, "built", set(state.groups.devices[1:]))
+
+
+class HybridHandlers(Handlers):
+    """Pieces: the gradients of stage 1's devices and the evaluation results of the last stage's,
+    each of some of a batch's rows, put together into whole ones."""
+
+    def __init__(
+        self, state: RunState, estimation: Estimation, planning: HybridPlanning, checkpoints: Checkpoints
+    ) -> None:
+        super().__init__(state, estimation, checkpoints)
+        self.planning = planning
+        self.grad_pieces: dict[int, tuple[RowBuffer, dict[str, float]]] = {}
+        self.eval_pieces: dict[int, dict[tuple[int, int], EvalResult]] = {}
 
     def on_gradient(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Gradient)
-        if not self._ours(msg) or msg.plan_id != self.plan_id:
+        if not self._ours(msg) or msg.plan_id != self.state.plan_id:
             return
         problem = self._take_piece(msg)
         if problem is not None:
-            self.node.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
+            self.state.node.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
 
     def _take_piece(self, msg: Gradient) -> str | None:
-        expected = self.runner.outputs.get(msg.batch_id)
+        state = self.state
+        expected = state.runner.outputs.get(msg.batch_id)
         if expected is None:
             return None  # committed already (a piece computed again after a failover), or stale
         try:
@@ -315,9 +301,9 @@ class HybridRun(PipelineRun):
         times.update(msg.device_times)
         if buffer.complete:
             del self.grad_pieces[msg.batch_id]
-            self._note_device_times(times)
+            self.planning.note_device_times(times)
             whole = buffer.take(0, total)
-            self.inbox.gradients[msg.batch_id] = Gradient(
+            state.inbox.gradients[msg.batch_id] = Gradient(
                 run_id=msg.run_id,
                 plan_id=msg.plan_id,
                 stage=msg.stage,
@@ -325,7 +311,7 @@ class HybridRun(PipelineRun):
                 g=whole["g"],
                 loss=float(whole["loss"].sum()) / total,
                 correct=int(whole["correct"].sum()),
-                stage_times=list(self.stage_times),
+                stage_times=list(state.stage_times),
                 device_times=times,
             )
         return None
@@ -333,7 +319,7 @@ class HybridRun(PipelineRun):
     def _take_result(self, msg: EvalResult) -> None:
         """The last stage's devices each send the result of their rows: a batch's result is whole once
         pieces tile its rows (after a failover, pieces of two splits may be there)."""
-        if msg.batch_id in self.inbox.results:
+        if msg.batch_id in self.state.inbox.results:
             return  # whole already (a piece computed again after a failover)
         total = msg.total or msg.count
         lo, hi = msg.rows or (0, total)
@@ -344,7 +330,7 @@ class HybridRun(PipelineRun):
             return
         parts = [pieces[rows] for rows in tiling]
         del self.eval_pieces[msg.batch_id]
-        self.inbox.results[msg.batch_id] = EvalResult(
+        self.state.inbox.results[msg.batch_id] = EvalResult(
             run_id=msg.run_id,
             plan_id=msg.plan_id,
             batch_id=msg.batch_id,
@@ -353,7 +339,16 @@ class HybridRun(PipelineRun):
             loss_sum=sum(p.loss_sum for p in parts),
         )
 
-    # -- failover inside a stage -------------------------------------------------------------------
+
+class HybridLiveness(Liveness):
+    """Failover inside a stage: a dead device whose stage has others left is not a fault."""
+
+    def __init__(
+        self, state: RunState, feedback: Feedback, setup: Setup, estimation: Estimation, planning: Planning
+    ) -> None:
+        super().__init__(state, estimation, planning)
+        self.feedback = feedback
+        self.setup = setup
 
     def _check_liveness(self) -> Fault | None:
         """A dead device of a replicated stage: the survivors take its rows (no fault). Anything else (a
@@ -366,46 +361,50 @@ class HybridRun(PipelineRun):
 
     def _failover_dead(self) -> bool:
         """Fail over the dead devices of stages that have others left; whether there were any."""
-        dead = [d for d in self.groups.devices[1:] if (w := self.workers.get(d)) is not None and not w.online]
-        orphaned = set(self.groups.orphaned(dead))
-        survivable = [d for d in dead if self.groups.stage_of(d) not in orphaned]
+        state = self.state
+        dead = [
+            d for d in state.groups.devices[1:] if (w := state.workers.get(d)) is not None and not w.online
+        ]
+        orphaned = set(state.groups.orphaned(dead))
+        survivable = [d for d in dead if state.groups.stage_of(d) not in orphaned]
         if survivable:
             self._failover(survivable)
         return bool(survivable)
 
     def _failover(self, dead: list[str]) -> None:
-        detected = self.clock()
-        new, changed = self.groups.without(dead)
+        state = self.state
+        detected = state.clock()
+        new, changed = state.groups.without(dead)
         if not changed:
             return
-        before = self._stage_topics()
-        self.node.senders.see(self.plan_view())  # the members leaving may still deliver this plan's pieces
-        self.groups = new
-        self.worker_list = new.primaries
+        before = self.setup.stage_topics()
+        state.node.senders.see(state.plan_view())  # the members leaving may still deliver this plan's pieces
+        state.groups = new
+        state.worker_list = new.primaries
         members, shares = new.to_wire()
-        self.send(
-            self.topics.fixed(Family.COMMAND),
+        state.send(
+            state.topics.fixed(Family.COMMAND),
             Reshare(
-                run_id=self.run_id,
-                plan_id=self.plan_id,
+                run_id=state.run_id,
+                plan_id=state.plan_id,
                 share_version=new.version,
-                worker_list=list(self.worker_list),
+                worker_list=list(state.worker_list),
                 groups=members,
                 shares=shares,
             ),
         )
         # A primary died: the last stage's replica topic may move (only what changed, nothing in flight lost).
-        after = self._stage_topics()
+        after = self.setup.stage_topics()
         for topic in before:
             if topic not in after:
-                self.stop_listening(topic)
+                state.stop_listening(topic)
         for topic in after:
             if topic not in before:
-                self.listen(topic)
+                state.listen(topic)
         now = time.monotonic()
-        for batch in self.sent_at:
-            self.sent_at[batch] = now  # the survivors compute those batches again: their timers restart
-        batch = self._next_batch()
+        for batch in state.sent_at:
+            state.sent_at[batch] = now  # the survivors compute those batches again: their timers restart
+        batch = self.feedback.next_batch()
         entry = {
             "batch": batch,
             "devices": sorted(dead),
@@ -414,7 +413,7 @@ class HybridRun(PipelineRun):
             "groups": [list(g) for g in new.members],
             "shares": [list(s) for s in new.shares],
         }
-        self.report.failovers.append(entry)
+        state.report.failovers.append(entry)
         log.warning(
             "failover at batch %d: %s stopped; stage(s) %s go on with %s (no rollback)",
             batch,
@@ -422,75 +421,123 @@ class HybridRun(PipelineRun):
             changed,
             [list(new.members[k]) for k in changed],
         )
-        self.event("failover", batch=batch, devices=sorted(dead), stages=changed, groups=members)
-        self._refresh_deadline()
+        state.event("failover", batch=batch, devices=sorted(dead), stages=changed, groups=members)
+        self.refresh_deadline()
+
+
+class HybridSwitching(Switching):
+    """A switch forgets the pieces of the old plan and starts measuring the new one."""
+
+    def __init__(
+        self,
+        state: RunState,
+        feedback: Feedback,
+        setup: Setup,
+        planning: Planning,
+        liveness: Liveness,
+        handling: HybridHandlers,
+    ) -> None:
+        super().__init__(state, setup, planning, liveness)
+        self.feedback = feedback
+        self.handling = handling
+
+    def switch_to(self, points: list[int], **kwargs: Any) -> Fault | None:
+        state = self.state
+        self.handling.grad_pieces.clear()
+        self.handling.eval_pieces.clear()
+        before, old = self.feedback.measured_step(), (list(state.points), state.groups)
+        fault = super().switch_to(points, **kwargs)
+        if fault is None:
+            # A re-split is measured against the plan before it; a recovery starts afresh.
+            measured = before is not None and not kwargs.get("recovery") and state.train_started
+            self.feedback.previous = (old[0], old[1], before) if measured and before is not None else None
+            self.feedback.plan_started = None
+        return fault
+
+
+class HybridTrainer(Trainer):
+    """The pipeline's loop, with the hybrid's plan before training, metrics and measured feedback."""
+
+    planning: HybridPlanning
+
+    def __init__(
+        self,
+        state: RunState,
+        feedback: Feedback,
+        setup: Setup,
+        estimation: Estimation,
+        planning: HybridPlanning,
+        liveness: Liveness,
+        checkpoints: Checkpoints,
+        switching: Switching,
+        evaluation: Evaluation,
+        recovery: Recovery,
+    ) -> None:
+        super().__init__(state, setup, planning, liveness, checkpoints, switching, evaluation, recovery)
+        self.feedback = feedback
+        self.estimation = estimation
+
+    def _plan_before_training(self) -> None:
+        """The first plan was made before any link was measured (the gradient exchange of a replicated
+        stage looked free): plan again with the measured links, and switch before batch 0 if it differs.
+        With ``--partition oracle`` the devices' true speeds, with ``dynamic`` equal devices;
+        ``uniform`` keeps the first plan (PipeDream's equal split ignores the links too)."""
+        state = self.state
+        if state.start_version or not state.links or state.config.partition == "uniform":
+            return
+        devices = [
+            state.device_id,
+            *sorted(d for d in self.planning.usable() if d != state.device_id),
+        ]
+        caps = [
+            self.planning.true_cap(d) if self.planning.oracle else self.estimation.first_cap(d)
+            for d in devices
+        ]
+        plan = self.planning.solve_hybrid(devices, caps, self.planning.bandwidths(devices))
+        groups = self.planning.groups_of(plan, devices)
+        if groups.members == state.groups.members and list(plan.points) == state.points:
+            return
+        what = (
+            "the true speeds (oracle)"
+            if self.planning.oracle
+            else "predicted speeds (h)"
+            if state.device_times is not None
+            else "equal devices"
+        )
+        reason = f"the hybrid DP over {what} and the measured links"
+        order = Plan(list(plan.points), plan.time, reason, groups.primaries, groups)
+        fault = self.switching.admit_joiners(order, 0) or self.switching.switch_to(
+            list(plan.points), version=0, workers=groups.primaries, groups=groups
+        )
+        if fault is not None:
+            raise TrainingError(f"before training started: {fault.reason}")
+        self.planning.record_partition(0, reason, plan.time)
+
+    def metrics(self) -> dict[str, Any] | None:
+        values = super().metrics()
+        if values is not None:
+            values["groups"] = [list(g) for g in self.state.groups.members]
+            values["shares"] = [[round(x, 3) for x in s] for s in self.state.groups.shares]
+        return values
 
     def _backward(self, loop: Any, grad: Gradient | None) -> None:
         super()._backward(loop, grad)
-        failovers = self.report.failovers
+        failovers = self.state.report.failovers
         if failovers and "resumed" not in failovers[-1]:
-            failovers[-1]["resumed"] = round(self.clock(), 4)
-
-    def _switch_to(self, points: list[int], **kwargs: Any) -> Fault | None:
-        self.grad_pieces.clear()
-        self.eval_pieces.clear()
-        before, old = self._measured_step(), (list(self.points), self.groups)
-        fault = super()._switch_to(points, **kwargs)
-        if fault is None:
-            # A re-split is measured against the plan before it; a recovery starts afresh.
-            measured = before is not None and not kwargs.get("recovery") and self.train_started
-            self.previous = (old[0], old[1], before) if measured and before is not None else None
-            self.plan_started = None
-        return fault
-
-    # -- measured feedback on re-splits ------------------------------------------------------------
-
-    def _next_batch(self) -> int:
-        """The next batch to commit (the timeline repeats replayed batches after a rollback)."""
-        timeline = self.report.timeline
-        return int(timeline[-1]["batch"]) + 1 if timeline else self.start_version
-
-    def _measured_step(self) -> float | None:
-        """Training seconds per batch of the current plan since it started (None before 5 batches)."""
-        if self.plan_started is None:
-            return None
-        started, first = self.plan_started
-        done = self._next_batch() - first
-        return (self.clock() - started) / done if done >= 5 else None
+            failovers[-1]["resumed"] = round(self.state.clock(), 4)
 
     def _after_batch(self, done: int, loss: float, correct: int) -> None:
-        if self.plan_started is None:
-            self.plan_started = (self.clock(), done)
+        if self.feedback.plan_started is None:
+            self.feedback.plan_started = (self.state.clock(), done)
         super()._after_batch(done, loss, correct)
-        self._check_previous(done)
-
-    def _check_previous(self, done: int) -> None:
-        """``MEASURE_BATCHES`` after a re-split: back to the plan before if the new one measures slower."""
-        if self.previous is None or self.plan_job is not None or self.plan_started is None:
-            return
-        if done - self.plan_started[1] < MEASURE_BATCHES or done >= self.total:
-            return
-        points, groups, before = self.previous
-        self.previous = None
-        measured = self._measured_step()
-        alive = all((w := self.workers.get(d)) is None or w.online for d in groups.devices[1:])
-        slower = measured is not None and measured > (1 + REVERT_MARGIN) * before
-        if not slower or not alive or _key(points, groups) in self.rejected:
-            return
-        assert measured is not None
-        self.rejected.add(_key(self.points, self.groups))
-        reason = (
-            f"back to the plan before: the re-split measured {1e3 * measured:.1f} ms/batch, the plan "
-            f"before {1e3 * before:.1f}"
-        )
-        log.warning("%s", reason)
-        job: Future[Plan] = Future()
-        job.set_result(Plan(points, before, reason, groups.primaries, groups))
-        self.plan_job = job
+        self.feedback.check_previous(done)
 
 
-def _key(points: list[int], groups: Groups) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
-    return tuple(points), groups.members
-
-
-__all__ = ["HybridRun"]
+__all__ = [
+    "HybridHandlers",
+    "HybridLiveness",
+    "HybridPlanning",
+    "HybridSetup",
+    "HybridSwitching",
+    "HybridTrainer",
+]

@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeagent.errors import TrainingError
-from edgeagent.modes.pipeline.central.context import Fault
-from edgeagent.modes.pipeline.central.evaluation import Evaluation
+from edgeagent.modes.pipeline.central.context import Fault, RunState
+from edgeagent.modes.pipeline.central.liveness import Liveness
+from edgeagent.modes.pipeline.central.planning import Planning
+from edgeagent.modes.pipeline.central.setup import Setup
+from edgeagent.modes.pipeline.central.switching import Switching
 from edgeagent.planner.recovery import (
     RecoveryPoint,
     choose_recovery_point,
@@ -41,10 +44,19 @@ class Outcome:
     points: list[int]  # the new split
 
 
-class Recovery(Evaluation):
+class Recovery:
     """Recovers from a :class:`Fault`; a device that stops during the recovery starts another one."""
 
-    def _recover_until_done(self, fault: Fault, committed_b: int) -> int:
+    def __init__(
+        self, state: RunState, setup: Setup, planning: Planning, liveness: Liveness, switching: Switching
+    ) -> None:
+        self.state = state
+        self.setup = setup
+        self.planning = planning
+        self.liveness = liveness
+        self.switching = switching
+
+    def recover_until_done(self, fault: Fault, committed_b: int) -> int:
         """Recover (at most ``MAX_FAULTS_IN_A_ROW`` faults in a row); return the new committed id."""
         for _ in range(MAX_FAULTS_IN_A_ROW):
             result = self._recover(fault, committed_b)
@@ -56,27 +68,30 @@ class Recovery(Evaluation):
 
     def _recover(self, fault: Fault, committed_b: int) -> int | Fault:
         """Probe, pick survivors and a recovery point, re-split, roll back; return the new committed id."""
-        detected = self.clock()
-        self.status = 1  # set once: later timers of the same fault do not start another recovery
+        state = self.state
+        detected = state.clock()
+        state.status = 1  # set once: later timers of the same fault do not start another recovery
         fault_batch = committed_b + 1
         log.warning("fault at batch %d: %s; probing the workers", fault_batch, fault.reason)
-        self.event("fault", batch=fault_batch, reason=fault.reason, devices=fault.dead)
+        state.event("fault", batch=fault_batch, reason=fault.reason, devices=fault.dead)
         outcome = self._plan_recovery(*self._probe_devices())
         point = outcome.point
         for device in outcome.restarted:
             # Case 2: it came back with its id. Send it the Table I state (status 1); it builds a fresh
             # stage, then fetches its replica in the switch below.
-            self.inbox.ready.get(self.plan_id, {}).pop(device, None)
-            self._assign(device, committed=point.version - 1, status=1)
-            self.workers[device] = self._worker_from(device)
+            state.inbox.ready.get(state.plan_id, {}).pop(device, None)
+            self.setup.assign(device, committed=point.version - 1, status=1)
+            state.workers[device] = self.setup.worker_from(device)
         reason = (
             f"recovery case {outcome.case}: lost {sorted(outcome.missing)}, restarted "
             f"{sorted(outcome.restarted)}; rolled back to version {point.version}"
         )
-        new_links = self._links_for(outcome.workers)
+        new_links = self.planning.links_for(outcome.workers)
         # A restarted device builds an empty stage (status 1: no replicas before "built").
-        built = self._barrier(0)
-        again = self._wait_ready(self.plan_id, "built", outcome.restarted, timeout=built) or self._switch_to(
+        built = self.liveness.barrier(0)
+        again = self.setup.wait_ready(
+            state.plan_id, "built", outcome.restarted, timeout=built
+        ) or self.switching.switch_to(
             outcome.points,
             version=point.version,
             workers=outcome.workers,
@@ -86,15 +101,15 @@ class Recovery(Evaluation):
         )
         if again is not None:
             return again
-        self.links = new_links
+        state.links = new_links
         for device in outcome.missing:
-            self.workers.pop(device, None)
-        self.inbox.gradients.clear()
-        self.sent_at.clear()
-        self.runner.outputs.clear()
-        self.inbox.results.clear()
-        self._refresh_deadline()
-        self.status = 0
+            state.workers.pop(device, None)
+        state.inbox.gradients.clear()
+        state.sent_at.clear()
+        state.runner.outputs.clear()
+        state.inbox.results.clear()
+        self.liveness.refresh_deadline()
+        state.status = 0
         self._record_recovery(fault, outcome, fault_batch, detected, reason)
         return point.version - 1
 
@@ -108,27 +123,28 @@ class Recovery(Evaluation):
         missed heartbeats) cannot answer before it restarts: it gets the restart window; the others the
         probe window.
         """
-        self.inbox.alive.clear()
-        self.announced.clear()
+        state = self.state
+        state.inbox.alive.clear()
+        state.announced.clear()
 
         def ask() -> None:
-            self.send(self.topics.fixed(Family.COMMAND), Ping(run_id=self.run_id))
-            self.send(self.topics.fixed(Family.DISCOVER), Discover(run_id=self.run_id))
+            state.send(state.topics.fixed(Family.COMMAND), Ping(run_id=state.run_id))
+            state.send(state.topics.fixed(Family.DISCOVER), Discover(run_id=state.run_id))
 
         ask()
-        expected = set(self.worker_list[1:])
-        down = {d for d in expected if (w := self.workers.get(d)) is not None and not w.online}
+        expected = set(state.worker_list[1:])
+        down = {d for d in expected if (w := state.workers.get(d)) is not None and not w.online}
         started = time.monotonic()
-        probe = self._probe_window()
-        until = {d: started + (self.config.restart_window if d in down else probe) for d in expected}
+        probe = self.liveness.probe_window()
+        until = {d: started + (state.config.restart_window if d in down else probe) for d in expected}
         longest = max(until.values(), default=started) - started
         log.info("waiting up to %.1f s for %s to answer or come back", longest, sorted(expected))
 
         def settled() -> bool:
-            pending = expected - set(self.inbox.alive) - set(self.announced)
+            pending = expected - set(state.inbox.alive) - set(state.announced)
             for d in pending:  # a device whose last will came during the wait is down too: its window
-                if (w := self.workers.get(d)) is not None and not w.online:
-                    until[d] = max(until[d], started + self.config.restart_window)
+                if (w := state.workers.get(d)) is not None and not w.online:
+                    until[d] = max(until[d], started + state.config.restart_window)
             now = time.monotonic()
             return not any(now < until[d] for d in pending)
 
@@ -142,44 +158,46 @@ class Recovery(Evaluation):
             return lambda: settled() or time.monotonic() >= again
 
         while True:
-            self.node.wait_until(
+            state.node.wait_until(
                 asked_or_settled(time.monotonic() + probe), probe + 60.0, "the recovery's probe", poll=0.05
             )
             if settled():
                 break
             ask()
-        idle = [d for d, a in self.announced.items() if not a.busy_with]
-        return set(self.inbox.alive), idle
+        idle = [d for d, a in state.announced.items() if not a.busy_with]
+        return set(state.inbox.alive), idle
 
     def _plan_recovery(self, alive: set[str], idle: list[str]) -> Outcome:
         """The case (planner.recovery.classify_probe), the version to roll back to, the new split."""
-        outcome = classify_probe(self.worker_list[1:], alive, idle)
+        state = self.state
+        outcome = classify_probe(state.worker_list[1:], alive, idle)
         case, restarted, missing = outcome.case, set(outcome.restarted), set(outcome.missing)
-        holdings: dict[str, dict[str, list[int]]] = {d: r.holdings for d, r in self.inbox.alive.items()}
-        holdings[self.device_id] = self.store.holdings()
+        holdings: dict[str, dict[str, list[int]]] = {d: r.holdings for d, r in state.inbox.alive.items()}
+        holdings[state.device_id] = state.store.holdings()
         # Version 0 rebuilt from the seed is the run's start only for a fresh run without pre-trained
         # weights; otherwise the start is a replica like any other (taken when the run started).
-        seeded = self.start_version == 0 and not self.train.init_weights
+        seeded = state.start_version == 0 and not state.train.init_weights
         point = choose_recovery_point(
-            self.worker_list,
-            alive | {self.device_id},
+            state.worker_list,
+            alive | {state.device_id},
             holdings,
-            replicas=self.config.replicas,
+            replicas=state.config.replicas,
             seeded=seeded,
-            start=self.start_version,
+            start=state.start_version,
         )
-        new_list = new_worker_list(self.worker_list, alive | restarted | {self.device_id})
-        points = list(self.points)
-        if case == 3 and self.config.recovery == "respipe":
-            points, new_list = respipe_points(self.points, self.worker_list, missing)
+        new_list = new_worker_list(state.worker_list, alive | restarted | {state.device_id})
+        points = list(state.points)
+        if case == 3 and state.config.recovery == "respipe":
+            points, new_list = respipe_points(state.points, state.worker_list, missing)
         elif case == 3:
-            points = self._survivor_split(new_list)
+            points = self.planning.survivor_split(new_list)
         return Outcome(case, restarted, missing, point, holdings, new_list, points)
 
     def _record_recovery(
         self, fault: Fault, outcome: Outcome, fault_batch: int, detected: float, reason: str
     ) -> None:
-        resumed = self.clock()
+        state = self.state
+        resumed = state.clock()
         point = outcome.point
         record: dict[str, Any] = {
             "case": outcome.case,
@@ -187,7 +205,7 @@ class Recovery(Evaluation):
             "lost": sorted(outcome.missing),
             "restarted": sorted(outcome.restarted),
             "batch": fault_batch,
-            "last_progress_at": round(self.last_progress, 4),
+            "last_progress_at": round(state.last_progress, 4),
             "detected_at": round(detected, 4),
             "resumed_at": round(resumed, 4),
             "rolled_back_to": point.version,
@@ -196,11 +214,16 @@ class Recovery(Evaluation):
             "holdings": outcome.holdings,
             "points": outcome.points,
             "workers": outcome.workers[1:],
-            "recovery": self.config.recovery,
+            "recovery": state.config.recovery,
         }
-        self.report.recoveries.append(record)
-        self.report.partitions.append(
-            {"batch": point.version, "points": outcome.points, "plan_id": self.plan_id, "reason": reason}
+        state.report.recoveries.append(record)
+        state.report.partitions.append(
+            {
+                "batch": point.version,
+                "points": outcome.points,
+                "plan_id": state.plan_id,
+                "reason": reason,
+            }
         )
         log.warning(
             "recovered (case %d) in %.2f s after detection: stages %s on %s, replaying from batch %d",
@@ -210,4 +233,4 @@ class Recovery(Evaluation):
             outcome.workers,
             point.version,
         )
-        self.event("recovery", **record)
+        state.event("recovery", **record)

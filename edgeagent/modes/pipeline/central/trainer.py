@@ -9,13 +9,20 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from edgeagent.data import batch_indices
 from edgeagent.errors import DivergedError, EdgeAgentError, TrainingError
-from edgeagent.modes.pipeline.central.context import Fault, Plan
+from edgeagent.modes.pipeline.central.checkpoint import Checkpoints
+from edgeagent.modes.pipeline.central.context import Fault, Plan, RunState
+from edgeagent.modes.pipeline.central.evaluation import Evaluation
+from edgeagent.modes.pipeline.central.liveness import Liveness
+from edgeagent.modes.pipeline.central.planning import Planning
 from edgeagent.modes.pipeline.central.recovery import Recovery
+from edgeagent.modes.pipeline.central.setup import Setup
+from edgeagent.modes.pipeline.central.switching import Switching
 from edgeagent.pipeline.divergence import loss_not_finite
 from edgeagent.pipeline.rows import split_rows
 from edgeagent.pipeline.schedule import admit
@@ -52,81 +59,134 @@ class Loop:
         self.window_start, self.window_batches = time.perf_counter(), 0
 
 
-class PipelineRun(Recovery):
+class Trainer:
     """One run of the pipeline mode on the central node: :meth:`execute` returns its report."""
+
+    def __init__(
+        self,
+        state: RunState,
+        setup: Setup,
+        planning: Planning,
+        liveness: Liveness,
+        checkpoints: Checkpoints,
+        switching: Switching,
+        evaluation: Evaluation,
+        recovery: Recovery,
+    ) -> None:
+        self.state = state
+        self.setup = setup
+        self.planning = planning
+        self.liveness = liveness
+        self.checkpoints = checkpoints
+        self.switching = switching
+        self.evaluation = evaluation
+        self.recovery = recovery
 
     def execute(self) -> RunReport:
         """Build the workers' stages, measure the links, then train to the end (Sec. III-B, III-C)."""
-        self._build_workers()
-        if self.config.home_assistant:
-            self._announce_to_home_assistant()
-        self.links = self._measure_links()
-        self.report.links = [{"bandwidth": lk.bandwidth, "latency": lk.latency} for lk in self.links]
-        self._apply_compression(epoch=self.start_version // max(1, self.per_epoch))
-        self._record_partition(
-            self.start_version,
-            "resumed from a checkpoint" if self.resume else self._initial_reason(),
+        state = self.state
+        self.setup.build_workers()
+        if state.config.home_assistant:
+            self.setup.announce_to_home_assistant()
+        state.links = self.setup.measure_links()
+        state.report.links = [{"bandwidth": lk.bandwidth, "latency": lk.latency} for lk in state.links]
+        self.planning.apply_compression(epoch=state.start_version // max(1, state.per_epoch))
+        self.planning.record_partition(
+            state.start_version,
+            "resumed from a checkpoint" if state.resume else self.planning.initial_reason(),
         )
         self._plan_before_training()
         self._train()
-        return self.report
+        return state.report
+
+    def metrics(self) -> dict[str, Any] | None:
+        """What the central node publishes on its metrics topic (docs/protocol.md)."""
+        state = self.state
+        report = state.report
+        if not state.train_started:
+            return None
+        t = state.times.summary()
+        last = report.timeline[-1] if report.timeline else None
+        done = len(report.timeline)
+        return {
+            "stage": 0,
+            "batches": done,
+            "epoch": min(state.train.epochs - 1, done // max(1, state.per_epoch)),  # in progress, from 0
+            "samples_per_second": done * state.train.batch_size / max(1e-9, state.clock()),
+            "compute_s": round(t["compute"], 3),
+            "communication_s": round(t["communication"], 3),
+            "idle_s": round(t["idle"], 3),
+            "wall_s": round(t["wall"], 3),
+            "loss": last["loss"] if last else None,
+            "accuracy": report.test_accuracy_per_epoch[-1] if report.test_accuracy_per_epoch else None,
+            "points": list(state.points),
+            "workers": list(state.worker_list[1:]),
+            "status": state.status,
+            "compression_ratio": round(state.codecs.ratio, 3),
+            "slowdown": state.config.slowdown,
+            "link_mbps": state.config.link_mbps,
+        }
 
     def _plan_before_training(self) -> None:
         """Before batch 0, over the measured links: ``--partition oracle``, the DP fed the true slowdowns;
         the latency predictor, the DP fed every device's predicted times (AccEPT eq. 10)."""
-        if len(self.worker_list) < 2:
+        state = self.state
+        if len(state.worker_list) < 2:
             return
-        if self.config.partition == "oracle":
-            caps, reason = self._true_capacities(), "oracle: the DP fed the true slowdowns"
-        elif self.device_times is not None:
-            caps, reason = self._first_capacities(), "predictor: the DP fed the devices' predicted times"
+        if state.config.partition == "oracle":
+            caps, reason = self.planning.true_capacities(), "oracle: the DP fed the true slowdowns"
+        elif state.device_times is not None:
+            caps, reason = (
+                self.planning.first_capacities(),
+                "predictor: the DP fed the devices' predicted times",
+            )
         else:
             return
-        points = self._solve(self._problem(caps))
-        fault = self._switch_to(points, version=0) if points != self.points else None
+        points = self.planning.solve(self.planning.problem(caps))
+        fault = self.switching.switch_to(points, version=0) if points != state.points else None
         if fault is not None:
             raise TrainingError(f"before training started: {fault.reason}")
-        self._record_partition(0, reason)
-
-    # -- the loop ------------------------------------------------------------------------------
+        self.planning.record_partition(0, reason)
 
     def _evaluation_missing(self, committed: int) -> bool:
         """Whether the epoch-end evaluation at ``committed`` is due: an evaluation a fault interrupted is
         due again after the recovery, also when the rollback replays no batch of that epoch (and a run
         resumed from a checkpoint written before its epoch's evaluation was over evaluates first)."""
-        at_end = (committed + 1) % self.per_epoch == 0 or committed + 1 == self.total
+        state = self.state
+        at_end = (committed + 1) % state.per_epoch == 0 or committed + 1 == state.total
         return (
             committed >= 0
             and at_end
-            and len(self.report.test_accuracy_per_epoch) <= committed // self.per_epoch
+            and len(state.report.test_accuracy_per_epoch) <= committed // state.per_epoch
         )
 
     def _train(self) -> None:
-        committed = self.start_version - 1
+        state = self.state
+        committed = state.start_version - 1
         loop = Loop(next_f=committed + 1, committed=committed, window_start=time.perf_counter())
         loop.eval_due = committed if self._evaluation_missing(committed) else None
-        self.times.reset()
-        self.eval_seconds = 0.0
-        self.train_started = time.perf_counter()
-        self._refresh_deadline()
+        state.times.reset()
+        state.eval_seconds = 0.0
+        state.train_started = time.perf_counter()
+        self.liveness.refresh_deadline()
         try:
             while (fault := self._run_until_fault(loop)) is not None:
                 # A fault that comes back at the same batch after every recovery (a device that keeps
                 # sending NaN) must not make the run recover forever.
-                stalled = self.stalls.fault(loop.committed, fault.reason, self.node.nonfinite)
+                stalled = state.stalls.fault(loop.committed, fault.reason, state.node.nonfinite)
                 if stalled is not None:
                     raise TrainingError(stalled)
-                loop.committed = self._recover_until_done(fault, loop.committed)
+                loop.committed = self.recovery.recover_until_done(fault, loop.committed)
                 loop.next_f = loop.committed + 1
                 loop.reset_micro()
                 loop.pending = None
-                self.plan_job = None
+                state.plan_job = None
                 loop.eval_due = loop.committed if self._evaluation_missing(loop.committed) else None
                 loop.restart_window()
         except DivergedError as exc:
             # The loss is not finite (or stayed above chance's): nothing more to learn from this run.
-            self.report.diverged = str(exc)
-            if self.train.divergence == "stop":
+            state.report.diverged = str(exc)
+            if state.train.divergence == "stop":
                 raise
             log.error("%s; the run ends here (divergence: warn)", exc)
             loop.eval_due = None
@@ -134,7 +194,7 @@ class PipelineRun(Recovery):
 
     def _run_until_fault(self, loop: Loop) -> Fault | None:
         """Train until every batch is committed and evaluated (None) or a fault is detected (returned)."""
-        while loop.committed + 1 < self.total or loop.eval_due is not None:
+        while loop.committed + 1 < self.state.total or loop.eval_due is not None:
             fault = self._tick(loop)
             if fault is not None:
                 return fault
@@ -142,31 +202,36 @@ class PipelineRun(Recovery):
 
     def _tick(self, loop: Loop) -> Fault | None:
         """One step: an evaluation that is due, a new split, a backward, a forward, or a wait."""
-        if self.inbox.diverged:
-            raise DivergedError(self.inbox.diverged)
+        state = self.state
+        if state.inbox.diverged:
+            raise DivergedError(state.inbox.diverged)
         if loop.eval_due is not None:
             return self._evaluate_due(loop)
-        if self.options.micro_batches:
+        if state.options.micro_batches:
             return self._tick_sync(loop)
         in_flight = loop.next_f - loop.committed - 1
         if loop.pending is not None and in_flight == 0:
             return self._apply_pending(loop)
         self._take_plan(loop)
-        grad = self.inbox.gradients.pop(loop.committed + 1, None)
-        if grad is not None or (self.stage.is_last and in_flight > 0):
+        grad = state.inbox.gradients.pop(loop.committed + 1, None)
+        if grad is not None or (state.stage.is_last and in_flight > 0):
             self._backward(loop, grad)
             return None
-        epoch_end = min(self.total, (loop.committed + 1) // self.per_epoch * self.per_epoch + self.per_epoch)
-        if loop.next_f < epoch_end and loop.pending is None and admit(in_flight, self.bound()):
+        epoch_end = min(
+            state.total,
+            (loop.committed + 1) // state.per_epoch * state.per_epoch + state.per_epoch,
+        )
+        if loop.next_f < epoch_end and loop.pending is None and admit(in_flight, state.bound()):
             self._forward(loop)
             return None
-        return self._wait_for_messages(next_batch=loop.committed + 1)
+        return self.liveness.wait_for_messages(next_batch=loop.committed + 1)
 
     def _tick_sync(self, loop: Loop) -> Fault | None:
         """The synchronous schedule (PipeDream-flush): the micro-batches of batch ``committed + 1`` in
         1F1B order, at most ``bound()`` in flight; every stage applies the batch's update at its last
         micro-batch, and the next batch starts only when stage 0 has (the flush): exact SGD."""
-        micro = self.options.micro_batches
+        state = self.state
+        micro = state.options.micro_batches
         bid = loop.committed + 1
         if loop.micro_f == 0:
             if loop.pending is not None:
@@ -176,76 +241,78 @@ class PipelineRun(Recovery):
                 return None
         item = bid * micro + loop.micro_b
         if loop.micro_b < loop.micro_f:
-            grad = self.inbox.gradients.pop(item, None)
-            if grad is not None or self.stage.is_last:
+            grad = state.inbox.gradients.pop(item, None)
+            if grad is not None or state.stage.is_last:
                 self._backward_micro(loop, grad)
                 return None
-        if loop.micro_f < micro and admit(loop.micro_f - loop.micro_b, self.bound()):
+        if loop.micro_f < micro and admit(loop.micro_f - loop.micro_b, state.bound()):
             self._forward_micro(loop)
             return None
-        return self._wait_for_messages(next_batch=item)
+        return self.liveness.wait_for_messages(next_batch=item)
 
     def _micro_rows(self, bid: int, j: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """Micro-batch ``j`` of batch ``bid``: its inputs, labels and rows ``[lo, hi)`` of the batch."""
         x, y = self._batch(bid)
-        lo, hi = split_rows(int(y.shape[0]), [1.0] * self.options.micro_batches)[j]
+        lo, hi = split_rows(int(y.shape[0]), [1.0] * self.state.options.micro_batches)[j]
         return x[lo:hi], y[lo:hi], lo, hi
 
     def _forward_micro(self, loop: Loop) -> None:
+        state = self.state
         bid, j = loop.committed + 1, loop.micro_f
-        item = bid * self.options.micro_batches + j
+        item = bid * state.options.micro_batches + j
         started = Clock()
         x, y, lo, hi = self._micro_rows(bid, j)
-        out, version = self.stage.forward(item, x)
-        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
-        if not self.stage.is_last:
-            activation = self.runner.activation(
+        out, version = state.stage.forward(item, x)
+        state.runner.add_compute(emulate_slowdown(started, state.config.slowdown, state.times))
+        if not state.stage.is_last:
+            activation = state.runner.activation(
                 out,
                 y,
-                run_id=self.run_id,
-                plan_id=self.plan_id,
+                run_id=state.run_id,
+                plan_id=state.plan_id,
                 batch_id=item,
                 version=version,
                 mode="train",
-                epoch=bid // self.per_epoch,
+                epoch=bid // state.per_epoch,
             )
             activation = dataclasses.replace(
                 activation, rows=[lo, hi], total=int(self._batch(bid)[1].shape[0])
             )
-            self.codecs.message_sent(self.send(self.topics.activations(0, self.device_id), activation))
+            state.codecs.message_sent(state.send(state.topics.activations(0, state.device_id), activation))
         if j == 0:
-            self.sent_at[bid] = time.monotonic()
+            state.sent_at[bid] = time.monotonic()
         loop.micro_f += 1
-        loop.next_f = bid + 1 if loop.micro_f == self.options.micro_batches else bid
+        loop.next_f = bid + 1 if loop.micro_f == state.options.micro_batches else bid
 
     def _backward_micro(self, loop: Loop, grad: Gradient | None) -> None:
         """Backward of the oldest micro-batch in flight; at the batch's last, its update and commit."""
-        micro = self.options.micro_batches
+        state = self.state
+        micro = state.options.micro_batches
         bid, j = loop.committed + 1, loop.micro_b
         item = bid * micro + j
         started = Clock()
-        if self.stage.is_last:
+        if state.stage.is_last:
             _, y, _, _ = self._micro_rows(bid, j)
-            result = self.stage.backward(item, labels=y, total=int(self._batch(bid)[1].shape[0]))
+            result = state.stage.backward(item, labels=y, total=int(self._batch(bid)[1].shape[0]))
             loss, correct = result.loss, result.correct
             if not math.isfinite(loss):
-                raise DivergedError(loss_not_finite(bid, loss, self.train.learning_rate))
+                raise DivergedError(loss_not_finite(bid, loss, state.train.learning_rate))
         else:
             assert grad is not None
-            self.stage.backward(item, grad_output=grad.tensor)
+            state.stage.backward(item, grad_output=grad.tensor)
             loss, correct = grad.loss, grad.correct
-            self.stage_times = list(grad.stage_times)
-        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
-        self.runner.gradient_arrived(item)
+            state.stage_times = list(grad.stage_times)
+        state.runner.add_compute(emulate_slowdown(started, state.config.slowdown, state.times))
+        state.runner.gradient_arrived(item)
         loop.micro_b += 1
         loop.micro_loss += loss
         loop.micro_correct += correct
         if loop.micro_b < micro:
             return
-        if not self.stage.is_last:
-            self.stage_history.append(tuple(self.stage_times))
-            self._refresh_deadline()
-        self.runner.batch_done()
+        if not state.stage.is_last:
+            state.stage_history.append(tuple(state.stage_times))
+            self.liveness.refresh_deadline()
+        state.runner.batch_done()
         loss, correct = loop.micro_loss, loop.micro_correct
         loop.reset_micro()
         self._commit(loop, bid, loss, correct)
@@ -254,9 +321,9 @@ class PipelineRun(Recovery):
         assert loop.eval_due is not None
         started = time.perf_counter()
         try:
-            fault = self._end_epoch(loop.eval_due, loop.losses)
+            fault = self.evaluation.end_epoch(loop.eval_due, loop.losses)
         finally:
-            self.eval_seconds += time.perf_counter() - started
+            self.state.eval_seconds += time.perf_counter() - started
         if fault is None:
             loop.eval_due = None
         return fault
@@ -266,7 +333,7 @@ class PipelineRun(Recovery):
         plan = loop.pending
         assert plan is not None
         version = loop.committed + 1
-        fault = self._admit_joiners(plan, version) or self._switch_to(
+        fault = self.switching.admit_joiners(plan, version) or self.switching.switch_to(
             plan.points, version=version, workers=plan.workers, reason=plan.reason, groups=plan.groups
         )
         if fault is None:
@@ -276,9 +343,10 @@ class PipelineRun(Recovery):
 
     def _take_plan(self, loop: Loop) -> None:
         """If the planning job is done and proposes another split, make it pending (applied when drained)."""
-        if self.plan_job is None or not self.plan_job.done():
+        state = self.state
+        if state.plan_job is None or not state.plan_job.done():
             return
-        job, self.plan_job = self.plan_job, None
+        job, state.plan_job = state.plan_job, None
         try:
             plan = job.result()
         except (EdgeAgentError, ValueError) as exc:
@@ -296,18 +364,18 @@ class PipelineRun(Recovery):
             plan.reason,
         )
         if (
-            plan.points == self.points
-            and plan.workers == self.worker_list
-            and (plan.groups is None or plan.groups.members == self.groups.members)
+            plan.points == state.points
+            and plan.workers == state.worker_list
+            and (plan.groups is None or plan.groups.members == state.groups.members)
         ):
             return
         loop.pending = plan
-        self.report.partitions.append(
+        state.report.partitions.append(
             {
                 "batch": loop.committed + 1,
                 "points": plan.points,
                 "workers": plan.workers[1:],
-                "plan_id": self.plan_id + 1,
+                "plan_id": state.plan_id + 1,
                 "reason": plan.reason,
                 "predicted_step": plan.predicted,
                 "measured_step_before": measured,
@@ -324,91 +392,99 @@ class PipelineRun(Recovery):
 
     def _batch(self, global_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The inputs and labels of a global batch id (each epoch's order from the seed)."""
-        epoch, i = divmod(global_id, self.per_epoch)
-        order = self.batch_orders.get(epoch)
+        state = self.state
+        epoch, i = divmod(global_id, state.per_epoch)
+        order = state.batch_orders.get(epoch)
         if order is None:
-            n_train = self.data.x_train.shape[0]
-            order = batch_indices(n_train, self.train.batch_size, epoch=epoch, seed=self.train.seed)
-            self.batch_orders = {epoch: order}  # one epoch's order at a time
+            n_train = state.data.x_train.shape[0]
+            order = batch_indices(n_train, state.train.batch_size, epoch=epoch, seed=state.train.seed)
+            state.batch_orders = {epoch: order}  # one epoch's order at a time
         idx = order[i]
-        return self.data.x_train[idx], self.data.y_train[idx]
+        return state.data.x_train[idx], state.data.y_train[idx]
 
     def _forward(self, loop: Loop) -> None:
+        state = self.state
         started = Clock()
         x, y = self._batch(loop.next_f)
-        out, version = self.stage.forward(loop.next_f, x)
+        out, version = state.stage.forward(loop.next_f, x)
         # Forward of this batch; its backward comes after other batches' forwards: the window pairs each
         # backward with the latest forward, which averages the same.
-        self.runner.step_seconds = emulate_slowdown(started, self.config.slowdown, self.times)
-        if not self.stage.is_last:
-            activation = self.runner.activation(
+        state.runner.step_seconds = emulate_slowdown(started, state.config.slowdown, state.times)
+        if not state.stage.is_last:
+            activation = state.runner.activation(
                 out,
                 y,
-                run_id=self.run_id,
-                plan_id=self.plan_id,
+                run_id=state.run_id,
+                plan_id=state.plan_id,
                 batch_id=loop.next_f,
                 version=version,
                 mode="train",
-                epoch=loop.next_f // self.per_epoch,
+                epoch=loop.next_f // state.per_epoch,
             )
-            self.codecs.message_sent(self.send(self.topics.activations(0, self.device_id), activation))
-            self.sent_at[loop.next_f] = time.monotonic()
+            state.codecs.message_sent(state.send(state.topics.activations(0, state.device_id), activation))
+            state.sent_at[loop.next_f] = time.monotonic()
         loop.next_f += 1
 
     def _backward(self, loop: Loop, grad: Gradient | None) -> None:
         """Backward of the oldest batch in flight; then its bookkeeping (replication, re-split, epoch)."""
+        state = self.state
         bid = loop.committed + 1
         started = Clock()
-        if self.stage.is_last:
+        if state.stage.is_last:
             _, y = self._batch(bid)
-            result = self.stage.backward(bid, labels=y)
+            result = state.stage.backward(bid, labels=y)
             loss, correct = result.loss, result.correct
             if not math.isfinite(loss):
-                raise DivergedError(loss_not_finite(bid, loss, self.train.learning_rate))
+                raise DivergedError(loss_not_finite(bid, loss, state.train.learning_rate))
         else:
             assert grad is not None
-            self.stage.backward(bid, grad_output=grad.tensor)
+            state.stage.backward(bid, grad_output=grad.tensor)
             loss, correct = grad.loss, grad.correct
-            self.stage_times = list(grad.stage_times)
-            self.stage_history.append(tuple(grad.stage_times))
-            self._refresh_deadline()
-        self.runner.add_compute(emulate_slowdown(started, self.config.slowdown, self.times))
-        self.runner.batch_done()
-        self.runner.gradient_arrived(bid)
+            state.stage_times = list(grad.stage_times)
+            state.stage_history.append(tuple(grad.stage_times))
+            self.liveness.refresh_deadline()
+        state.runner.add_compute(emulate_slowdown(started, state.config.slowdown, state.times))
+        state.runner.batch_done()
+        state.runner.gradient_arrived(bid)
         self._commit(loop, bid, loss, correct)
 
     def _commit(self, loop: Loop, bid: int, loss: float, correct: int) -> None:
         """Batch ``bid``'s update is applied on stage 0 (and so on every stage): Table I's committed id,
         the timeline, replication, progress and the epoch's end."""
+        state = self.state
         loop.committed = bid
-        self.sent_at.pop(bid, None)
+        state.sent_at.pop(bid, None)
         loop.losses.append(loss)
         loop.window_batches += 1
-        elapsed = self.last_progress = self.clock()
-        self.report.timeline.append({"batch": bid, "t": round(elapsed, 4), "loss": loss})
+        elapsed = state.last_progress = state.clock()
+        state.report.timeline.append({"batch": bid, "t": round(elapsed, 4), "loss": loss})
         self._after_batch(bid + 1, loss, correct)
-        epoch_end = min(self.total, bid // self.per_epoch * self.per_epoch + self.per_epoch)
+        epoch_end = min(state.total, bid // state.per_epoch * state.per_epoch + state.per_epoch)
         if bid + 1 == epoch_end:
             loop.eval_due = bid
 
     def _after_batch(self, done: int, loss: float, correct: int) -> None:
         """``done`` batches are committed: replicate, tell the user, apply slowdown changes, plan."""
-        if any(every and done % every == 0 for every in (self.config.chain_every, self.config.global_every)):
-            self.store.snapshot(self.stage)  # stage 0's own weights at this replication point
-            self._maybe_checkpoint(done)  # the workers' replicas of it may all be in already
-        self.notify(batch=done, total=self.total, loss=loss, correct=correct)
-        while self.changes and self.changes[0][1] <= done:
-            device, at, factor = self.changes.pop(0)
-            self._emulate(device, factor, at)
+        state = self.state
+        if any(
+            every and done % every == 0 for every in (state.config.chain_every, state.config.global_every)
+        ):
+            state.store.snapshot(state.stage)  # stage 0's own weights at this replication point
+            self.checkpoints.maybe_checkpoint(done)  # the workers' replicas of it may all be in already
+        state.notify(batch=done, total=state.total, loss=loss, correct=correct)
+        while state.changes and state.changes[0][1] <= done:
+            device, at, factor = state.changes.pop(0)
+            self.planning.emulate(device, factor, at)
         # With the predictor a new h (a device measured again after a drift) is planned at once.
-        check = self.policy.due(done) or self.h_changed or done == self.recheck_at
-        if self.resplits and check and done < self.total:
-            self._start_planning(done)
+        check = state.policy.due(done) or state.h_changed or done == state.recheck_at
+        if state.resplits and check and done < state.total:
+            self.planning.start_planning(done)
 
     def _finish_report(self, loop: Loop) -> None:
-        report = self.report
-        report.train_seconds = self.clock()
-        t = self.times.summary()
+        state = self.state
+        report = state.report
+        report.train_seconds = state.clock()
+        t = state.times.summary()
         log.info(
             "central: of %.1f s: compute %.1f, communication %.1f, idle %.1f",
             t["wall"],
@@ -417,17 +493,17 @@ class PipelineRun(Recovery):
             t["idle"],
         )
         report.batches = loop.committed + 1
-        report.compression = self.config.compression
-        report.compression_ratio = self.codecs.ratio
-        report.compression_ratio_tensors = self.codecs.tensor_ratio
+        report.compression = state.config.compression
+        report.compression_ratio = state.codecs.ratio
+        report.compression_ratio_tensors = state.codecs.tensor_ratio
         report.epochs = len(report.test_accuracy_per_epoch)
         # Each batch of the run counts once: batches replayed after a rollback are time lost, not work.
-        samples = (report.batches - self.start_version) * self.train.batch_size
+        samples = (report.batches - state.start_version) * state.train.batch_size
         report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
         if report.test_accuracy_per_epoch:
             report.final_accuracy = report.test_accuracy_per_epoch[-1]
-        elif self.total and not report.diverged:  # a diverged model's outputs are not finite
-            evaluated = self._evaluate()
+        elif state.total and not report.diverged:  # a diverged model's outputs are not finite
+            evaluated = self.evaluation.evaluate()
             if isinstance(evaluated, Fault):
                 raise TrainingError(f"the final evaluation failed: {evaluated.reason}")
             report.final_accuracy = evaluated[0]
