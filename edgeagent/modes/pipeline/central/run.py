@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from edgeagent.config import CentralConfig
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
+    from edgeagent.protocol.identity import PlanView
     from edgeagent.protocol.messages import Message
     from edgeagent.roles.central.node import Central
     from edgeagent.roles.central.report import RunReport
@@ -110,6 +111,10 @@ class PipelineRun:
     @property
     def worker_list(self) -> list[str]:
         return self.state.worker_list
+
+    def plan_view(self) -> PlanView:
+        """Who holds each stage now: stage outputs are taken only from them (protocol/identity.py)."""
+        return self.state.plan_view()
 
     def execute(self) -> RunReport:
         """Build the workers' stages, measure the links, then train to the end (Sec. III-B, III-C)."""
