@@ -152,13 +152,16 @@ class StageStep:
         total: int = 0,
         batch: int | None = None,
         defer: bool = False,
+        started: Clock | None = None,
     ) -> BackwardResult:
         """Backward of item ``batch_id`` from the next stage's gradient ``grad_output`` (or, on the last
         stage, from ``labels``): its output is no longer due, the fault hook ``--die-at-backward`` (at
-        ``batch``) first, the compute counted unless the loss is not finite (the run ends)."""
+        ``batch``) first, the compute counted unless the loss is not finite (the run ends). ``started``
+        as :meth:`forward` takes it."""
         runner.gradient_arrived(batch_id)
         self.faults.fault_at_backward(batch_id if batch is None else batch)
-        return self._backward(runner, Clock(), slowdown, batch_id, grad_output, labels, total, defer)
+        clock = Clock() if started is None else started
+        return self._backward(runner, clock, slowdown, batch_id, grad_output, labels, total, defer)
 
     def _backward(
         self,
