@@ -26,6 +26,19 @@ from edgeagent.protocol.messages import Activation, ActivationMode, EvalResult, 
 STAGE_TIME_WINDOW = 10  # batches in the moving window of step times (a device that slows down shows)
 
 
+@dataclass(frozen=True)
+class GradientPiece:
+    """A hybrid member's rows ``[lo, hi)`` of a batch's ``total`` in the gradient it sends back: the loss
+    and correctness of each of those rows, and every device's seconds per whole batch from this stage to
+    the last (``Gradient.rows`` ... ``Gradient.device_times``)."""
+
+    rows: list[int]
+    total: int
+    row_loss: list[float]
+    row_correct: list[int]
+    device_times: dict[str, float]
+
+
 @dataclass
 class StageRunner:
     """A stage, its codecs, its batches in flight and its step-time window (see the module doc)."""
@@ -103,9 +116,12 @@ class StageRunner:
         version: int,
         mode: ActivationMode,
         epoch: int,
+        rows: list[int] | None = None,
+        total: int = 0,
     ) -> Activation:
-        """The message carrying this stage's output of a batch (compressed as the codecs say). A training
-        batch's output shape is kept: its gradient must have it."""
+        """The message carrying this stage's output of a batch (compressed as the codecs say); with
+        ``rows``, of those rows ``[lo, hi)`` of the batch's ``total`` (a hybrid member's share, a
+        micro-batch). A training batch's output shape is kept: its gradient must have it."""
         train = mode == "train"
         if train:
             self.outputs[batch_id] = (tuple(out.shape), out.dtype)
@@ -119,6 +135,8 @@ class StageRunner:
             mode=mode,
             x=x,
             y=y,
+            rows=rows or [],
+            total=total if rows else 0,
         )
 
     def gradient(
@@ -131,9 +149,11 @@ class StageRunner:
         loss: float,
         correct: int,
         downstream: list[float],
+        piece: GradientPiece | None = None,
     ) -> Gradient:
         """The gradient of this stage's input for a batch, with this stage's time per batch in front of
-        the stage times of the stages after it (for the central node's capacity estimate)."""
+        the stage times of the stages after it (for the central node's capacity estimate); ``piece``,
+        a hybrid member's rows of the batch (see :class:`GradientPiece`)."""
         g = self.codecs.gradient(grad)
         return Gradient(
             run_id=run_id,
@@ -144,12 +164,26 @@ class StageRunner:
             loss=loss,
             correct=correct,
             stage_times=[self.per_batch(), *downstream],
+            rows=piece.rows if piece else [],
+            total=piece.total if piece else 0,
+            row_loss=piece.row_loss if piece else [],
+            row_correct=piece.row_correct if piece else [],
+            device_times=piece.device_times if piece else {},
         )
 
     def result(
-        self, out: torch.Tensor, y: torch.Tensor, *, run_id: str, plan_id: int, batch_id: int
+        self,
+        out: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        run_id: str,
+        plan_id: int,
+        batch_id: int,
+        rows: list[int] | None = None,
+        total: int = 0,
     ) -> EvalResult:
-        """The last stage's evaluation result of a batch: its correct predictions and summed loss."""
+        """The last stage's evaluation result of a batch (of its ``rows`` of ``total``, a hybrid member's
+        share): its correct predictions and summed loss."""
         return EvalResult(
             run_id=run_id,
             plan_id=plan_id,
@@ -157,6 +191,8 @@ class StageRunner:
             correct=int((out.argmax(dim=1) == y).sum()),
             count=int(y.shape[0]),
             loss_sum=float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
+            rows=rows or [],
+            total=total if rows else 0,
         )
 
     def gradient_arrived(self, batch_id: int) -> None:
@@ -164,4 +200,4 @@ class StageRunner:
         self.outputs.pop(batch_id, None)
 
 
-__all__ = ["STAGE_TIME_WINDOW", "StageRunner"]
+__all__ = ["STAGE_TIME_WINDOW", "GradientPiece", "StageRunner"]

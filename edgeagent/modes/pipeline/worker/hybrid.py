@@ -15,43 +15,48 @@ moved. A batch whose update was already whole under the old shares (the dead mem
 through) is applied as it was.
 
 Only the primary sends the stage's replicas (Sec. III-E); helpers keep snapshots of their own.
+
+The session holds its parts as collaborators: the intake of pieces (:mod:`.hybrid_intake`), the
+gradient sums and the update (:mod:`.hybrid_update`), failover and re-splits (:mod:`.hybrid_failover`);
+what it keeps about the batches not yet updated is a :class:`~.hybrid_state.HybridState`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from edgeagent.errors import TrainingError
-from edgeagent.modes.pipeline.worker.hybrid_intake import HybridIntake, HybridState
+from edgeagent.modes.pipeline.worker.hybrid_failover import Failover
+from edgeagent.modes.pipeline.worker.hybrid_intake import RowIntake
+from edgeagent.modes.pipeline.worker.hybrid_state import HybridState
+from edgeagent.modes.pipeline.worker.hybrid_update import GroupUpdate
 from edgeagent.modes.pipeline.worker.run import Run
-from edgeagent.pipeline.groups import Groups, cover
+from edgeagent.modes.pipeline.worker.session import PipelineSession
+from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.rows import Rows
+from edgeagent.pipeline.runner import GradientPiece
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
-from edgeagent.protocol.commands import Reshare
 from edgeagent.protocol.identity import PlanView
-from edgeagent.protocol.messages import Assign, Commit, EvalResult, GradSync, Message, Repartition
+from edgeagent.protocol.messages import Assign, Message
 from edgeagent.protocol.topics import Family
-from edgeagent.runtime.compute import Clock, emulate_slowdown
-from edgeagent.runtime.role import Handler, Inbound
+from edgeagent.runtime.role import Handler
 
 if TYPE_CHECKING:
     from edgeagent.roles.worker.node import Worker
 
-log = logging.getLogger(__name__)
 
-
-class HybridSession(HybridIntake):
+class HybridSession(PipelineSession):
     """One member of a (possibly replicated) stage of a hybrid run (see the module doc)."""
 
     def __init__(self, worker: Worker, run: Run, groups: Groups) -> None:
         super().__init__(worker, run)
         self.hy = HybridState(groups, next_apply=run.next_backward)
-        self.replicas.sends = self._is_primary
+        self.replicas.sends = self.is_primary
+        self.intake = RowIntake(self)  # pieces of inputs, gradients and the others' gradient sums
+        self.update = GroupUpdate(self)  # the members' gradients added up into each batch's update
+        self.failover = Failover(self, self.repartitioning)  # re-shares inside the stage, re-splits
 
     @classmethod
     def open(cls, worker: Worker, msg: Assign) -> HybridSession | None:
@@ -76,21 +81,21 @@ class HybridSession(HybridIntake):
         return None
 
     @property
-    def _group(self) -> tuple[str, ...]:
+    def group(self) -> tuple[str, ...]:
         return self.hy.groups.members[self.run.index]
 
     @property
-    def _is_primary(self) -> bool:
-        return self._group[0] == self.worker.device_id
+    def is_primary(self) -> bool:
+        return self.group[0] == self.worker.device_id
 
-    def _my_rows(self, total: int) -> Rows:
+    def my_rows(self, total: int) -> Rows:
         return self.hy.groups.rows(self.run.index, self.worker.device_id, total)
 
     # -- subscriptions -------------------------------------------------------------------------
 
     def _stage_subscriptions(self) -> list[str]:
         wanted = super()._stage_subscriptions()
-        if len(self._group) > 1:
+        if len(self.group) > 1:
             wanted.append(self.worker.topics.stage_filter(Family.SYNC, self.run.index))
         return wanted
 
@@ -100,14 +105,10 @@ class HybridSession(HybridIntake):
         return PlanView(self.run.run_id, self.run.plan_id, self.hy.groups.members)
 
     def handlers(self) -> dict[type[Message], Handler]:
-        return {
-            **super().handlers(),
-            GradSync: self._on_sync,
-            Reshare: self._on_reshare,
-        }
+        return {**super().handlers(), **self.intake.handlers(), **self.failover.handlers()}
 
     def has_work(self) -> bool:
-        return self._next_eval() is not None or self._can_apply() or self._ready() is not None
+        return self._next_eval() is not None or self.update.can_apply() or self._ready() is not None
 
     def step(self) -> None:
         """An evaluation batch first, then an update that is whole, then 1F1B's next pass."""
@@ -115,8 +116,8 @@ class HybridSession(HybridIntake):
         if eid is not None:
             self._evaluate_rows(eid)
             return
-        if self._can_apply():
-            self._apply()
+        if self.update.can_apply():
+            self.update.apply()
             return
         kind = self._ready()
         if kind == "F":
@@ -158,7 +159,7 @@ class HybridSession(HybridIntake):
         stage = self.run.stage
         if not stage.has_version(stage.version_for(batch_id, asked)):
             return False  # a replicated stage's update the batch needs is not whole yet
-        return buffer.covers(*self._my_rows(buffer.total))
+        return buffer.covers(*self.my_rows(buffer.total))
 
     def _can_backward(self, batch_id: int) -> bool:
         lo, hi = self.hy.rows.get(batch_id, (0, 0))
@@ -171,7 +172,7 @@ class HybridSession(HybridIntake):
         run, worker, hy = self.run, self.worker, self.hy
         buffer, asked = hy.inputs[batch_id], hy.versions[batch_id]
         total = buffer.total
-        lo, hi = self._my_rows(total)
+        lo, hi = self.my_rows(total)
         run.next_forward = batch_id + 1
         run.last = "F"
         hy.rows[batch_id] = (lo, hi)
@@ -182,42 +183,34 @@ class HybridSession(HybridIntake):
                 run.next_backward = batch_id + 1
             return
         cols = buffer.take(lo, hi)
-        x, y = cols["x"], cols["y"]
         run.batch_size = hi - lo
-        runner = run.runner
-        started = Clock()
         run.stage.pin(batch_id, run.stage.version_for(batch_id, asked))
-        out, version = run.stage.forward(batch_id, x, asked)
-        if run.is_last:
-            worker.fault_at_backward(batch_id)
-            result = run.stage.backward(batch_id, labels=y, total=total, defer=True)
-            run.next_backward = batch_id + 1
-            if not math.isfinite(result.loss):
-                self._diverged(batch_id, result.loss)
-                return
-            runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
-            runner.batch_done()
-            assert result.row_loss is not None and result.row_correct is not None
-            self._send_rows_gradient(
-                batch_id, result.grad_input, (lo, hi), total, result.row_loss, result.row_correct, {}
-            )
-            self._contribute(batch_id, (lo, hi), total, result.param_grads or {})
-            return
-        runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
-        activation = runner.activation(
-            worker.poisoned("activation", batch_id, out),
-            y,
+        result = self.stage_step.forward(
+            run.runner,
+            batch_id,
+            cols["x"],
+            cols["y"],
             run_id=run.run_id,
             plan_id=run.plan_id,
-            batch_id=batch_id,
-            version=version,
-            mode="train",
+            slowdown=worker.slowdown,
             epoch=batch_id // max(1, run.batches_per_epoch),
+            version=asked,
+            rows=[lo, hi],
+            total=total,
+            defer=True,
         )
-        activation = dataclasses.replace(activation, rows=[lo, hi], total=total)
-        run.codecs.message_sent(
-            worker.send(worker.topics.activations(run.index, worker.device_id), activation)
+        if result is None:
+            return  # its rows sent on to the next stage
+        run.next_backward = batch_id + 1
+        if not math.isfinite(result.loss):
+            self._diverged(batch_id, result.loss)
+            return
+        run.runner.batch_done()
+        assert result.row_loss is not None and result.row_correct is not None
+        self._send_rows_gradient(
+            batch_id, result.grad_input, (lo, hi), total, result.row_loss, result.row_correct, {}
         )
+        self.update.contribute(batch_id, (lo, hi), total, result.param_grads or {})
 
     def _backward_rows(self, batch_id: int) -> None:
         run, worker, hy = self.run, self.worker, self.hy
@@ -228,11 +221,9 @@ class HybridSession(HybridIntake):
             return
         buffer = hy.grads[batch_id]
         cols = buffer.take(lo, hi)
-        run.runner.gradient_arrived(batch_id)
-        worker.fault_at_backward(batch_id)
-        started = Clock()
-        result = run.stage.backward(batch_id, grad_output=cols["g"], defer=True)
-        run.runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
+        result = self.stage_step.backward(
+            run.runner, batch_id, slowdown=worker.slowdown, grad_output=cols["g"], defer=True
+        )
         run.runner.batch_done()
         self._send_rows_gradient(
             batch_id,
@@ -243,7 +234,7 @@ class HybridSession(HybridIntake):
             cols["correct"],
             hy.times.get(batch_id, {}),
         )
-        self._contribute(batch_id, (lo, hi), buffer.total, result.param_grads or {})
+        self.update.contribute(batch_id, (lo, hi), buffer.total, result.param_grads or {})
 
     def _send_rows_gradient(
         self,
@@ -255,255 +246,53 @@ class HybridSession(HybridIntake):
         row_correct: torch.Tensor,
         downstream_times: dict[str, float],
     ) -> None:
-        run, worker = self.run, self.worker
+        run = self.run
         lo, hi = rows
-        if grad is None:
-            raise TrainingError(f"stage {run.index} produced no input gradient for batch {batch_id}")
         losses = [float(v) for v in row_loss.tolist()]
         correct = [int(v) for v in row_correct.tolist()]
         # This device's seconds per whole batch (its time over its share of the rows) rides along.
-        times = {**downstream_times, worker.device_id: run.runner.per_batch() * total / (hi - lo)}
-        gradient = run.runner.gradient(
-            worker.poisoned("gradient", batch_id, grad),
+        times = {**downstream_times, self.worker.device_id: run.runner.per_batch() * total / (hi - lo)}
+        self.stage_step.send_gradient(
+            run.runner,
+            grad,
             run_id=run.run_id,
             plan_id=run.plan_id,
             batch_id=batch_id,
             loss=sum(losses) / total,
             correct=sum(correct),
             downstream=[],  # a hybrid run's stage times are per device (device_times)
+            piece=GradientPiece([lo, hi], total, losses, correct, times),
         )
-        gradient = dataclasses.replace(
-            gradient,
-            rows=[lo, hi],
-            total=total,
-            row_loss=losses,
-            row_correct=correct,
-            device_times=times,
-        )
-        run.codecs.message_sent(worker.send(worker.topics.gradients(run.index, worker.device_id), gradient))
-
-    # -- the update: the members' gradients added up -----------------------------------------------
-
-    def _contribute(self, batch_id: int, rows: Rows, total: int, grads: dict[str, torch.Tensor]) -> None:
-        run, worker, hy = self.run, self.worker, self.hy
-        msg = GradSync(
-            run_id=run.run_id,
-            plan_id=run.plan_id,
-            stage=run.index,
-            batch_id=batch_id,
-            share_version=hy.groups.version,
-            device_id=worker.device_id,
-            rows=list(rows),
-            total=total,
-            grads=grads,
-            buffers=self._float_buffers() if len(self._group) > 1 else {},
-        )
-        hy.syncs.setdefault(batch_id, {}).setdefault(hy.groups.version, {})[worker.device_id] = msg
-        if len(self._group) > 1:
-            sent = {name: worker.poisoned("sync", batch_id, g) for name, g in grads.items()}
-            topic = worker.topics.syncs(run.index, worker.device_id)
-            worker.send(topic, dataclasses.replace(msg, grads=sent))
-
-    def _whole(self, batch_id: int) -> list[GradSync] | None:
-        """The contributions that make the batch's update whole (one groups version), in row order."""
-        for _version, by_device in sorted(self.hy.syncs.get(batch_id, {}).items()):
-            pieces = {(m.rows[0], m.rows[1]): m for m in by_device.values()}
-            total = next(iter(by_device.values())).total
-            tiling = cover(pieces, total)
-            if tiling is not None:
-                return [pieces[rows] for rows in tiling]
-        return None
-
-    def _float_buffers(self) -> dict[str, torch.Tensor]:
-        return {
-            name: b.detach().clone()
-            for name, b in self.run.stage.module.named_buffers()
-            if b.is_floating_point()
-        }
-
-    def _average_buffers(self, parts: list[GradSync]) -> None:
-        """Batch normalisation's running statistics: the row-weighted mean of the members' (each
-        normalised only its rows), so every member holds the same."""
-        if not all(part.buffers for part in parts) or len(parts) < 2:
-            return
-        module = self.run.stage.module
-        for name, buffer in list(module.named_buffers()):
-            if not buffer.is_floating_point():
-                continue
-            if any(name not in p.buffers or p.buffers[name].shape != buffer.shape for p in parts):
-                continue
-            mean = torch.zeros_like(buffer)
-            for p in parts:
-                mean += (p.rows[1] - p.rows[0]) / p.total * p.buffers[name]
-            # A new tensor, not copied into the old one: batches in flight saved the old one for their
-            # backward pass, and an in-place change would fail autograd's version check.
-            owner, _, leaf = name.rpartition(".")
-            module.get_submodule(owner)._buffers[leaf] = mean
-
-    def _can_apply(self) -> bool:
-        hy = self.hy
-        return hy.leaving is None and self.run.switch is None and self._whole(hy.next_apply) is not None
-
-    def _apply(self) -> None:
-        run, hy = self.run, self.hy
-        batch_id = hy.next_apply
-        parts = self._whole(batch_id)
-        assert parts is not None
-        total: dict[str, torch.Tensor] = {}
-        for part in parts:
-            for name, g in part.grads.items():
-                total[name] = g.clone() if name not in total else total[name] + g
-        run.stage.apply_gradients(total)
-        self._average_buffers(parts)
-        run.stage.forget(batch_id)  # computed again after a failover, but whole already: drop it
-        run.stage.unpin(batch_id)
-        hy.next_apply = batch_id + 1
-        run.next_forward = max(run.next_forward, batch_id + 1)
-        run.next_backward = max(run.next_backward, batch_id + 1)
-        lo, hi = hy.rows.get(batch_id, (0, 0))
-        hy.forget(batch_id)
-        run.batches += 1
-        run.samples += hi - lo
-        self.replicas.batch_done(batch_id)
 
     # -- evaluation over rows -----------------------------------------------------------------------
 
     def _next_eval(self) -> int | None:
         hy = self.hy
         for eid, buffer in hy.evals.items():
-            if hy.eval_done.get(eid) != hy.groups.version and buffer.covers(*self._my_rows(buffer.total)):
+            if hy.eval_done.get(eid) != hy.groups.version and buffer.covers(*self.my_rows(buffer.total)):
                 return eid
         return None
 
     def _evaluate_rows(self, eid: int) -> None:
-        run, worker, hy = self.run, self.worker, self.hy
+        run, hy = self.run, self.hy
         buffer = hy.evals[eid]
         hy.eval_done[eid] = hy.groups.version
-        lo, hi = self._my_rows(buffer.total)
+        lo, hi = self.my_rows(buffer.total)
         if hi == lo:
             return
-        worker.fault_at_evaluation(eid)
         cols = buffer.take(lo, hi)
-        x, y = cols["x"], cols["y"]
-        started = Clock()
-        out = run.stage.evaluate(x)
-        emulate_slowdown(started, worker.slowdown, worker.times)
-        if not run.is_last:
-            activation = run.runner.activation(
-                out,
-                y,
-                run_id=run.run_id,
-                plan_id=run.plan_id,
-                batch_id=eid,
-                version=hy.eval_versions.get(eid, 0),
-                mode="eval",
-                epoch=0,
-            )
-            activation = dataclasses.replace(activation, rows=[lo, hi], total=buffer.total)
-            run.codecs.message_sent(
-                worker.send(worker.topics.activations(run.index, worker.device_id), activation)
-            )
-            return
-        result = EvalResult(
+        self.stage_step.evaluate(
+            run.runner,
+            eid,
+            cols["x"],
+            cols["y"],
             run_id=run.run_id,
             plan_id=run.plan_id,
-            batch_id=eid,
-            correct=int((out.argmax(dim=1) == y).sum()),
-            count=hi - lo,
-            loss_sum=float(torch.nn.functional.cross_entropy(out, y, reduction="sum")),
+            slowdown=self.worker.slowdown,
+            version=hy.eval_versions.get(eid, 0),
             rows=[lo, hi],
             total=buffer.total,
         )
-        worker.send(worker.topics.results(run.index, worker.device_id), result)
-
-    # -- failover inside a stage, re-splits --------------------------------------------------------
-
-    def _on_reshare(self, item: Inbound) -> None:
-        msg, run, hy = self._command(item, Reshare), self.run, self.hy
-        if msg is None or msg.plan_id != run.plan_id or msg.share_version <= hy.groups.version:
-            return
-        try:
-            new = Groups.of(msg.worker_list, msg.groups, msg.shares, msg.share_version)
-        except ValueError as exc:
-            self.worker.report_error("command", f"reshare: {exc}", run.run_id)
-            return
-        if new.stage_of(self.worker.device_id) != run.index or len(new.members) != run.num_stages:
-            log.warning(
-                "%s: the run goes on without this device (groups %s); leaving run %s",
-                self.worker.device_id,
-                [list(g) for g in new.members],
-                run.run_id,
-            )
-            self._end(rejoin=True)
-            return
-        changed = new.members[run.index] != self._group
-        self.worker.senders.see(self.plan_view())  # the members leaving may still deliver this plan's pieces
-        hy.groups = new
-        run.worker_list = new.primaries
-        self.replicas.sends = self._is_primary
-        if changed:
-            self._redo()
-        self._subscribe_stage()
-        log.info(
-            "%s: stage %d is now held by %s (shares %s); computing again from batch %d",
-            self.worker.device_id,
-            run.index,
-            list(self._group),
-            [round(x, 3) for x in new.shares[run.index]],
-            hy.next_apply,
-        )
-
-    def _redo(self) -> None:
-        """Compute every batch not yet updated here again, with this member's new rows."""
-        run, hy = self.run, self.hy
-        first = hy.next_apply
-        for batch_id in range(first, run.next_forward):
-            run.stage.forget(batch_id)
-            run.runner.outputs.pop(batch_id, None)
-            hy.rows.pop(batch_id, None)
-        run.next_forward = run.next_backward = first
-        run.last = None
-        run.runner.step_seconds = 0.0
-
-    def _on_repartition(self, item: Inbound) -> None:
-        msg = item.message
-        assert isinstance(msg, Repartition)
-        run = self.run
-        if msg.run_id != run.run_id or msg.plan_id <= run.plan_id:
-            return
-        in_plan = (
-            any(self.worker.device_id in g for g in msg.groups) or self.worker.device_id in msg.worker_list
-        )
-        if not in_plan:
-            # Not in the new plan, but others may fetch this device's layers: serve until the commit.
-            log.info(
-                "%s: no stage in plan %d; serving its fetches until the commit",
-                self.worker.device_id,
-                msg.plan_id,
-            )
-            self.hy.leaving = msg.plan_id
-            return
-        super()._on_repartition(item)
-
-    def _on_commit(self, item: Inbound) -> None:
-        msg, run, hy = item.message, self.run, self.hy
-        assert isinstance(msg, Commit)
-        if msg.run_id == run.run_id and hy.leaving is not None and msg.plan_id == hy.leaving:
-            log.info(
-                "%s: plan %d is committed without this device; leaving the run",
-                self.worker.device_id,
-                msg.plan_id,
-            )
-            self._end(rejoin=True)
-            return
-        switch = run.switch if msg.run_id == run.run_id else None
-        if switch is None or msg.plan_id != switch.plan_id:
-            return
-        order = switch.order
-        hy.groups = Groups.of(order.worker_list, order.groups, order.shares)
-        hy.clear(order.version)
-        self.replicas.sends = self._is_primary
-        super()._on_commit(item)
 
 
 __all__ = ["HybridSession"]

@@ -1,68 +1,34 @@
-"""A hybrid stage member's intake and bookkeeping (see :mod:`edgeagent.modes.pipeline.worker.hybrid`).
+"""A hybrid stage member's intake (see :mod:`edgeagent.modes.pipeline.worker.hybrid`).
 
-:class:`HybridState` is what a member of a (possibly replicated) stage keeps about the batches not yet
-updated on its stage; :class:`HybridIntake` takes the pieces of those batches as they arrive (inputs and
-gradients as rows of a :class:`~edgeagent.pipeline.rows.RowBuffer`, the other members' gradient sums),
-checking each against the stage before keeping it.
+:class:`RowIntake`, a collaborator of the member's session (:class:`~.host.HybridHost`), takes the pieces
+of the batches not yet updated on its stage as they arrive (inputs and gradients as rows of a
+:class:`~edgeagent.pipeline.rows.RowBuffer`, the other members' gradient sums), checking each against the
+stage before keeping it in the session's :class:`~.hybrid_state.HybridState`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 
 from edgeagent.compression import CompressionError
 from edgeagent.compression.stage import restore
-from edgeagent.modes.pipeline.worker.session import PipelineSession
-from edgeagent.pipeline.groups import Groups
-from edgeagent.pipeline.rows import RowBuffer, Rows, gradient_piece
-from edgeagent.protocol.messages import Activation, Gradient, GradSync
-from edgeagent.runtime.role import Inbound
+from edgeagent.modes.pipeline.worker.host import HybridHost
+from edgeagent.pipeline.rows import RowBuffer, gradient_piece
+from edgeagent.protocol.messages import Activation, Gradient, GradSync, Message
+from edgeagent.runtime.role import Handler, Inbound
 
 
-@dataclass
-class HybridState:
-    """A member's bookkeeping of the batches not yet updated on its stage (see the module doc)."""
-
-    groups: Groups
-    next_apply: int  # the first batch whose update is not applied here
-    inputs: dict[int, RowBuffer] = field(default_factory=dict)  # training inputs (x, y) by batch
-    versions: dict[int, int] = field(default_factory=dict)  # weight version of each training batch
-    grads: dict[int, RowBuffer] = field(default_factory=dict)  # gradients from the next stage by batch
-    times: dict[int, dict[str, float]] = field(default_factory=dict)  # device times riding with them
-    rows: dict[int, Rows] = field(default_factory=dict)  # the rows this member forwarded of each batch
-    syncs: dict[int, dict[int, dict[str, GradSync]]] = field(default_factory=dict)  # batch, version, device
-    evals: dict[int, RowBuffer] = field(default_factory=dict)  # evaluation inputs by batch
-    eval_versions: dict[int, int] = field(default_factory=dict)
-    eval_done: dict[int, int] = field(default_factory=dict)  # batch -> the groups version it was done for
-    leaving: int | None = None  # the plan without this device: serve its fetches until the commit
-
-    def clear(self, next_apply: int) -> None:
-        self.next_apply = next_apply
-        for table in (self.inputs, self.versions, self.grads, self.times, self.rows, self.syncs):
-            table.clear()
-        self.clear_evals()
-
-    def clear_evals(self) -> None:
-        self.evals.clear()
-        self.eval_versions.clear()
-        self.eval_done.clear()
-
-    def forget(self, batch_id: int) -> None:
-        for table in (self.inputs, self.versions, self.grads, self.times, self.rows, self.syncs):
-            table.pop(batch_id, None)
-
-
-class HybridIntake(PipelineSession):
+class RowIntake:
     """The intake of a hybrid stage member: pieces of batches into its :class:`HybridState`."""
 
-    hy: HybridState
+    def __init__(self, session: HybridHost) -> None:
+        self.session = session
 
-    # -- intake --------------------------------------------------------------------------------
+    def handlers(self) -> dict[type[Message], Handler]:
+        return {Activation: self.on_activation, Gradient: self.on_gradient, GradSync: self.on_sync}
 
-    def _on_activation(self, item: Inbound) -> None:
-        msg, run, hy = item.message, self.run, self.hy
+    def on_activation(self, item: Inbound) -> None:
+        msg, run, hy = item.message, self.session.run, self.session.hy
         assert isinstance(msg, Activation)
         if not run.matches(msg.run_id, msg.plan_id):
             return
@@ -82,10 +48,10 @@ class HybridIntake(PipelineSession):
         if taken is not None:
             problem = self._take_piece(taken)
         if problem is not None:
-            self.worker.discard(item, f"activation of batch {msg.batch_id}: {problem}")
+            self.session.worker.discard(item, f"activation of batch {msg.batch_id}: {problem}")
 
     def _take_piece(self, msg: Activation) -> str | None:
-        hy = self.hy
+        hy = self.session.hy
         y = msg.y
         total = msg.total or int(y.shape[0])
         lo, hi = msg.rows or (0, total)
@@ -103,8 +69,8 @@ class HybridIntake(PipelineSession):
             return f"weight version {msg.version}, earlier pieces said {versions[msg.batch_id]}"
         return buffer.add(lo, hi, {"x": msg.tensor, "y": y})
 
-    def _on_gradient(self, item: Inbound) -> None:
-        msg, run, hy = item.message, self.run, self.hy
+    def on_gradient(self, item: Inbound) -> None:
+        msg, run, hy = item.message, self.session.run, self.session.hy
         assert isinstance(msg, Gradient)
         if not run.matches(msg.run_id, msg.plan_id) or msg.batch_id < hy.next_apply:
             return
@@ -114,10 +80,10 @@ class HybridIntake(PipelineSession):
         else:
             problem = self._take_gradient(msg)
         if problem is not None:
-            self.worker.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
+            self.session.worker.discard(item, f"gradient of batch {msg.batch_id}: {problem}")
 
     def _take_gradient(self, msg: Gradient) -> str | None:
-        hy = self.hy
+        hy = self.session.hy
         try:
             g = restore(msg.g)
         except CompressionError as exc:
@@ -138,7 +104,7 @@ class HybridIntake(PipelineSession):
 
     def _output_meta(self) -> tuple[tuple[int, ...], torch.dtype] | None:
         """One sample of this stage's output (the layer profile), for checking gradient pieces."""
-        run = self.run
+        run = self.session.run
         last = run.points[run.index + 1] - 1
         if len(run.layer_shapes) <= last or len(run.layer_dtypes) <= last:
             return None
@@ -147,15 +113,16 @@ class HybridIntake(PipelineSession):
             return None
         return tuple(run.layer_shapes[last]), dtype
 
-    def _on_sync(self, item: Inbound) -> None:
-        msg, run, hy = item.message, self.run, self.hy
+    def on_sync(self, item: Inbound) -> None:
+        msg, run, hy = item.message, self.session.run, self.session.hy
         assert isinstance(msg, GradSync)
         if not run.matches(msg.run_id, msg.plan_id) or msg.stage != run.index:
             return
-        if msg.device_id == self.worker.device_id or msg.batch_id < hy.next_apply:
+        worker = self.session.worker
+        if msg.device_id == worker.device_id or msg.batch_id < hy.next_apply:
             return  # our own (kept locally), or an update applied already
         if msg.batch_id >= hy.next_apply + run.window:
-            self.worker.discard(item, f"gradient sync of batch {msg.batch_id}: too far ahead")
+            worker.discard(item, f"gradient sync of batch {msg.batch_id}: too far ahead")
             return
         params = dict(run.stage.module.named_parameters())
         wrong = [
@@ -164,11 +131,11 @@ class HybridIntake(PipelineSession):
             if name not in params or name not in msg.grads or msg.grads[name].shape != params[name].shape
         ]
         if wrong:
-            self.worker.discard(
+            worker.discard(
                 item, f"gradient sync of batch {msg.batch_id}: parameters {sorted(wrong)} do not fit"
             )
             return
         hy.syncs.setdefault(msg.batch_id, {}).setdefault(msg.share_version, {})[msg.device_id] = msg
 
 
-__all__ = ["HybridIntake", "HybridState"]
+__all__ = ["RowIntake"]

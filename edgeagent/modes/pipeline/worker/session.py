@@ -3,54 +3,40 @@
 A :class:`PipelineSession` lives from the ``Assign`` that gives this device a stage until the run ends
 or goes on without it. It takes activations and gradients through the stage's
 :class:`~edgeagent.pipeline.runner.StageRunner`, runs forward, backward and evaluation passes in 1F1B
-order, replicates the stage's weights (Sec. III-E), moves layers when the central node re-splits the
-model (Sec. III-D) and answers the run's commands. The device itself (lifecycle, profile, error budget,
+order (each step, its message and its fault hooks through a :class:`~edgeagent.pipeline.step.StageStep`),
+replicates the stage's weights (Sec. III-E, :mod:`.replicas`), moves layers when the central node
+re-splits the model (Sec. III-D, :mod:`.repartition`) and answers the run's commands (:mod:`.commands`):
+collaborators it holds. The device itself (lifecycle, profile, error budget,
 fault injection, the loop) is the :class:`~edgeagent.roles.worker.node.Worker`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from edgeagent.compression.stage import NONE
-from edgeagent.errors import EdgeAgentError, TrainingError
+from edgeagent.errors import EdgeAgentError
 from edgeagent.models import ModelSpec
+from edgeagent.modes.pipeline.worker.commands import RunCommands
+from edgeagent.modes.pipeline.worker.repartition import Repartitioning
 from edgeagent.modes.pipeline.worker.replicas import Replicas
 from edgeagent.modes.pipeline.worker.run import Run, stage_input
 from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.divergence import loss_not_finite
 from edgeagent.pipeline.runner import StageRunner
-from edgeagent.protocol.commands import Collect, Command, MeasureLink, Ping, SetCompression, Stop
+from edgeagent.pipeline.step import StageStep
 from edgeagent.protocol.identity import PlanView
-from edgeagent.protocol.messages import (
-    Activation,
-    Assign,
-    Commit,
-    FetchRequest,
-    Gradient,
-    Message,
-    Ready,
-    ReadyPhase,
-    Repartition,
-    Status,
-    Weights,
-)
+from edgeagent.protocol.messages import Activation, Assign, Gradient, Message, Status
 from edgeagent.protocol.topics import Family
-from edgeagent.replication.switch import Switch
-from edgeagent.runtime.compute import Clock, emulate_slowdown
 from edgeagent.runtime.role import Handler, Inbound
 
 if TYPE_CHECKING:
     from edgeagent.roles.worker.node import Worker
 
 log = logging.getLogger(__name__)
-
-C = TypeVar("C", bound=Command)
 
 
 class PipelineSession:
@@ -61,6 +47,10 @@ class PipelineSession:
         self.run = run
         self.run_id = run.run_id
         self.replicas = Replicas(worker, run)  # this run's snapshots and the replicas held here
+        self.repartitioning = Repartitioning(self)  # re-splits: the layers fetched, served, committed
+        self.commands = RunCommands(self)  # stop, collect, ping, measure a link, set the compression
+        # Forward, backward and evaluation with their messages and the device's fault hooks.
+        self.stage_step = StageStep(worker.send, worker.topics, worker.device_id, worker.times, worker)
 
     # -- set-up and tear-down ------------------------------------------------------------------
 
@@ -139,7 +129,7 @@ class PipelineSession:
         worker.set_metrics_interval(msg.metrics_interval)
         # The central node's retained status: "idle" means its run is over, even if our "stop" was lost.
         worker.listen(worker.topics.device(Family.STATUS, run.worker_list[0]))
-        self._subscribe_stage()
+        self.subscribe_stage()
         worker.times.reset()
         worker.set_status("training", run_id=msg.run_id, stage=run.index)
         log.info(
@@ -155,7 +145,7 @@ class PipelineSession:
             # The run starts from given weights (--resume, --init-weights): replicate them before
             # "built", so that a rollback never goes past them to the seeded model (Sec. III-E).
             self.replicas.replicate_now()
-        self._say_ready("built")
+        self.repartitioning.say_ready("built")
 
     def _stage_subscriptions(self) -> list[str]:
         """The stage's inputs (activations of the stage before, gradients of the stage after) and the
@@ -173,7 +163,7 @@ class PipelineSession:
                 wanted.append(topics.device(Family.REPLICA, run.worker_list[source]))
         return wanted
 
-    def _subscribe_stage(self) -> None:
+    def subscribe_stage(self) -> None:
         """Listen to what :meth:`_stage_subscriptions` names; echo the predecessor's link probes. Only what
         changed is unsubscribed: a message published meanwhile on a topic the stage keeps is not lost (a
         hybrid stage's failover changes the subscriptions while batches are in flight)."""
@@ -197,7 +187,7 @@ class PipelineSession:
         worker.stop_listening(worker.topics.device(Family.STATUS, self.run.worker_list[0]))
         worker.probes.unwatch_all()
 
-    def _end(self, *, rejoin: bool = False) -> None:
+    def end(self, *, rejoin: bool = False) -> None:
         """The run is over here (see :meth:`Worker.end_run`): its figures in the log, then leave."""
         t = self.worker.times.summary()
         log.info(
@@ -223,16 +213,9 @@ class PipelineSession:
         return {
             Activation: self._on_activation,
             Gradient: self._on_gradient,
-            Repartition: self._on_repartition,
-            FetchRequest: self._on_fetch,
-            Weights: self._on_weights,
-            Commit: self._on_commit,
+            **self.repartitioning.handlers(),
             Status: self._on_status,
-            Stop: self._on_stop,
-            Collect: self._on_collect,
-            SetCompression: self._on_set_compression,
-            Ping: self._on_ping,
-            MeasureLink: self._on_measure_link,
+            **self.commands.handlers(),
         }
 
     def has_work(self) -> bool:
@@ -270,16 +253,7 @@ class PipelineSession:
 
     def profile_changed(self) -> None:
         """A profile may override the bits of this device's outgoing activations."""
-        codecs = self.run.codecs
-        codecs.set_bits(self._forward_bits(self.run.run_bits), codecs.backward_bits)
-
-    def _forward_bits(self, run_choice: int) -> int:
-        """The bits of this device's outgoing activations: its profile's override, or the run's."""
-        profile = self.worker.profile
-        override = profile.compression if profile else "run"
-        if override == "run":
-            return run_choice
-        return NONE if override == "none" else int(override)
+        self.commands.profile_changed()
 
     # -- intake: the stage's inputs and the central node's status ------------------------------
 
@@ -321,211 +295,52 @@ class PipelineSession:
         assert isinstance(msg, Status)
         verdict = self.worker.central_status(msg, self.run.worker_list[0], self.run.run_id)
         if verdict is not None:
-            self._end(rejoin=verdict.action == "leave")
-
-    # -- re-partition (Sec. III-D) -------------------------------------------------------------
-
-    def _on_repartition(self, item: Inbound) -> None:
-        msg, run, worker = item.message, self.run, self.worker
-        assert isinstance(msg, Repartition)
-        if msg.run_id != run.run_id or msg.plan_id <= run.plan_id:
-            return
-        try:
-            switch = Switch.start(worker.device_id, msg, self.replicas.store, run.stage, run.spec, run.seed)
-        except (TrainingError, ValueError) as exc:
-            worker.report_error("repartition", f"plan {msg.plan_id}: {exc}", run.run_id)
-            return
-        if switch is None:
-            log.info("%s: no stage in plan %d; leaving the run", worker.device_id, msg.plan_id)
-            worker.leave_run()
-            return
-        run.switch = switch
-        for holder in switch.holders:
-            worker.listen(worker.topics.device(Family.REPLICA, holder))
-        for request in switch.requests():
-            worker.send(worker.topics.device(Family.REQUEST, worker.device_id), request)
-        log.info(
-            "%s: plan %d, layers [%d, %d): keeping %s, fetching %s",
-            worker.device_id,
-            msg.plan_id,
-            switch.plan.start,
-            switch.plan.end,
-            list(switch.plan.local),
-            {k: list(v) for k, v in switch.plan.fetch.items()},
-        )
-        self._maybe_fetched()
-
-    def _on_fetch(self, item: Inbound) -> None:
-        """Another device moves layers this one holds (live, a snapshot or a replica): send them."""
-        msg = item.message
-        assert isinstance(msg, FetchRequest)
-        if msg.owner == self.worker.device_id and msg.run_id == self.run.run_id:
-            self.replicas.serve(msg)
-
-    def _on_weights(self, item: Inbound) -> None:
-        """A chain replica of a stage before this one, or layers fetched for a re-partition."""
-        msg, run = item.message, self.run
-        assert isinstance(msg, Weights)
-        if msg.run_id != run.run_id:
-            return
-        if msg.purpose == "chain" and msg.plan_id == run.plan_id:
-            self.replicas.store.add_replica(msg)
-        elif msg.purpose == "redistribute" and run.switch is not None and run.switch.accept(msg):
-            self._maybe_fetched()
-
-    def _maybe_fetched(self) -> None:
-        if self.run.switch is not None and self.run.switch.complete:
-            self._say_ready("fetched")
-
-    def _on_commit(self, item: Inbound) -> None:
-        """Every device of the new plan has its layers: build the new stage and go on from there."""
-        msg, run, worker = item.message, self.run, self.worker
-        assert isinstance(msg, Commit)
-        switch = run.switch if msg.run_id == run.run_id else None
-        if switch is None or msg.plan_id != switch.plan_id:
-            return
-        stage = switch.build(run.spec, run.seed, run.options)
-        for holder in switch.plan.fetch:
-            topic = worker.topics.device(Family.REPLICA, holder)
-            if topic not in run.subscriptions:  # a stage's own subscription follows _subscribe_stage
-                worker.stop_listening(topic)
-        run.adopt(switch, stage)
-        self._subscribe_stage()
-        self.replicas.replicate_now()
-        worker.set_status("training", run_id=run.run_id, stage=run.index)
-        self._say_ready("built")
-
-    def _say_ready(self, phase: ReadyPhase) -> None:
-        run, worker = self.run, self.worker
-        worker.send(
-            worker.topics.device(Family.REPLY, worker.device_id),
-            Ready(
-                run_id=run.run_id,
-                plan_id=run.switch.plan_id if run.switch else run.plan_id,
-                device_id=worker.device_id,
-                stage=run.index,
-                parameters=sum(p.numel() for p in run.stage.module.parameters()),
-                phase=phase,
-            ),
-        )
-
-    # -- the run's commands --------------------------------------------------------------------
-
-    def _command(self, item: Inbound, kind: type[C]) -> C | None:
-        """``item``'s command if it belongs to this run: another run's (or a forged one's) is not ours."""
-        msg = item.message
-        return msg if isinstance(msg, kind) and msg.run_id == self.run.run_id else None
-
-    def _on_stop(self, item: Inbound) -> None:
-        if self._command(item, Stop) is not None:
-            self._end()
-
-    def _on_collect(self, item: Inbound) -> None:
-        """Send the stage's weights to the central node (the trained model)."""
-        if self._command(item, Collect) is None:
-            return
-        run, worker, stage = self.run, self.worker, self.run.stage
-        module = stage.module
-        weights = Weights(
-            run_id=run.run_id, device_id=worker.device_id, stage=run.index, start=module.start,
-            end=module.end, version=stage.version, tensors=stage.state(), purpose="collect",
-        )  # fmt: skip
-        worker.send(worker.topics.device(Family.REPLY, worker.device_id), weights)
-
-    def _on_ping(self, item: Inbound) -> None:
-        """Say this device is alive, and which weight versions it holds (a recovery's probe)."""
-        if self._command(item, Ping) is None:
-            return
-        run, worker = self.run, self.worker
-        worker.send(
-            worker.topics.device(Family.REPLY, worker.device_id),
-            Ready(
-                run_id=run.run_id,
-                plan_id=run.plan_id,
-                device_id=worker.device_id,
-                stage=run.index,
-                parameters=0,
-                phase="alive",
-                holdings=self.replicas.store.holdings(),
-            ),
-        )
-
-    def _on_measure_link(self, item: Inbound) -> None:
-        msg = self._command(item, MeasureLink)
-        if msg is not None and msg.source == self.worker.device_id:
-            self.worker.measure_link(self.run.run_id, msg.target)
-
-    def _on_set_compression(self, item: Inbound) -> None:
-        msg, run = self._command(item, SetCompression), self.run
-        if msg is None:
-            return
-        if msg.plan_id != run.plan_id:
-            if msg.plan_id > run.plan_id and run.switch is None:
-                # The central node moved on to a plan without this device (it took it for dead).
-                log.warning(
-                    "%s: the run went on to plan %d without this device; leaving run %s",
-                    self.worker.device_id,
-                    msg.plan_id,
-                    run.run_id,
-                )
-                self._end(rejoin=True)
-            return
-        if len(msg.forward) != run.num_stages:
-            self.worker.report_error(
-                "command", f"compression for {len(msg.forward)} stages, the run has {run.num_stages}"
-            )
-            return
-        run.run_bits = msg.forward[run.index]
-        run.codecs.set_bits(self._forward_bits(run.run_bits), msg.backward[run.index])
+            self.end(rejoin=verdict.action == "leave")
 
     # -- compute -------------------------------------------------------------------------------
 
     def _forward(self, msg: Activation) -> None:
-        run, worker = self.run, self.worker
+        run = self.run
         run.next_forward = msg.batch_id + 1
         run.batch_size = int(msg.y.shape[0])
         run.last = "F"
-        started = Clock()
-        runner = run.runner
-        out, version = runner.stage.forward(msg.batch_id, msg.tensor, msg.version)
-        if run.is_last:
-            worker.fault_at_backward(run.options.batch_of(msg.batch_id))
-            # The sync schedule's micro-batch: its loss over the whole batch's rows (Activation.total).
-            result = runner.stage.backward(msg.batch_id, labels=msg.y, total=msg.total)
-            run.next_backward = msg.batch_id + 1
-            if not math.isfinite(result.loss):
-                self._diverged(msg.batch_id, result.loss)
-                return
-            runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
-            self._batch_done(msg.batch_id)
-            self._send_gradient(msg.batch_id, result.grad_input, result.loss, result.correct, [])
-            return
-        runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
-        activation = runner.activation(
-            worker.poisoned("activation", run.options.batch_of(msg.batch_id), out),
+        batch = run.options.batch_of(msg.batch_id)
+        # The sync schedule's micro-batch: its rows of the batch go on with it, and on the last stage
+        # its loss is over the whole batch's rows (Activation.total).
+        result = self.stage_step.forward(
+            run.runner,
+            msg.batch_id,
+            msg.tensor,
             msg.y,
             run_id=msg.run_id,
             plan_id=msg.plan_id,
-            batch_id=msg.batch_id,
-            version=version,
-            mode="train",
-            epoch=run.options.batch_of(msg.batch_id) // max(1, run.batches_per_epoch),
+            slowdown=self.worker.slowdown,
+            epoch=batch // max(1, run.batches_per_epoch),
+            version=msg.version,
+            batch=batch,
+            rows=msg.rows,
+            total=msg.total,
         )
-        if msg.rows:  # a micro-batch of the sync schedule: its rows of the batch go on with it
-            activation = dataclasses.replace(activation, rows=msg.rows, total=msg.total)
-        run.codecs.message_sent(
-            worker.send(worker.topics.activations(run.index, worker.device_id), activation)
-        )
+        if result is None:
+            return  # sent on to the next stage
+        run.next_backward = msg.batch_id + 1
+        if not math.isfinite(result.loss):
+            self._diverged(msg.batch_id, result.loss)
+            return
+        self._batch_done(msg.batch_id)
+        self._send_gradient(msg.batch_id, result.grad_input, result.loss, result.correct, [])
 
     def _backward(self, msg: Gradient) -> None:
-        run, worker = self.run, self.worker
+        run = self.run
         run.next_backward = msg.batch_id + 1
-        run.runner.gradient_arrived(msg.batch_id)
         run.last = "B"
-        worker.fault_at_backward(run.options.batch_of(msg.batch_id))
-        started = Clock()
-        result = run.stage.backward(msg.batch_id, grad_output=msg.tensor)
-        run.runner.add_compute(emulate_slowdown(started, worker.slowdown, worker.times))
+        result = self.stage_step.backward(
+            run.runner,
+            msg.batch_id,
+            slowdown=self.worker.slowdown,
+            grad_output=msg.tensor,
+            batch=run.options.batch_of(msg.batch_id),
+        )
         self._batch_done(msg.batch_id)
         self._send_gradient(msg.batch_id, result.grad_input, msg.loss, msg.correct, msg.stage_times)
 
@@ -539,44 +354,31 @@ class PipelineSession:
     def _send_gradient(
         self, batch_id: int, grad: torch.Tensor | None, loss: float, correct: int, downstream: list[float]
     ) -> None:
-        run, worker = self.run, self.worker
-        if grad is None:
-            raise TrainingError(f"stage {run.index} produced no input gradient for batch {batch_id}")
+        run = self.run
         # The average time per batch rides with the gradients to the central node (Sec. III-D).
-        gradient = run.runner.gradient(
-            worker.poisoned("gradient", run.options.batch_of(batch_id), grad),
+        self.stage_step.send_gradient(
+            run.runner,
+            grad,
             run_id=run.run_id,
             plan_id=run.plan_id,
             batch_id=batch_id,
             loss=loss,
             correct=correct,
             downstream=downstream,
+            batch=run.options.batch_of(batch_id),
         )
-        run.codecs.message_sent(worker.send(worker.topics.gradients(run.index, worker.device_id), gradient))
 
     def _evaluate(self, msg: Activation) -> None:
-        run, worker = self.run, self.worker
-        worker.fault_at_evaluation(msg.batch_id)
-        started = Clock()
-        out = run.stage.evaluate(msg.tensor)
-        emulate_slowdown(started, worker.slowdown, worker.times)
-        if not run.is_last:
-            activation = run.runner.activation(
-                out,
-                msg.y,
-                run_id=msg.run_id,
-                plan_id=msg.plan_id,
-                batch_id=msg.batch_id,
-                version=msg.version,
-                mode="eval",
-                epoch=0,
-            )
-            run.codecs.message_sent(
-                worker.send(worker.topics.activations(run.index, worker.device_id), activation)
-            )
-            return
-        result = run.runner.result(out, msg.y, run_id=msg.run_id, plan_id=msg.plan_id, batch_id=msg.batch_id)
-        worker.send(worker.topics.results(run.index, worker.device_id), result)
+        self.stage_step.evaluate(
+            self.run.runner,
+            msg.batch_id,
+            msg.tensor,
+            msg.y,
+            run_id=msg.run_id,
+            plan_id=msg.plan_id,
+            slowdown=self.worker.slowdown,
+            version=msg.version,
+        )
 
     def _batch_done(self, item: int) -> None:
         """A batch's forward and backward are both done here: record its time; replicate at the points.
