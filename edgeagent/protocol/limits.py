@@ -1,7 +1,7 @@
 """What a role accepts from the network: payload sizes, per-topic rates and inbox caps. Pure policy, no I/O.
 
 Every payload a role receives passes an :class:`InboxGate` before it is decoded and queued for the
-role's own thread (``Role._on_payload``):
+role's own thread (``Intake.on_payload``, runtime/intake.py):
 
 1. **Size** per topic family: the control plane (status, heartbeats, metrics, discovery, commands,
    events; small JSON) gets :attr:`InboxLimits.control_max_bytes`, the data plane and the weights

@@ -71,7 +71,7 @@ class LinkProbes:
 
     def _on_probe(self, topic: str, payload: bytes) -> None:
         # The role's limits apply here too (size, rate, sender), except the inbox: probes are not queued.
-        accepted = self.role._accept(topic, payload, queued=False)
+        accepted = self.role.intake.accept(topic, payload, queued=False)
         if accepted is None:
             return
         msg = accepted[2]

@@ -23,7 +23,7 @@ from edgeagent.protocol.chunking import split_payload
 from edgeagent.protocol.messages import Activation, Heartbeat, Status, StatusState
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
-from edgeagent.runtime.role import Role
+from edgeagent.runtime.role import Role, offline_will_for
 from edgeagent.transport.mqtt import MqttTransport
 
 CONNECT_TIMEOUT = 10.0
@@ -249,13 +249,11 @@ def test_retained_status_reaches_new_subscriber(broker_url: str, cluster: str) -
 
 def test_last_will_publishes_offline_status(broker_url: str, cluster: str) -> None:
     topics = Topics(cluster)
-    will_topic, _ = Role.offline_will_for(topics, "w1")
+    will_topic, _ = offline_will_for(topics, "w1")
     with transports(broker_url, "watcher") as (watcher,):
         got = Collector()
         watcher.subscribe(topics.devices(Family.STATUS), got)
-        dying = MqttTransport(
-            broker_url, f"w1-{uuid.uuid4().hex[:8]}", will=Role.offline_will_for(topics, "w1")
-        )
+        dying = MqttTransport(broker_url, f"w1-{uuid.uuid4().hex[:8]}", will=offline_will_for(topics, "w1"))
         try:
             assert dying.wait_connected(CONNECT_TIMEOUT)
             role = Role(dying, topics, "w1")

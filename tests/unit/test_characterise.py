@@ -323,7 +323,7 @@ def test_the_worker_measures_h_with_its_configured_rounds(monkeypatch: pytest.Mo
 
 
 def test_the_bound_of_characterising_counts_every_window() -> None:
-    """The central node's wait for h comes from one step (Central._h_wait): rounds x sub-models, each a
+    """The central node's wait for h comes from one step (Roster.h_wait): rounds x sub-models, each a
     warm-up, at least reps runs and the window's floor, and the run that crosses it."""
     assert characterise_bound(0.01, 18, reps=3, rounds=2, min_seconds=0.2) == pytest.approx(2 * 18 * 0.22)
     assert characterise_bound(0.5, 18, reps=3, rounds=2, min_seconds=0.2) == pytest.approx(2 * 18 * 2.5)

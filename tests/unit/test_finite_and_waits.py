@@ -310,10 +310,10 @@ def test_a_new_heartbeat_interval_is_announced_at_once() -> None:
         topics.device(Family.HEARTBEAT, "w"), lambda t, p: beats.append(p)
     )
     role = Role(MemoryTransport(broker, "w"), topics, "w")
-    role.start_heartbeats(30.0)
+    role.pulse.start(30.0)
     try:
-        role.set_heartbeat_interval(60.0)
+        role.pulse.set_heartbeat_interval(60.0)
     finally:
-        role.stop_heartbeats()
+        role.pulse.stop()
     intervals = [m.interval for _, m in map(decode, beats) if isinstance(m, Heartbeat)]
     assert intervals == [30.0, 60.0]

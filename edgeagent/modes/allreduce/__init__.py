@@ -36,14 +36,10 @@ class AllreduceMode:
     def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
         from edgeagent.modes.allreduce.central import AllreduceRun
         from edgeagent.modes.allreduce.codec import gradient_bits
+        from edgeagent.roles.central.lifecycle import run_to_end
 
         gradient_bits(central.config.compression)  # a ConfigError before any device is assigned
-        run = AllreduceRun(central, data, spec, devices)
-        central.attach(run)
-        report = run.execute()
-        if central.config.save_model:
-            run.save_model(central.config.save_model)
-        return report
+        return run_to_end(central, AllreduceRun(central, data, spec, devices))
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
         from edgeagent.modes.allreduce.worker import AllreduceSession

@@ -39,12 +39,10 @@ from edgeagent.allreduce.links import FailedLinks
 from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import shard, steps_per_epoch
 from edgeagent.errors import TrainingError
-from edgeagent.planner.deadlines import silence
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
-from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message, Ready
-from edgeagent.protocol.options import TrainOptions
+from edgeagent.protocol.messages import Announce, ErrorReport, Message, Ready
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.checkpoint_file import resume_of, save_model
+from edgeagent.roles.central.lifecycle import RunLifecycle
 from edgeagent.roles.central.report import RunReport
 from edgeagent.runtime.role import Inbound
 
@@ -60,7 +58,10 @@ _STEP_FLOOR = 10.0  # seconds: the least a step may take before it is run again
 _STEP_MULTIPLE = 20.0  # a step's deadline: this many times the median step so far (and the floor)
 # The settings that decide what a step computes: a checkpoint resumes only a run that agrees on them.
 _IDENTITY = ("collective", "batch_size", "dataset", "test_fraction", "split", "steps_per_epoch")
-_HISTORY = ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch")
+# Seconds a member's heartbeats may come late before it is excluded (on top of three missed intervals):
+# a crash is its last will, at once; silence counts only when long, since on a loaded machine (31 devices
+# on 2 cores) heartbeats come late, and excluding a live device costs a step.
+_LATE_HEARTBEATS = 10.0
 
 
 class AllreduceRun:
@@ -72,9 +73,12 @@ class AllreduceRun:
         self.train = config.train
         self.data = data
         self.spec = spec
-        self.worker_list = list(devices)
-        self.devices = devices[1:]
-        self.options = TrainOptions.of(self.train)
+        # Assigning, the ready barrier, liveness, checkpoints, events, the report (roles/central/lifecycle).
+        self.life = RunLifecycle(central, "allreduce", spec, list(devices), slack=_LATE_HEARTBEATS)
+        self.worker_list = self.life.worker_list
+        self.devices = self.life.devices
+        self.options = self.life.options
+        self.ready = self.life.ready  # devices that built their replicas (the lifecycle's barrier)
         self.replica = Replica(spec, self.train.seed, self.options)  # evaluation; the server's model in ps-*
         self.collective = config.collective
         self.failed = FailedLinks.parse(config.fail_links)
@@ -86,7 +90,6 @@ class AllreduceRun:
         self.total = self.per_epoch * self.train.epochs
         if self.train.max_batches is not None:
             self.total = min(self.total, self.train.max_batches)
-        self.ready: set[str] = set()
         self.members = list(self.devices)
         self.done: dict[str, AllreduceDone] = {}
         self.step, self.attempt = -1, 0
@@ -95,19 +98,17 @@ class AllreduceRun:
         self.joiners: list[str] = []
         self.resumed = False  # the first step sends the checkpoint's weights (``--resume``)
         self.restarted: set[str] = set()  # members that announced themselves idle: they lost the run
-        self.errors: list[str] = []
         self.grads: dict[str, torch.Tensor] = {}  # ps-sync: this step's gradients
         self.applied = 0  # ps-async: gradients applied
         self.async_done: dict[str, int] = {}  # ps-async: steps each device finished
         self.iterations: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
         self.durations: list[float] = []
 
     # -- the CentralRun interface ---------------------------------------------------------------
 
     def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]:
         return {
-            Ready: self._on_ready,
+            Ready: self.life.on_ready,
             AllreduceDone: self._on_done,
             AllreduceMsg: self._on_link,
             Announce: self._on_announce,
@@ -130,8 +131,7 @@ class AllreduceRun:
         return dict(self.replica.collect_state())
 
     def save_model(self, path: str) -> bool:
-        weights, run_id = self.collect_weights(), self.central.run_id
-        return save_model(path, weights, "the global model", spec=self.spec, run_id=run_id, train=self.train)
+        return self.life.save_model(path, self.collect_weights())
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -152,28 +152,12 @@ class AllreduceRun:
         }
 
     def _assign(self, device: str) -> None:
-        central = self.central
-        central.send(
-            central.topics.device(Family.CONTROL, device),
-            Assign(
-                run_id=central.run_id,
-                plan_id=0,
-                worker_list=list(self.worker_list),
-                points=[0, len(list(self.replica.model.children()))],
-                model=self.spec.to_dict(),
-                seed=self.train.seed,
-                committed_forward_id=-1,
-                committed_backward_id=-1,
-                status=0,
-                options=self.options,
-                epochs=self.train.epochs,
-                batches_per_epoch=self.per_epoch,
-                in_flight=1,
-                metrics_interval=self.config.metrics_interval,
-                mode="allreduce",
-                settings=self._settings(),
-                heartbeat_interval=self.config.heartbeat_interval,
-            ),
+        self.life.assign(
+            device,
+            worker_list=list(self.worker_list),
+            points=[0, len(list(self.replica.model.children()))],
+            batches_per_epoch=self.per_epoch,
+            settings=self._settings(),
         )
 
     def execute(self) -> RunReport:
@@ -181,24 +165,8 @@ class AllreduceRun:
         central.listen(central.topics.links_to(central.device_id))
         for d in self.devices:
             self._assign(d)
-        central.wait_until(
-            lambda: self.ready >= set(self.devices) or bool(self.errors),
-            self.config.startup_timeout,
-            lambda: f"devices {sorted(set(self.devices) - self.ready)} did not build their replicas",
-        )
-        if self.errors:
-            raise TrainingError(f"a device could not take the run: {self.errors[0]}")
-        report = RunReport(
-            run_id=central.run_id,
-            model=self.spec.name,
-            dataset=self.train.dataset,
-            workers=list(self.worker_list),
-            learning_rate=self.train.learning_rate,
-            mode="allreduce",
-            partition_mode="data-parallel",
-            estimator="none",
-            compression=self.config.compression,
-        )
+        self.life.await_ready("build their replicas")
+        report = self.life.report("data-parallel")
         first = self._resume(report)
         started = time.perf_counter()
         if self.collective == "ps-async":
@@ -208,12 +176,9 @@ class AllreduceRun:
                 self._run_step(step)
                 if (step + 1) % self.per_epoch == 0 or step + 1 == self.total:
                     self._end_epoch(report, step)
-        report.train_seconds = time.perf_counter() - started
+        self.life.conclude(report, started, sum(it.get("samples", 0) for it in self.iterations))
         report.batches = self.total
         report.epochs = len(report.test_accuracy_per_epoch)
-        report.final_accuracy = report.test_accuracy_per_epoch[-1] if report.test_accuracy_per_epoch else 0.0
-        samples = sum(it.get("samples", 0) for it in self.iterations)
-        report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
         seconds = [it["seconds"] for it in self.iterations]
         # Every device holds the whole model (one "stage" of all layers); the members per step are in
         # ``allreduce["iterations"]``.
@@ -235,7 +200,7 @@ class AllreduceRun:
             "steps_per_epoch": self.per_epoch,
             "median_step_seconds": statistics.median(seconds) if seconds else 0.0,
             "iterations": self.iterations,
-            "events": self.events,
+            "events": self.life.events,
         }
         return report
 
@@ -247,8 +212,10 @@ class AllreduceRun:
         report.test_loss_per_epoch.append(loss)
         epoch = [it["loss"] for it in self.iterations if it["epoch"] == step // self.per_epoch]
         report.train_loss_per_epoch.append(sum(epoch) / len(epoch) if epoch else 0.0)
-        self._event("allreduce-epoch", {"epoch": step // self.per_epoch, "accuracy": accuracy, "loss": loss})
-        self._progress({"accuracy": accuracy})
+        self.life.event(
+            "allreduce-epoch", {"epoch": step // self.per_epoch, "accuracy": accuracy, "loss": loss}
+        )
+        self.life.progress({"accuracy": accuracy})
         log.info("epoch %d: test accuracy %.2f%%", step // self.per_epoch, 100 * accuracy)
         self._checkpoint(report, step)
 
@@ -262,29 +229,27 @@ class AllreduceRun:
 
     def _checkpoint(self, report: RunReport, step: int) -> None:
         """The model after ``step`` (rank 0's, just evaluated) and the run so far (``--checkpoint``)."""
-        if not self.central.checkpointing:
-            return
-        state = {
-            "mode": "allreduce",
-            "run_id": self.central.run_id,
-            "step": step,
-            "epoch": step // self.per_epoch,
-            "weights": self.replica.flat(),
-            "config": self.config.model_dump_json(),
-            "config_digest": self._identity(),
-            "history": {key: list(getattr(report, key)) for key in _HISTORY},
-            "iterations": self.iterations,
-            "events": self.events,
-        }
-        self.central.save_checkpoint(step, state, f"after step {step}")
+        self.life.checkpoint(
+            step,
+            report,
+            f"after step {step}",
+            lambda: {
+                "step": step,
+                "epoch": step // self.per_epoch,
+                "weights": self.replica.flat(),
+                "config_digest": self._identity(),
+                "iterations": self.iterations,
+                "events": self.life.events,
+            },
+        )
 
     def _resume(self, report: RunReport) -> int:
         """The first step to run: 0, or the one after the checkpoint's (``--resume``), with its model."""
-        state = self.central.resume
+        state = self.life.resume(
+            ("run_id", "step", "weights", "config_digest", "history", "iterations", "events")
+        )
         if state is None:
             return 0
-        keys = ("run_id", "step", "weights", "config_digest", "history", "iterations", "events")
-        resume_of(state, "allreduce", keys)
         weights, step = state["weights"], state["step"]
         if not isinstance(weights, torch.Tensor) or weights.numel() != self.replica.size:
             got = weights.numel() if isinstance(weights, torch.Tensor) else type(weights).__name__
@@ -298,24 +263,14 @@ class AllreduceRun:
             raise TrainingError(f"--resume: the checkpoint's step {step} is not in 0..{self.total - 1}")
         self.replica.load_flat(weights.float())
         self.weights, self.weights_step, self.resumed = self.replica.flat(), step, True
-        self.iterations, self.events = list(state["iterations"]), list(state["events"])
-        for key in _HISTORY:
-            getattr(report, key).extend(state["history"][key])
-        report.recoveries.append({"case": "central", "resumed_from": step, "checkpoint": self.config.resume})
-        self._event("allreduce-resumed", {"step": step + 1, "digest": self.replica.digest()})
-        log.info("resuming run %s at step %d", self.central.run_id, step + 1)
+        self.iterations, self.life.events = list(state["iterations"]), list(state["events"])
+        self.life.resumed(
+            report, state, f"at step {step + 1}", resumed_from=step, checkpoint=self.config.resume
+        )
+        self.life.event("allreduce-resumed", {"step": step + 1, "digest": self.replica.digest()})
         return step + 1
 
     # -- one synchronous step ---------------------------------------------------------------------
-
-    def _live(self, device: str) -> bool:
-        state = self.central.workers.get(device)
-        if state is None or not state.online:
-            return False
-        # A crash is its last will (at once); silence counts only when long: on a loaded machine (31
-        # devices on 2 cores) heartbeats come late, and excluding a live device costs a step.
-        limit = silence(state.heartbeat_interval, floor=self.config.heartbeat_interval, missed=5)
-        return time.monotonic() - state.last_heartbeat <= max(10.0, limit)
 
     def _deadline(self) -> float:
         recent = self.durations[-20:]
@@ -353,7 +308,7 @@ class AllreduceRun:
                         f"{sorted(set(self.members) - set(self.done))}"
                     ),
                     fault=lambda: (
-                        [d for d in self.members if not self._live(d) or d in self.restarted] or None
+                        [d for d in self.members if not self.life.live(d) or d in self.restarted] or None
                     ),
                 )
             except TrainingError as exc:
@@ -361,14 +316,18 @@ class AllreduceRun:
                 if tries >= _TRIES:
                     raise
                 log.warning("%s; running it again", exc)
-                self._event("allreduce-retry", {"step": step, "attempt": self.attempt, "reason": str(exc)})
+                self.life.event(
+                    "allreduce-retry", {"step": step, "attempt": self.attempt, "reason": str(exc)}
+                )
                 self.attempt += 1
                 continue
             if dead:
                 self.restarted -= set(dead)
                 self.members = [d for d in self.members if d not in dead]
                 log.warning("step %d: %s gone; the step runs again over %s", step, dead, self.members)
-                self._event("allreduce-excluded", {"step": step, "devices": dead, "members": self.members})
+                self.life.event(
+                    "allreduce-excluded", {"step": step, "devices": dead, "members": self.members}
+                )
                 if not self.members:
                     raise TrainingError(f"step {step}: no device left ({dead} gone)")
                 self.attempt += 1
@@ -380,12 +339,12 @@ class AllreduceRun:
 
     def _take_joiners(self, step: int) -> torch.Tensor | None:
         """Devices that came back and are ready join at this step with the weights after the last one."""
-        ready = [d for d in self.joiners if d in self.ready and self._live(d)]
+        ready = [d for d in self.joiners if d in self.ready and self.life.live(d)]
         if not ready or self.weights is None or self.weights_step != step - 1:
             return None
         self.joiners = [d for d in self.joiners if d not in ready]
         self.members = [d for d in self.devices if d in self.members or d in ready]
-        self._event("allreduce-joined", {"step": step, "devices": ready, "members": self.members})
+        self.life.event("allreduce-joined", {"step": step, "devices": ready, "members": self.members})
         log.info("step %d: %s join with the current model", step, ready)
         return self.weights
 
@@ -413,23 +372,14 @@ class AllreduceRun:
             "sent_bytes": sum(d.sent_bytes for d in dones),
         }
         self.iterations.append(entry)
-        self._progress({"batch": step, "total": self.total, "loss": entry["loss"]})
+        self.life.progress({"batch": step, "total": self.total, "loss": entry["loss"]})
 
     # -- messages -------------------------------------------------------------------------------
-
-    def _ours(self, run_id: str) -> bool:
-        return run_id == self.central.run_id
-
-    def _on_ready(self, item: Inbound) -> None:
-        msg = item.message
-        assert isinstance(msg, Ready)
-        if self._ours(msg.run_id) and msg.device_id == item.sender and msg.device_id in self.devices:
-            self.ready.add(msg.device_id)
 
     def _on_done(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, AllreduceDone)
-        if not self._ours(msg.run_id) or msg.device_id != item.sender:
+        if not self.life.ours(msg.run_id) or msg.device_id != item.sender:
             return
         if self.collective == "ps-async":
             self._async_done(msg)
@@ -469,8 +419,8 @@ class AllreduceRun:
     def _on_error(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, ErrorReport)
-        if self._ours(msg.run_id) and msg.code == "assign" and msg.device_id in self.devices:
-            self.errors.append(f"{msg.device_id}: {msg.reason}")
+        if self.life.ours(msg.run_id) and msg.code == "assign" and msg.device_id in self.devices:
+            self.life.errors.append(f"{msg.device_id}: {msg.reason}")
 
     # -- the parameter server ---------------------------------------------------------------------
 
@@ -495,7 +445,7 @@ class AllreduceRun:
     def _on_link(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, AllreduceMsg)
-        if not self._ours(msg.run_id) or msg.kind != "ps_grad" or not isinstance(msg.data, torch.Tensor):
+        if not self.life.ours(msg.run_id) or msg.kind != "ps_grad" or not isinstance(msg.data, torch.Tensor):
             return
         if item.sender not in self.members:  # a device outside the step must not move the model
             self.central.discard(item, f"{item.sender!r} is not a member of step {msg.step}")
@@ -550,11 +500,11 @@ class AllreduceRun:
                     reached,
                     max(_STEP_FLOOR, self._deadline() * self.per_epoch),
                     f"ps-async: devices short of {goal} steps",
-                    fault=lambda: [d for d in self.members if not self._live(d)] or None,
+                    fault=lambda: [d for d in self.members if not self.life.live(d)] or None,
                 )
                 if dead:
                     self.members = [d for d in self.members if d not in dead]
-                    self._event("allreduce-excluded", {"step": self.applied, "devices": dead})
+                    self.life.event("allreduce-excluded", {"step": self.applied, "devices": dead})
                     if not self.members:
                         raise TrainingError("ps-async: no device left")
             self._end_epoch(report, goal - 1)
@@ -581,20 +531,7 @@ class AllreduceRun:
                 "dropped": msg.dropped,
             }
         )
-        self._progress({"batch": self.applied, "total": self.total * len(self.devices), "loss": msg.loss})
-
-    # -- reporting ------------------------------------------------------------------------------
-
-    def _event(self, name: str, details: dict[str, Any]) -> None:
-        self.events.append({"name": name, **details})
-        self.central.send(
-            self.central.topics.fixed(Family.EVENTS),
-            Event(name=name, run_id=self.central.run_id, details=details),
-        )
-
-    def _progress(self, values: dict[str, Any]) -> None:
-        if self.central.progress is not None:
-            self.central.progress(values)
+        self.life.progress({"batch": self.applied, "total": self.total * len(self.devices), "loss": msg.loss})
 
 
 __all__ = ["AllreduceRun"]

@@ -36,9 +36,9 @@ from edgeagent.errors import EdgeAgentError
 from edgeagent.models import ModelSpec
 from edgeagent.modes.allreduce.codec import LinkCodec, gradient_bits
 from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
-from edgeagent.protocol.commands import Stop
-from edgeagent.protocol.messages import Assign, Message, Ready, Status
+from edgeagent.protocol.messages import Assign, Message, Ready
 from edgeagent.protocol.topics import Family
+from edgeagent.roles.worker.run_end import RunEnd
 from edgeagent.runtime.role import Handler, Inbound
 
 if TYPE_CHECKING:
@@ -123,6 +123,13 @@ class AllreduceSession:
         self.collective_seconds = 0.0
         self._collect = False  # the current step asked rank 0 for its weights
         self.subscriptions = [worker.topics.links_to(worker.device_id)]
+        # Its stop, or the central node's status, ends the run here (roles/worker/run_end.py).
+        self.ending = RunEnd(
+            worker,
+            self.run_id,
+            self.central,
+            lambda: f"allreduce run {self.run_id} over after {self.steps} steps here",
+        )
 
     # -- set-up and tear-down ------------------------------------------------------------------
 
@@ -171,8 +178,7 @@ class AllreduceSession:
         return {
             AllreduceStep: self._on_step,
             AllreduceMsg: self._on_link,
-            Stop: self._on_stop,
-            Status: self._on_status,
+            **self.ending.handlers(),
         }
 
     def profile_changed(self) -> None:
@@ -239,7 +245,7 @@ class AllreduceSession:
             if cur is None:
                 return  # assigned to join: the central node names this device in a later step
             log.info("%s: step %d goes on without this device", self.worker.device_id, msg.step)
-            self._end(rejoin=True)
+            self.ending.end(rejoin=True)
             return
         if msg.weights is not None:
             self.replica.load_flat(msg.weights)  # every member loads it: a joiner starts where all are
@@ -455,26 +461,6 @@ class AllreduceSession:
         self.undo = None
         grad, _, _ = self._gradient(step)
         self._send_ps_gradient(active, grad)
-
-    # -- the end -------------------------------------------------------------------------------
-
-    def _on_stop(self, item: Inbound) -> None:
-        msg = item.message
-        if isinstance(msg, Stop) and msg.run_id == self.run_id:
-            self._end()
-
-    def _on_status(self, item: Inbound) -> None:
-        msg = item.message
-        assert isinstance(msg, Status)
-        verdict = self.worker.central_status(msg, self.central, self.run_id)
-        if verdict is not None:
-            self._end(rejoin=verdict.action == "leave")
-
-    def _end(self, *, rejoin: bool = False) -> None:
-        log.info(
-            "%s: allreduce run %s over after %d steps here", self.worker.device_id, self.run_id, self.steps
-        )
-        self.worker.end_run(rejoin=rejoin)
 
 
 __all__ = ["AllreduceSession", "make_collective"]

@@ -55,13 +55,9 @@ class SplitFedMode:
 
     def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
         from edgeagent.modes.splitfed.central import SplitFedRun
+        from edgeagent.roles.central.lifecycle import run_to_end
 
-        run = SplitFedRun(central, data, spec, devices)
-        central.attach(run)
-        report = run.execute()
-        if central.config.save_model:
-            run.save_model(central.config.save_model)
-        return report
+        return run_to_end(central, SplitFedRun(central, data, spec, devices))
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
         from edgeagent.modes.splitfed.worker import SplitFedSession

@@ -33,9 +33,7 @@ from edgeagent.modes.splitfed.choose import (
 )
 from edgeagent.modes.splitfed.planning import SplitFedPlanning
 from edgeagent.pipeline.sgd import SGD
-from edgeagent.planner.deadlines import silence
-from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
-from edgeagent.protocol.options import TrainOptions
+from edgeagent.protocol.messages import Announce, ErrorReport, Message
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
     SplitGradient,
@@ -45,7 +43,7 @@ from edgeagent.protocol.splitfed_messages import (
     scheduled_parallel,
 )
 from edgeagent.protocol.topics import Family
-from edgeagent.roles.central.checkpoint_file import resume_of, save_model
+from edgeagent.roles.central.lifecycle import RunLifecycle
 from edgeagent.roles.central.report import RunReport
 from edgeagent.splitfed.cost import DeviceCosts
 from edgeagent.splitfed.fedavg import fedavg, layer_range, shift, state_checksum
@@ -57,7 +55,7 @@ if TYPE_CHECKING:
     from edgeagent.runtime.role import Inbound
 
 log = logging.getLogger("edgeagent.roles.central")
-_HISTORY = ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch")
+_LATE_HEARTBEATS = 1.0  # seconds a device's heartbeats may come late (on top of three missed intervals)
 
 
 @dataclass
@@ -90,10 +88,12 @@ class SplitFedRun(SplitFedPlanning):
         self.train = central.config.train
         self.data = data
         self.spec = spec
-        self.worker_list = devices
-        self.devices = devices[1:]
+        # Assigning, liveness, checkpoints, events, the report (roles/central/lifecycle.py).
+        self.life = RunLifecycle(central, "split-federated", spec, devices, slack=_LATE_HEARTBEATS)
+        self.worker_list = self.life.worker_list
+        self.devices = self.life.devices
         self.layers = num_layers(spec)
-        self.options = TrainOptions.of(self.train)
+        self.options = self.life.options
         self.global_model = build_model(spec, seed=self.train.seed)
         self.shapes = [tuple(s[1:]) for s in layer_output_shapes(spec)]
         self.plan: dict[str, tuple[int, int]] = {}
@@ -148,8 +148,7 @@ class SplitFedRun(SplitFedPlanning):
         return {k: v.detach().clone() for k, v in self.global_model.state_dict().items()}
 
     def save_model(self, path: str) -> bool:
-        weights, run_id = self.collect_weights(), self.central.run_id
-        return save_model(path, weights, "the global model", spec=self.spec, run_id=run_id, train=self.train)
+        return self.life.save_model(path, self.collect_weights())
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -160,17 +159,7 @@ class SplitFedRun(SplitFedPlanning):
         for d in self.devices:
             self._assign(d)
         self._plan()
-        report = RunReport(
-            run_id=central.run_id,
-            model=self.spec.name,
-            dataset=self.train.dataset,
-            workers=list(self.worker_list),
-            learning_rate=self.train.learning_rate,
-            mode="split-federated",
-            partition_mode=self.config.splitfed_plan,
-            estimator="none",
-            compression=self.config.compression,
-        )
+        report = self.life.report(self.config.splitfed_plan)
         first = self._resume(report)
         started = time.perf_counter()
         for epoch in range(first, self.train.epochs):
@@ -183,15 +172,12 @@ class SplitFedRun(SplitFedPlanning):
             self.epochs[-1].update(accuracy=accuracy, test_loss=loss)
             report.train_loss_per_epoch.append(self.epochs[-1]["train_loss"])
             self._checkpoint(epoch, report)
-            self._event("splitfed-epoch", self.epochs[-1])
-            self._progress({"accuracy": accuracy})
+            self.life.event("splitfed-epoch", self.epochs[-1])
+            self.life.progress({"accuracy": accuracy})
             log.info("epoch %d: test accuracy %.2f%% (%s)", epoch, 100 * accuracy, self.epochs[-1]["devices"])
-        report.train_seconds = time.perf_counter() - started
+        self.life.conclude(report, started, sum(e["samples"] for e in self.epochs))
         report.epochs = self.train.epochs
         report.batches = self.iterations
-        report.final_accuracy = report.test_accuracy_per_epoch[-1] if report.test_accuracy_per_epoch else 0.0
-        samples = sum(e["samples"] for e in self.epochs)
-        report.samples_per_second = samples / report.train_seconds if report.train_seconds else 0.0
         report.partitions = [
             {"epoch": e["epoch"], "points": [pn[0] for pn in e["plan"].values()], "plan": e["plan"]}
             for e in self.epochs
@@ -205,66 +191,34 @@ class SplitFedRun(SplitFedPlanning):
 
     def _resume(self, report: RunReport) -> int:
         """The first epoch to train: after the checkpoint's (``--resume``), with its model and history."""
-        state = self.central.resume
+        state = self.life.resume(("weights", "epoch", "epochs", "history"))
         if state is None:
             return 0
-        resume_of(state, "split-federated", ("weights", "epoch", "epochs", "history"))
         self.global_model.load_state_dict(state["weights"])
         self.epochs = list(state["epochs"])
-        for key in _HISTORY:
-            getattr(report, key).extend(state["history"][key])
-        report.recoveries.append({"case": "central", "resumed_from": state["epoch"]})
-        log.info("resuming run %s after epoch %d", self.central.run_id, state["epoch"])
+        self.life.resumed(report, state, f"after epoch {state['epoch']}", resumed_from=state["epoch"])
         return int(state["epoch"]) + 1
 
     def _checkpoint(self, epoch: int, report: RunReport) -> None:
         """The global model after ``epoch`` and the history so far (``--checkpoint``), written atomically."""
-        if not self.central.checkpointing:
-            return
-        state = {
-            "mode": "split-federated",
-            "run_id": self.central.run_id,
-            "epoch": epoch,
-            "weights": self.collect_weights(),
-            "config": self.config.model_dump_json(),
-            "history": {key: list(getattr(report, key)) for key in _HISTORY},
-            "epochs": self.epochs,
-        }
-        self.central.save_checkpoint(epoch, state, f"after epoch {epoch}")
+        self.life.checkpoint(
+            epoch,
+            report,
+            f"after epoch {epoch}",
+            lambda: {"epoch": epoch, "weights": self.collect_weights(), "epochs": self.epochs},
+        )
 
     def _assign(self, device: str) -> None:
         self.central.probes.watch(device)  # echo the probes it measures its link to this node with
         split, _ = self.plan.get(device, (self.layers, 1))
-        self.central.send(
-            self.central.topics.device(Family.CONTROL, device),
-            Assign(
-                run_id=self.central.run_id,
-                plan_id=0,
-                worker_list=[self.central.device_id, device],
-                points=[0, split, self.layers],
-                model=self.spec.to_dict(),
-                seed=self.train.seed,
-                committed_forward_id=-1,
-                committed_backward_id=-1,
-                status=0,
-                options=self.options,
-                epochs=self.train.epochs,
-                batches_per_epoch=0,
-                in_flight=1,
-                metrics_interval=self.config.metrics_interval,
-                mode="split-federated",
-                batch_size=self.train.batch_size,
-                heartbeat_interval=self.config.heartbeat_interval,
-            ),
+        self.life.assign(
+            device,
+            worker_list=[self.central.device_id, device],
+            points=[0, split, self.layers],
+            batches_per_epoch=0,
+            batch_size=self.train.batch_size,
         )
         self.assigned.add(device)
-
-    def _live(self, device: str) -> bool:
-        state = self.central.workers.get(device)
-        if state is None or not state.online:
-            return False
-        limit = silence(state.heartbeat_interval, floor=self.config.heartbeat_interval, slack=1.0)
-        return time.monotonic() - state.last_heartbeat <= limit
 
     def _epoch(self, epoch: int) -> None:
         participants = self._participants(epoch)
@@ -282,16 +236,16 @@ class SplitFedRun(SplitFedPlanning):
         self.epoch = epoch
         self.updates, self.left_out, self.servers = {}, {}, {}
         for d in self.devices:  # a live device not in the run (its announcement lost, say) is asked again
-            if d not in self.assigned and self._live(d):
+            if d not in self.assigned and self.life.live(d):
                 self._assign(d)
-        participants = [d for d in self.devices if d in self.assigned and self._live(d)]
+        participants = [d for d in self.devices if d in self.assigned and self.life.live(d)]
         if not participants:
             central.wait_until(
-                lambda: any(d in self.assigned and self._live(d) for d in self.devices),
+                lambda: any(d in self.assigned and self.life.live(d) for d in self.devices),
                 max(self.config.restart_window, self.config.batch_timeout),
                 f"no device left for epoch {epoch}",
             )
-            participants = [d for d in self.devices if d in self.assigned and self._live(d)]
+            participants = [d for d in self.devices if d in self.assigned and self.life.live(d)]
         return participants
 
     def _round(
@@ -363,8 +317,10 @@ class SplitFedRun(SplitFedPlanning):
             gap = server.iteration_seconds if server.split < self.layers else 0.0
             expected = gap or self.device_seconds.get(d, 0.0)
             limit = max(self.config.batch_timeout, self.config.timeout_multiplier * expected)
-            if not self._live(d) or (expected > 0 and silent > limit):
-                why = "offline" if not self._live(d) else f"silent for {silent:.1f} s (limit {limit:.1f} s)"
+            if not self.life.live(d) or (expected > 0 and silent > limit):
+                why = (
+                    "offline" if not self.life.live(d) else f"silent for {silent:.1f} s (limit {limit:.1f} s)"
+                )
                 self._leave_out(d, why)
         return None
 
@@ -374,7 +330,7 @@ class SplitFedRun(SplitFedPlanning):
         self.assigned.discard(device)
         self.servers.pop(device, None)
         log.warning("epoch %d: %s left out of this FedAvg (%s)", self.epoch, device, why)
-        self._event("splitfed-left-out", {"epoch": self.epoch, "device": device, "reason": why})
+        self.life.event("splitfed-left-out", {"epoch": self.epoch, "device": device, "reason": why})
 
     def _average(self, epoch: int, participants: list[str], seconds: float, idle: float) -> None:
         states, weights, devices = [], [], {}
@@ -487,7 +443,7 @@ class SplitFedRun(SplitFedPlanning):
             server.optimizer.step()
             server.optimizer.zero_grad(set_to_none=True)
             self.iterations += 1
-            self._progress({"batch": self.iterations, "total": self._total(), "loss": float(loss)})
+            self.life.progress({"batch": self.iterations, "total": self._total(), "loss": float(loss)})
         seconds = time.perf_counter() - started
         server.compute += seconds
         self.central.times.compute += seconds  # the central node's own account (the report's devices)
@@ -535,7 +491,7 @@ class SplitFedRun(SplitFedPlanning):
             self.loss_count += msg.iterations
         self.updates[item.sender] = msg
         loss = self.loss_sum / self.loss_count if self.loss_count else 0.0
-        self._progress({"batch": self.iterations, "total": self._total(), "loss": loss})
+        self.life.progress({"batch": self.iterations, "total": self._total(), "loss": loss})
 
     def _on_profile(self, item: Inbound) -> None:
         msg = item.message
@@ -555,10 +511,8 @@ class SplitFedRun(SplitFedPlanning):
         # (sent seconds later, once the new process is up) lands here unassigned.
         if msg.device_id in self.devices and msg.busy_with == "" and msg.device_id not in self.assigned:
             log.info("%s is back: it takes the next epoch's global model", msg.device_id)
-            self._event("splitfed-rejoined", {"epoch": self.epoch, "device": msg.device_id})
-            state = self.central.workers.get(msg.device_id)
-            if state is not None:  # an announcement is a sign of life: it takes the next epoch
-                state.online, state.last_heartbeat = True, time.monotonic()
+            self.life.event("splitfed-rejoined", {"epoch": self.epoch, "device": msg.device_id})
+            self.life.revive(msg.device_id)  # an announcement is a sign of life: it takes the next epoch
             self._assign(msg.device_id)
 
     def _on_error(self, item: Inbound) -> None:
@@ -569,12 +523,6 @@ class SplitFedRun(SplitFedPlanning):
             if msg.code == "assign":
                 self.assigned.discard(item.sender)
 
-    def _event(self, name: str, details: dict[str, Any]) -> None:
-        self.central.send(
-            self.central.topics.fixed(Family.EVENTS),
-            Event(name=name, run_id=self.central.run_id, details=details),
-        )
-
     def _total(self) -> int | None:
         """Iterations of the whole run (the progress bar's end), once every device said how much data it
         has (its profile); each device runs ``|D_k| // B`` per epoch."""
@@ -582,10 +530,6 @@ class SplitFedRun(SplitFedPlanning):
             return None
         batch = self.train.batch_size
         return self.train.epochs * sum(self.profiles[d].samples // batch for d in self.devices)
-
-    def _progress(self, values: dict[str, Any]) -> None:
-        if self.central.progress is not None:
-            self.central.progress(values)
 
 
 __all__ = ["ServerSide", "SplitFedRun"]

@@ -2,8 +2,9 @@
 device's (P_k, N_k) (:func:`~edgeagent.modes.splitfed.choose.choose`), the exhaustive search run for
 real (``--splitfed-plan exhaustive``), and ours's calibration and re-plan after every epoch.
 
-A mixin of :class:`~edgeagent.modes.splitfed.central.SplitFedRun`: the rounds, events and progress are
-the run's; the pure parts are in :mod:`edgeagent.modes.splitfed.choose` and :mod:`edgeagent.splitfed`.
+A mixin of :class:`~edgeagent.modes.splitfed.central.SplitFedRun`: the rounds are the run's, events and
+progress its lifecycle's; the pure parts are in :mod:`edgeagent.modes.splitfed.choose` and
+:mod:`edgeagent.splitfed`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from edgeagent.config import CentralConfig, TrainConfig
     from edgeagent.models import ModelSpec
     from edgeagent.protocol.splitfed_messages import SplitProfile, SplitUpdate
+    from edgeagent.roles.central.lifecycle import RunLifecycle
     from edgeagent.roles.central.node import Central
 
 log = logging.getLogger("edgeagent.roles.central")
@@ -40,6 +42,7 @@ class SplitFedPlanning:
     """Every device's (P, N) for a split-federated run, before and between its epochs."""
 
     central: Central
+    life: RunLifecycle  # the run's events and progress (roles/central/lifecycle.py)
     config: CentralConfig
     train: TrainConfig
     spec: ModelSpec
@@ -78,12 +81,6 @@ class SplitFedPlanning:
         iterations: int = 0,
         schedules: dict[str, list[int]] | None = None,
     ) -> None:
-        raise NotImplementedError
-
-    def _event(self, name: str, details: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _progress(self, values: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def _profile_server(self) -> None:
@@ -132,7 +129,9 @@ class SplitFedPlanning:
         if self._replans() and config.splitfed_trial:
             self.trial_schedules = self._trial_schedules()
         log.info("split-federated plan %s: %s", config.splitfed_plan, self.plan)
-        self._event("splitfed-plan", {"plan": {d: list(pn) for d, pn in self.plan.items()}, **self.plan_info})
+        self.life.event(
+            "splitfed-plan", {"plan": {d: list(pn) for d, pn in self.plan.items()}, **self.plan_info}
+        )
 
     def _replan(self, epoch: int) -> None:
         """Ours, beyond the paper (which selects once, before training): every device's costs corrected by
@@ -185,7 +184,9 @@ class SplitFedPlanning:
                 "groups": [list(g) for g in groups if len(g) > 1],
             }
         )
-        self._event("splitfed-plan", {"after_epoch": epoch, "plan": {d: list(pn) for d, pn in plan.items()}})
+        self.life.event(
+            "splitfed-plan", {"after_epoch": epoch, "plan": {d: list(pn) for d, pn in plan.items()}}
+        )
         self.plan = plan
 
     def _replans(self) -> bool:
@@ -239,7 +240,7 @@ class SplitFedPlanning:
         if plan != self.plan:
             log.info("split-federated plan after epoch %d's trial of N: %s (was %s)", epoch, plan, self.plan)
             listed = {d: list(pn) for d, pn in plan.items()}
-            self._event("splitfed-plan", {"after_epoch": epoch, "plan": listed, "trial": True})
+            self.life.event("splitfed-plan", {"after_epoch": epoch, "plan": listed, "trial": True})
         self.plan = plan
         return True
 
@@ -271,7 +272,7 @@ class SplitFedPlanning:
                 continue
             trials.append({"split": split, "parallel": parallel, "epoch_seconds": seconds})
             log.info("exhaustive search: (P, N) = (%d, %d) -> %.2f s per epoch", split, parallel, seconds)
-            self._progress(
+            self.life.progress(
                 {
                     "batch": t,
                     "total": len(grid) - 1,

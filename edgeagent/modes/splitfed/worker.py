@@ -34,8 +34,7 @@ from edgeagent.data import batch_indices
 from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, TrainingError
 from edgeagent.models import ModelSpec, build_layers, num_layers
 from edgeagent.pipeline.sgd import SGD
-from edgeagent.protocol.commands import Stop
-from edgeagent.protocol.messages import Message, Status
+from edgeagent.protocol.messages import Message
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.splitfed_messages import (
     SplitActivation,
@@ -45,6 +44,7 @@ from edgeagent.protocol.splitfed_messages import (
     SplitUpdate,
 )
 from edgeagent.protocol.topics import Family
+from edgeagent.roles.worker.run_end import RunEnd
 from edgeagent.runtime.compute import Clock, emulate_slowdown, step_clock
 from edgeagent.splitfed.fedavg import state_checksum
 from edgeagent.splitfed.profile import profile_layers
@@ -195,6 +195,13 @@ class SplitFedSession:
         self.down = Downlink(worker.config.down_mbps)
         self.pending_round: tuple[float, SplitRound] | None = None
         self.uplink = Uplink(worker)
+        # Its stop, or the server's status, ends the run here (roles/worker/run_end.py).
+        self.ending = RunEnd(
+            worker,
+            self.run_id,
+            self.server,
+            lambda: f"split-federated run {self.run_id} over after {self.epochs_done} epochs here",
+        )
         worker.times.reset()  # the device's time account (its metrics, the report's devices) is this run's
 
     @classmethod
@@ -228,8 +235,7 @@ class SplitFedSession:
         return {
             SplitRound: self._on_round,
             SplitGradient: self._on_gradient,
-            Stop: self._on_stop,
-            Status: self._on_status,
+            **self.ending.handlers(),
         }
 
     def has_work(self) -> bool:
@@ -338,27 +344,6 @@ class SplitFedSession:
         r.arrived[msg.micro] = (self.down.arrive(item.size), g)
         r.loss_sum += msg.loss
         r.correct += msg.correct
-
-    def _on_stop(self, item: Inbound) -> None:
-        msg = item.message
-        if isinstance(msg, Stop) and msg.run_id == self.run_id:
-            self._end()
-
-    def _on_status(self, item: Inbound) -> None:
-        msg = item.message
-        assert isinstance(msg, Status)
-        verdict = self.worker.central_status(msg, self.server, self.run_id)
-        if verdict is not None:
-            self._end(rejoin=verdict.action == "leave")
-
-    def _end(self, *, rejoin: bool = False) -> None:
-        log.info(
-            "%s: split-federated run %s over after %d epochs here",
-            self.worker.device_id,
-            self.run_id,
-            self.epochs_done,
-        )
-        self.worker.end_run(rejoin=rejoin)
 
     # -- work -----------------------------------------------------------------------------------
 

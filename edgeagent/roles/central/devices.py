@@ -1,7 +1,7 @@
 """Every device's figures as its own metrics say: the report's ``devices`` (the pipeline bubble).
 
 Each device publishes its time account (compute, communication, idle, wall seconds) and the bytes it sent
-and took in on ``device/<id>/metrics`` (:meth:`edgeagent.runtime.role.Role.publish_metrics`, every mode).
+and took in on ``device/<id>/metrics`` (:meth:`edgeagent.runtime.pulse.Pulse.publish_metrics`, every mode).
 :class:`DeviceFigures` listens there on the network thread and keeps each device's latest message of the
 run; at the run's end the central node waits, briefly, for the final ones its ``stop`` makes the workers
 send, and :func:`device_rows` turns them into the report's rows (pure: no I/O).

@@ -28,11 +28,17 @@ Note: how a worker gets back into the run of a restarted central node (issue 49)
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from edgeagent.protocol.messages import Message, Status
+from edgeagent.protocol.topics import Family, Topics
+from edgeagent.transport.base import Transport
+
+log = logging.getLogger("edgeagent.roles.worker.node")
 
 # The central node's heartbeat intervals a worker waits after its last will before it leaves the run:
 # the central node's reconnect (paho's backoff, capped at 5 s) at a heartbeat of 0.5 s, and ten missed
@@ -104,4 +110,87 @@ class CentralWatch:
         return now - self.gone_since
 
 
-__all__ = ["CENTRAL_OFFLINE_BEATS", "CentralWatch", "Verdict", "status_verdict"]
+class TrackerOwner(Protocol):
+    """What the tracker needs of the worker: its name, its broker connection and its subscriptions."""
+
+    device_id: str
+    topics: Topics
+    transport: Transport
+
+    def listen(self, pattern: str) -> None: ...
+
+    def stop_listening(self, pattern: str) -> None: ...
+
+
+class CentralTracker:
+    """The central node of the run this device is in: followed from its ``Assign`` until the device leaves
+    the run. Its status topic is the worker's subscription as well as the session's, so that every mode's
+    session hears its last will; its absence is measured by a :class:`CentralWatch` (``watch``)."""
+
+    def __init__(self, owner: TrackerOwner, floor: float) -> None:
+        self.owner = owner
+        self.floor = floor  # ``central_offline_floor``: the least window, s
+        self.watch: CentralWatch | None = None
+
+    def follow(self, central: str, interval: float) -> None:
+        """Whoever sent the ``Assign`` runs the run (at ``interval`` s heartbeats): watch for its absence."""
+        self.watch = CentralWatch(central, interval, self.floor)
+        self.owner.listen(self.owner.topics.device(Family.STATUS, central))
+
+    def unfollow(self) -> None:
+        if self.watch is not None:
+            self.owner.stop_listening(self.owner.topics.device(Family.STATUS, self.watch.central))
+            self.watch = None
+
+    def arrived(self, sender: str, message: Message) -> None:
+        """Network thread: a sign of life of the run's central node clears its absence at once, however
+        long the loop is busy with a batch."""
+        watch = self.watch
+        if watch is not None:
+            watch.arrived(sender, message, time.monotonic())
+
+    def reconnected(self) -> None:
+        """Network thread, before the retained statuses of the subscriptions arrive."""
+        watch = self.watch
+        if watch is not None:
+            watch.reconnected(time.monotonic())
+
+    def gone(self, run_id: str) -> bool:
+        """Whether the central node of run ``run_id`` has been offline longer than its window (said in the
+        log); never while this device is itself off the broker."""
+        watch = self.watch
+        if watch is None or not self.owner.transport.connected:
+            return False
+        gone = watch.expired(time.monotonic())
+        if gone is None:
+            return False
+        log.warning(
+            "%s: the central node %s of run %s has been offline for %.1f s (window %.1f s: %g of its "
+            "%.2f s heartbeats, at least %.0f s); leaving the run and announcing this device idle",
+            self.owner.device_id,
+            watch.central,
+            run_id,
+            gone,
+            watch.window,
+            CENTRAL_OFFLINE_BEATS,
+            watch.interval,
+            watch.floor,
+        )
+        return True
+
+    def status(self, msg: Status, central: str, run_id: str) -> Verdict | None:
+        """What the central node's status means for run ``run_id`` (:func:`status_verdict`), logged."""
+        verdict = status_verdict(msg, central, run_id)
+        if verdict is not None:
+            log.warning("%s: %s; leaving the run", self.owner.device_id, verdict.reason)
+        return verdict
+
+
+__all__ = [
+    "CENTRAL_OFFLINE_BEATS",
+    "CentralTracker",
+    "CentralWatch",
+    "TrackerOwner",
+    "Verdict",
+    "status_verdict",
+]

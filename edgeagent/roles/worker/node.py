@@ -25,7 +25,7 @@ import torch
 from edgeagent import __version__
 from edgeagent.config import WorkerConfig, parse_send_nan
 from edgeagent.errors import ConfigError, EdgeAgentError
-from edgeagent.ops.profiles import DeviceProfile, parse_profile
+from edgeagent.ops.profiles import DeviceProfile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.predictor.measure import Characterisation
 from edgeagent.protocol.commands import Characterise, Emulate
@@ -41,15 +41,15 @@ from edgeagent.protocol.messages import (
     Message,
     Profile,
     Status,
-    StatusState,
 )
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.roles.mode import ModeLookup, WorkerSession
-from edgeagent.roles.worker.central_watch import CENTRAL_OFFLINE_BEATS, CentralWatch, Verdict, status_verdict
+from edgeagent.roles.worker.central_watch import CentralTracker, Verdict
 from edgeagent.roles.worker.characterise import Characteriser, announced
+from edgeagent.roles.worker.device import DeviceCommands
 from edgeagent.runtime.compute import configure_threads
 from edgeagent.runtime.probes import LinkProbes
-from edgeagent.runtime.role import Handler, Inbound, Role
+from edgeagent.runtime.role import Handler, Inbound, Role, mqtt_transport
 from edgeagent.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,11 @@ class Worker(Role):
         self.slowdown = config.slowdown
         self._owns_transport = transport is None
         if transport is None:
-            transport = Role.mqtt_transport(topics, config.device_id, config, link_mbps=config.link_mbps)
+            transport = mqtt_transport(topics, config.device_id, config, link_mbps=config.link_mbps)
         super().__init__(transport, topics, config.device_id, limits=limits)
         self.session: WorkerSession | None = None  # the run this device is in
-        self.central: CentralWatch | None = None  # the absence of that run's central node
+        # The run's central node, followed from its Assign: its statuses and its absence (central_watch).
+        self.tracker = CentralTracker(self, config.central_offline_floor)
         self._installed: list[type[Message]] = []  # the message types the session handles
         self.completed_runs = 0
         self.probes = LinkProbes(self)
@@ -95,13 +96,14 @@ class Worker(Role):
         self.characteriser = Characteriser(
             config.device_id, config.characterise_budget, rounds=config.characterise_rounds
         )
+        self.commands = DeviceCommands(self)  # h, emulate, profiles (device.py)
         # The node's own handlers; a session's replace them for its run's lifetime if it handles the type.
         self._own: dict[type[Message], Handler] = {
             Assign: self._on_assign,
-            Discover: self._on_discover,
-            Profile: self._on_profile,
-            Emulate: self._on_emulate,
-            Characterise: self._on_characterise,
+            Discover: self.commands.on_discover,
+            Profile: self.commands.on_profile,
+            Emulate: self.commands.on_emulate,
+            Characterise: self.commands.on_characterise,
         }
         for kind, handler in self._own.items():
             self.on(kind, handler)
@@ -117,17 +119,17 @@ class Worker(Role):
         self.listen(self.topics.device(Family.CONTROL, self.device_id))
         self.listen(self.topics.devices(Family.REQUEST))
         self.listen(self.topics.device(Family.PROFILE, self.device_id))  # retained: arrives on connect
-        self.transport.on_connect(self._on_broker_connect)
+        self.transport.on_connect(self.tracker.reconnected)
         if not self.transport.wait_connected(30):
             log.warning("%s: broker not reachable yet; still trying", self.device_id)
         self.set_status("idle")
-        self.start_heartbeats(self.config.heartbeat_interval)
-        self.start_metrics(self.config.metrics_interval, self._metrics)
+        self.pulse.start(self.config.heartbeat_interval)
+        self.pulse.start_metrics(self.config.metrics_interval, self._metrics)
         self.announce()
         notifier = Notifier()
         notifier.ready(f"{self.device_id} idle on {self.topics.base}")
         interval = watchdog_interval()
-        watchdog = Watchdog(notifier, self.healthy, interval).start() if interval else None
+        watchdog = Watchdog(notifier, self.pulse.healthy, interval).start() if interval else None
         try:
             while not self._stopping:
                 self._step()
@@ -135,7 +137,7 @@ class Worker(Role):
             if watchdog is not None:
                 watchdog.stop()
             notifier.send("STOPPING=1")
-            self.stop_heartbeats()
+            self.pulse.stop()
             # A clean exit: monitors show the device as gone on purpose (the last will says "offline"
             # only after a crash).
             self.set_status("left")
@@ -175,7 +177,9 @@ class Worker(Role):
         # A session with deadlines (the allreduce mode's timeouts) says how long the loop may wait.
         hint = getattr(session, "wait_hint", None)
         self.pump(0 if session is not None and session.has_work() else hint() if hint else 0.5)
-        self._check_central()
+        # Leave a run whose central node has been offline longer than its window (central_watch).
+        if self.session is not None and self.tracker.gone(self.session.run_id):
+            self.end_run(rejoin=True)
         session = self.session  # the messages may have started, replaced or ended the run
         if session is None:
             return
@@ -224,9 +228,7 @@ class Worker(Role):
             self.on(kind, handler)
         # Whoever sent the Assign runs the run: watch for its absence (central_watch). Its status topic
         # is this node's as well as the session's: every mode's session then hears its last will.
-        interval = msg.heartbeat_interval or self.heartbeat_interval
-        self.central = CentralWatch(item.sender, interval, self.config.central_offline_floor)
-        self.listen(self.topics.device(Family.STATUS, item.sender))
+        self.tracker.follow(item.sender, msg.heartbeat_interval or self.pulse.heartbeat_interval)
 
     def leave_run(self) -> None:
         """Leave the run at once: the session unsubscribes, the node's own handlers come back, and the
@@ -235,9 +237,7 @@ class Worker(Role):
         if session is None:
             return
         session.close()
-        if self.central is not None:
-            self.stop_listening(self.topics.device(Family.STATUS, self.central.central))
-            self.central = None
+        self.tracker.unfollow()
         for kind in self._installed:
             own = self._own.get(kind)
             if own is None:
@@ -254,8 +254,8 @@ class Worker(Role):
         """The run is over (its ``stop``, or the central node gone idle) or went on without this device
         (``rejoin``: announce as idle, so that it can join again at the next re-split): final figures,
         then leave; with ``--once`` the process then exits."""
-        self.publish_metrics()  # the final figures of this run
-        self.report_drops()
+        self.pulse.publish_metrics()  # the final figures of this run
+        self.intake.report_drops()
         self.leave_run()
         if rejoin:
             self.announce()
@@ -266,46 +266,14 @@ class Worker(Role):
         """What a session's central node's status means for its run (central_watch), logged: an idle
         central node ends the run (``over``); one that left it (suspended) or trains another run makes
         this device leave it and announce itself idle (``leave``). The session acts on it."""
-        verdict = status_verdict(msg, central, run_id)
-        if verdict is not None:
-            log.warning("%s: %s; leaving the run", self.device_id, verdict.reason)
-        return verdict
+        return self.tracker.status(msg, central, run_id)
 
     # -- the central node's absence (central_watch) -------------------------------------------
 
     def on_arrival(self, sender: str, message: Message) -> None:
         # Network thread: a sign of life of the run's central node clears its absence at once, however
         # long the loop is busy with a batch.
-        watch = self.central
-        if watch is not None:
-            watch.arrived(sender, message, time.monotonic())
-
-    def _on_broker_connect(self) -> None:
-        watch = self.central  # network thread, before the retained statuses of the subscriptions arrive
-        if watch is not None:
-            watch.reconnected(time.monotonic())
-
-    def _check_central(self) -> None:
-        """Leave a run whose central node has been offline longer than its window (central_watch)."""
-        watch = self.central
-        if watch is None or self.session is None or not self.transport.connected:
-            return
-        gone = watch.expired(time.monotonic())
-        if gone is None:
-            return
-        log.warning(
-            "%s: the central node %s of run %s has been offline for %.1f s (window %.1f s: %g of its "
-            "%.2f s heartbeats, at least %.0f s); leaving the run and announcing this device idle",
-            self.device_id,
-            watch.central,
-            self.session.run_id,
-            gone,
-            watch.window,
-            CENTRAL_OFFLINE_BEATS,
-            watch.interval,
-            watch.floor,
-        )
-        self.end_run(rejoin=True)
+        self.tracker.arrived(sender, message)
 
     def _metrics(self) -> dict[str, Any] | None:
         """What this device publishes on its metrics topic (docs/protocol.md): its run's figures."""
@@ -313,59 +281,6 @@ class Worker(Role):
         return None if session is None else session.metrics()
 
     # -- commands about the device -------------------------------------------------------------
-
-    def _on_emulate(self, item: Inbound) -> None:
-        msg = item.message
-        assert isinstance(msg, Emulate)
-        if self.session is None or msg.run_id != self.session.run_id:
-            return  # commands belong to a run: another run's (or a forged one's) are not ours
-        if msg.device == self.device_id:
-            log.info("%s: slowdown %.1f -> %.1f", self.device_id, self.slowdown, msg.slowdown)
-            self.slowdown = msg.slowdown
-
-    def _on_discover(self, item: Inbound) -> None:
-        """Announce; with the model named, with its ``h``, measured first unless known. A device busy
-        with another run does not measure (it would slow that run down): it says what it knows."""
-        msg = item.message
-        assert isinstance(msg, Discover)
-        if not msg.model:
-            self.announce()
-        elif self.session is not None and self.session.run_id != msg.run_id:
-            self.announce(self.characteriser.lookup(msg.model, msg.batch_size, self.slowdown))
-        else:
-            try:
-                self.announce(self._characterise(msg.model, msg.batch_size, fresh=False))
-            except ConfigError:  # logged by the characteriser; the announcement goes without h
-                self.announce(None)
-
-    def _on_characterise(self, item: Inbound) -> None:
-        """Measure ``h`` again (the cache bypassed) and announce it; the node's own command, so also
-        during a run (which waits meanwhile)."""
-        msg = item.message
-        assert isinstance(msg, Characterise)
-        if msg.device != self.device_id:
-            return
-        if self.session is not None and msg.run_id != self.session.run_id:
-            reason = f"not measuring h for run {msg.run_id}: training run {self.session.run_id}"
-            self.report_error("busy", reason, msg.run_id)
-            return
-        try:
-            self.announce(self._characterise(msg.model, msg.batch_size, fresh=True))
-        except ConfigError as exc:  # logged by the characteriser
-            self.report_error("command", str(exc), msg.run_id)
-            self.announce(None)
-
-    def _characterise(self, model: dict[str, Any], batch_size: int, *, fresh: bool) -> Characterisation:
-        """``h`` for ``model`` at the current slowdown, measured with this device's torch threads; a
-        :class:`ConfigError` for a model this worker may not build (``allowed_models``)."""
-        refusal = self.config.model_refusal(model.get("name"))
-        if refusal is not None:
-            log.error("%s: not measuring h: %s", self.device_id, refusal)
-            raise ConfigError(refusal)
-        threads = self.profile.threads if self.profile else self.config.threads
-        return self.characteriser.measure(
-            model, batch_size, slowdown=self.slowdown, threads=threads, fresh=fresh
-        )
 
     def measure_link(self, run_id: str, target: str) -> None:
         """Measure the link to ``target`` on a thread of its own (the loop goes on) and report it."""
@@ -410,52 +325,6 @@ class Worker(Role):
             self.topics.device(Family.REPLY, self.device_id),
             ErrorReport(device_id=self.device_id, code=code, reason=reason, run_id=run_id, about=about),
         )
-
-    # -- device profiles (operations) ---------------------------------------------------------
-
-    def _on_profile(self, item: Inbound) -> None:
-        """Apply what can change live; keep the last good profile if this one is invalid."""
-        msg = item.message
-        assert isinstance(msg, Profile)
-        try:
-            profile = parse_profile(msg.settings, source=f"profile {msg.digest or '?'} for {self.device_id}")
-            if profile.id != self.device_id:
-                raise ConfigError(f"profile for {profile.id!r} sent to {self.device_id!r}")
-        except ConfigError as exc:
-            log.error(
-                "%s rejected a profile, keeping %s: %s",
-                self.device_id,
-                self.profile.digest() if self.profile else "its start-up settings",
-                exc,
-            )
-            self.report_error("profile", str(exc))
-            self._restate(f"profile rejected: {exc}")
-            return
-        restart = profile.needs_restart(self.profile)
-        configure_threads(profile.threads)
-        self.slowdown = profile.slowdown
-        self.link_mbps = profile.link_mbps
-        set_link = getattr(self.transport, "set_link_mbps", None)
-        if set_link is not None:
-            set_link(profile.link_mbps)
-        self.set_heartbeat_interval(profile.heartbeat_interval)
-        self.set_metrics_interval(profile.metrics_interval)
-        self.memory_limit_mb = profile.memory_limit_mb
-        self.profile = profile
-        if self.session is not None:
-            self.session.profile_changed()
-        detail = f"profile {profile.digest()} applied"
-        if restart:
-            detail += f"; restart to apply {restart}"
-        log.info("%s: %s", self.device_id, detail)
-        self._restate(detail)
-        if self.session is None:
-            self.announce()  # the birth message carries the profile's hash
-
-    def _restate(self, detail: str) -> None:
-        """Publish the current status again with ``detail`` (what became of a profile)."""
-        state: StatusState = "training" if self.session else "idle"
-        self.set_status(state, run_id=self._status.run_id, stage=self._status.stage, detail=detail)
 
     # -- fault injection -----------------------------------------------------------------------
 
