@@ -11,15 +11,15 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import PlanningError, ProtocolError
 from edgeagent.models import ModelSpec, build_model, num_layers
 from edgeagent.modes.splitfed.choose import choose, exhaustive_grid, needs_profiles, trial_epoch_seconds
-from edgeagent.protocol.acl import Grant, PlanTracker, may_publish, may_receive, may_subscribe, mosquitto_acl
-from edgeagent.protocol.limits import sender_problem
-from edgeagent.protocol.splitfed_messages import (
+from edgeagent.modes.splitfed.messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,
     SplitRound,
     SplitUpdate,
 )
+from edgeagent.protocol.acl import Grant, PlanTracker, may_publish, may_receive, may_subscribe, mosquitto_acl
+from edgeagent.protocol.limits import sender_problem
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.splitfed.fedavg import fedavg, layer_range, shift, state_checksum

@@ -39,8 +39,8 @@ from edgeagent.allreduce.links import FailedLinks
 from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import shard, steps_per_epoch
 from edgeagent.errors import TrainingError
+from edgeagent.modes.allreduce.messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.planner.deadlines import silence
-from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message, Ready
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family

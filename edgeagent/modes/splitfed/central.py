@@ -31,12 +31,7 @@ from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_
 from edgeagent.modes.splitfed.choose import (
     ServerProfile,
 )
-from edgeagent.modes.splitfed.planning import SplitFedPlanning
-from edgeagent.pipeline.sgd import SGD
-from edgeagent.planner.deadlines import silence
-from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
-from edgeagent.protocol.options import TrainOptions
-from edgeagent.protocol.splitfed_messages import (
+from edgeagent.modes.splitfed.messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,
@@ -44,6 +39,11 @@ from edgeagent.protocol.splitfed_messages import (
     SplitUpdate,
     scheduled_parallel,
 )
+from edgeagent.modes.splitfed.planning import SplitFedPlanning
+from edgeagent.pipeline.sgd import SGD
+from edgeagent.planner.deadlines import silence
+from edgeagent.protocol.messages import Announce, Assign, ErrorReport, Event, Message
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.checkpoint_file import resume_of, save_model
 from edgeagent.roles.central.report import RunReport
