@@ -117,7 +117,7 @@ def test_the_plan_flags() -> None:
 
 
 def test_the_fig6_plot_is_written_for_split_federated_reports_only(tmp_path: Path) -> None:
-    from edgeagent.ops.report.splitfed_plot import plot_splitfed
+    from edgeagent.modes.splitfed.plot import plot_splitfed
 
     json_path = tmp_path / "report.json"
     assert plot_splitfed({"mode": "pipeline", "splitfed": {}}, json_path) is None
