@@ -6,11 +6,12 @@ Command-line flags override the YAML values. Errors name the file, the key and w
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -18,9 +19,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from edgeagent.errors import ConfigError
-from edgeagent.mode_names import DEFAULT_MODE, MODE_KEYS, ModeName, applies_to
+from edgeagent.mode_names import DEFAULT_MODE, MODES, applies_to, mode_keys, mode_names
 from edgeagent.pipeline.staleness import DEFAULT_STALENESS, Staleness
 
 # h and the tiles from the fastest of two windows, not one: the held-out sets' windows, used as a device's
@@ -35,7 +38,6 @@ CHARACTERISE_ROUNDS = 2
 # staleness beyond 4 stages (staleness-aware SGD). With the default compensation a run trains at the rate
 # a single device would use.
 PIPELINED_LEARNING_RATES: dict[str, float] = {"mobilenetv2": 0.02}
-ASYNCHRONOUS_MODES = ("pipeline", "hybrid")
 PIPELINED_RATE_STALENESS = 3
 
 
@@ -49,8 +51,9 @@ def staleness_scaled(rate: float, in_flight: int) -> float:
 def pipelined_learning_rate(model: str, mode: str, in_flight: int) -> float | None:
     """The learning rate a run of ``model`` takes under ``pipelined_rate`` when it sets none, or None for
     TrainConfig's default: only asynchronous runs (pipeline and hybrid modes with more than one batch in
-    flight) are stale."""
-    if mode not in ASYNCHRONOUS_MODES or in_flight == 1:
+    flight; :attr:`~edgeagent.mode_names.ModeEntry.stale` in the registry) are stale."""
+    entry = MODES.get(mode)
+    if entry is None or not entry.stale or in_flight == 1:
         return None
     return PIPELINED_LEARNING_RATES.get(model)
 
@@ -113,7 +116,25 @@ class TrainConfig(_Frozen):
 
 
 PartitionMode = Literal["uniform", "dynamic", "oracle"]
-TrainingModeName = ModeName  # declared once, in edgeagent.mode_names
+
+
+def _known_mode(name: Any) -> Any:
+    """A registered training mode's name (:data:`edgeagent.mode_names.MODES`, read at validation: a mode
+    registered at run time is accepted too). Refused in pydantic's words for a ``Literal``, as when the
+    names were one."""
+    if not isinstance(name, str) or name not in MODES:
+        quoted = [repr(n) for n in mode_names()]
+        expected = " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return name
+
+
+# The training mode's name: any registered mode; the JSON Schema lists them (docs/schema, editors).
+TrainingModeName = Annotated[
+    str,
+    BeforeValidator(_known_mode),
+    WithJsonSchema({"enum": list(mode_names()), "type": "string"}),
+]
 CollectiveName = Literal["ft-tree", "ft-tree-thesis", "tree", "ring", "ps-sync", "ps-async", "direct"]
 # Split-federated training: how each device's (split point, parallel mini-batches) is chosen, from the
 # profiled estimate (PiPar Sec. 3.3): ours (per device), paper (the paper's rule), common (the best one for
@@ -273,9 +294,9 @@ class CentralConfig(BrokerAccess):
 
     @model_validator(mode="after")
     def _mode_keys(self) -> CentralConfig:
-        """A key only other modes read (:data:`~edgeagent.mode_names.MODE_KEYS`), set to anything but its
+        """A key only other modes read (:func:`~edgeagent.mode_names.mode_keys`), set to anything but its
         default, is refused: silently ignoring it would hide a mistake (a default changes nothing)."""
-        for key, modes in MODE_KEYS.items():
+        for key, modes in mode_keys().items():
             if self.mode in modes or key not in self.model_fields_set:
                 continue
             default = type(self).model_fields[key].get_default(call_default_factory=True)

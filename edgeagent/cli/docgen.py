@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from edgeagent.cli.flags import Flag, envvar
 from edgeagent.cli.worker_flags import worker_groups
 from edgeagent.config import CentralConfig, DemoConfig, TrainConfig, WorkerConfig
-from edgeagent.mode_names import MODE_KEYS, applies_to
+from edgeagent.mode_names import applies_to, mode_keys
 from edgeagent.ops.profiles import DeviceProfile
 
 # Keys that have neither a field description nor a flag.
@@ -72,8 +72,9 @@ def key_help(model: type[BaseModel], key: str, flag: Flag | None) -> str:
     description = model.model_fields[key].description
     text = (description[0].upper() + description[1:]) if description else None
     text = text or (flag.help if flag else None) or MORE_HELP.get(key, "")
-    if model is CentralConfig and key in MODE_KEYS:
-        text += f" ({applies_to(MODE_KEYS[key])})"
+    modes = mode_keys().get(key) if model is CentralConfig else None
+    if modes:
+        text += f" ({applies_to(modes)})"
     return text
 
 

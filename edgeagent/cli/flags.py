@@ -6,7 +6,7 @@ Note: one declaration per option, from which everything else follows.
     it reads ``EDGEAGENT_<KEY>`` from the environment (``EDGEAGENT_LEARNING_RATE``), so the order is
     flag > environment > YAML file > default: a flag or variable that is set is an override of the
     YAML, one that is not is None and leaves the YAML's value. Options that only some modes read sit in
-    a group of their own whose title says so (:data:`edgeagent.mode_names.MODE_KEYS`; the
+    a group of their own whose title says so (:func:`edgeagent.mode_names.mode_keys`; the
     configuration refuses them under another mode). Old spellings (``--lr``, ``--id``) still work as
     deprecated aliases that warn once (:class:`Command`).
 

@@ -9,9 +9,26 @@ import click
 
 from edgeagent.cli.flags import CONFIG, Flag, Group, choice, envvar
 from edgeagent.config import CollectiveName, TrainConfig
-from edgeagent.mode_names import MODE_KEYS, MODE_NAMES, applies_to
+from edgeagent.mode_names import MODES, applies_to, mode_keys, mode_names, modes_help
 
 T = TrainConfig
+
+
+class ModeChoice(click.Choice):
+    """``--mode``'s choices: the registry's modes (:data:`edgeagent.mode_names.MODES`) as they are when a
+    command line is parsed, so that a mode registered at run time (a test's) is one too."""
+
+    def __init__(self) -> None:
+        super().__init__(mode_names())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(MODES)
+
+    @choices.setter
+    def choices(self, _: object) -> None:
+        """click's constructor sets its list: the registry is the list."""
+
 
 CONFIG_FLAGS = (
     Flag(
@@ -27,10 +44,8 @@ RUN = (
     Flag(
         ("--mode",),
         "mode",
-        "pipeline (FTPipeHD's asynchronous pipeline); hybrid (a stage may be held "
-        "by several devices); split-federated (PiPar: the data stays on the devices); allreduce "
-        "(data-parallel, gradients averaged by --collective).",
-        kwargs={"type": choice(*MODE_NAMES)},
+        modes_help(),
+        kwargs={"type": ModeChoice()},
     ),
     Flag(("--model",), "model", "mlp | cnn | mobilenetv2 | pkg.module:function.", T),
     Flag(
@@ -423,7 +438,7 @@ LAB = (
 
 
 def mode_title(title: str, keys: Iterable[str]) -> str:
-    modes = {MODE_KEYS[k] for k in keys}
+    modes = {mode_keys()[k] for k in keys}
     assert len(modes) == 1, modes
     return f"{title} ({applies_to(modes.pop())})"
 

@@ -5,9 +5,10 @@ A mode is a package here, ``edgeagent.modes.<name>``: its :class:`~edgeagent.rol
 :mod:`edgeagent.roles`; the roles never import a mode: the CLI, above both, hands :func:`mode` to the
 nodes (``Central(config, modes=mode)``, ``Worker(config, modes=mode)``).
 
-:data:`MODES` names where each mode lives; :func:`mode` imports it on first use. Importing a mode's
-package pulls in its whole data plane (torch, the pipeline): so the registry itself imports nothing, and
-a command that only names the modes (``--help``) stays light.
+:data:`MODES`, the registry (:mod:`edgeagent.mode_names`, one line per mode), names where each mode
+lives; :func:`mode` imports it on first use. Importing a mode's package pulls in its whole data plane
+(torch, the pipeline): so the registry itself imports nothing, and a command that only names the modes
+(``--help``) stays light.
 """
 
 from __future__ import annotations
@@ -16,33 +17,26 @@ import importlib
 from typing import TYPE_CHECKING
 
 from edgeagent.errors import ConfigError
+from edgeagent.mode_names import MODES
 
 if TYPE_CHECKING:
     from edgeagent.roles.mode import TrainingMode
 
-# name (``--mode``, ``Assign.mode``) -> "module:class" of its TrainingMode. A new mode adds a line here.
-MODES: dict[str, str] = {
-    "pipeline": "edgeagent.modes.pipeline:PipelineMode",
-    "hybrid": "edgeagent.modes.pipeline.hybrid:HybridMode",
-    "split-federated": "edgeagent.modes.splitfed:SplitFedMode",
-    "allreduce": "edgeagent.modes.allreduce:AllreduceMode",
-}
-
-_loaded: dict[str, TrainingMode] = {}
+_loaded: dict[str, TrainingMode] = {}  # by where it lives ("module:class")
 
 
 def mode(name: str) -> TrainingMode:
     """The training mode called ``name`` (one instance per process); a :class:`ConfigError` that lists
-    the known modes if there is none of that name."""
-    found = _loaded.get(name)
-    if found is not None:
-        return found
-    where = MODES.get(name)
-    if where is None:
+    the known modes if there is none of that name (the registry is read at every call: a test may
+    register a mode, and take it away again)."""
+    entry = MODES.get(name)
+    if entry is None:
         raise ConfigError(f"unknown training mode {name!r}; known modes: {', '.join(sorted(MODES))}")
-    module, cls = where.split(":")
-    found = getattr(importlib.import_module(module), cls)()
-    _loaded[name] = found
+    found = _loaded.get(entry.where)
+    if found is None:
+        module, cls = entry.where.split(":")
+        found = getattr(importlib.import_module(module), cls)()
+        _loaded[entry.where] = found
     return found
 
 

@@ -11,9 +11,10 @@ message. ``Assign.mode`` is the exception: a worker that does not know the train
 names answers with an ``assign`` error, so that the central node stops at once with the reason instead
 of waiting for a stage that never comes.
 
-The other training modes' messages live beside this module: :mod:`edgeagent.protocol.splitfed_messages`
-(PiPar's split-federated training) and :mod:`edgeagent.protocol.allreduce_messages` (data-parallel
-training's collectives); their kinds are in :class:`MessageKind` here.
+A training mode's own messages live in its package (``edgeagent.modes.<name>.messages``: PiPar's
+split-federated training's, data-parallel training's collectives'), with their kinds (a :class:`Kind` of
+their own beside :class:`MessageKind`); the registry (:data:`edgeagent.mode_names.MODES`) names that
+module, and the wire codec loads it when it first decodes (:func:`edgeagent.protocol.wire.message_types`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ from edgeagent.errors import ProtocolError
 from edgeagent.protocol.options import TrainOptions
 
 
-class MessageKind(str, Enum):
+class Kind(str, Enum):
+    """A message's kind, the envelope's ``k``: the base of :class:`MessageKind` (the nodes' shared messages)
+    and of each training mode's own kinds (declared with its messages). Their values are one namespace on
+    the wire: the codec refuses two messages of one kind."""
+
+
+class MessageKind(Kind):
+    """The kinds of the messages every mode shares (discovery, liveness, the pipeline's data plane)."""
+
     DISCOVER = "discover"
     ANNOUNCE = "announce"
     STATUS = "status"
@@ -52,14 +61,6 @@ class MessageKind(str, Enum):
     REPARTITION = "repartition"
     FETCH = "fetch"
     GRAD_SYNC = "grad_sync"
-    ALLREDUCE = "allreduce"
-    ALLREDUCE_STEP = "allreduce_step"
-    ALLREDUCE_DONE = "allreduce_done"
-    SPLIT_ROUND = "split_round"
-    SPLIT_ACTIVATION = "split_activation"
-    SPLIT_GRADIENT = "split_gradient"
-    SPLIT_UPDATE = "split_update"
-    SPLIT_PROFILE = "split_profile"
 
 
 Encoding = Literal["cbor", "json"]
@@ -98,7 +99,7 @@ dropped (the central node ends a run that such a device keeps from making progre
 class Message:
     """Base of all messages. Subclasses set ``KIND`` and ``ENCODING``."""
 
-    KIND: ClassVar[MessageKind]
+    KIND: ClassVar[Kind]
     ENCODING: ClassVar[Encoding] = "cbor"
 
 

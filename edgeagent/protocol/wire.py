@@ -6,16 +6,21 @@ events and commands are JSON so that ``mosquitto_sub -v -t 'edgeagent/#'`` shows
 Tensors are RFC 8746 typed arrays (see :mod:`edgeagent.protocol.tensors`); nothing is pickled.
 :func:`decode` builds the message class of the envelope's kind (:data:`MESSAGE_TYPES`; a command's by
 its name) and checks every field against its type, ``Literal`` values included.
+
+A training mode's own messages are not imported here: the registry (:data:`edgeagent.mode_names.MODES`)
+names the module that declares them, and :func:`message_types` loads it on the first decode (the
+protocol never imports a mode by name; the messages modules hold nothing heavier than torch).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Union
 
 import cbor2
@@ -23,7 +28,7 @@ import torch
 
 from edgeagent.compression.base import Compressed, from_wire, to_wire
 from edgeagent.errors import ProtocolError
-from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
+from edgeagent.mode_names import MODES
 from edgeagent.protocol.commands import COMMAND_TYPES, Command
 from edgeagent.protocol.messages import (
     Activation,
@@ -38,9 +43,9 @@ from edgeagent.protocol.messages import (
     Gradient,
     GradSync,
     Heartbeat,
+    Kind,
     LinkReport,
     Message,
-    MessageKind,
     Metrics,
     Probe,
     Profile,
@@ -50,19 +55,13 @@ from edgeagent.protocol.messages import (
     Weights,
 )
 from edgeagent.protocol.options import TrainOptions
-from edgeagent.protocol.splitfed_messages import (
-    SplitActivation,
-    SplitGradient,
-    SplitProfile,
-    SplitRound,
-    SplitUpdate,
-)
 from edgeagent.protocol.tensors import decode_tensor, encode_tensor
 
 FORMAT_VERSION = 1
 MAX_DECODE_BYTES = 256 * 1024 * 1024
 
-MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
+# The messages every mode shares, by kind.
+_SHARED: dict[Kind, type[Message]] = {
     cls.KIND: cls
     for cls in (
         Discover,
@@ -86,16 +85,51 @@ MESSAGE_TYPES: dict[MessageKind, type[Message]] = {
         Repartition,
         FetchRequest,
         GradSync,
-        SplitRound,
-        SplitActivation,
-        SplitGradient,
-        SplitUpdate,
-        SplitProfile,
-        AllreduceMsg,
-        AllreduceStep,
-        AllreduceDone,
     )
 }
+# The registry's messages modules last loaded, and every class by kind and by its wire name.
+_loaded: tuple[tuple[str, ...], dict[Kind, type[Message]], dict[str, type[Message]]] = (
+    (),
+    _SHARED,
+    {k.value: cls for k, cls in _SHARED.items()},
+)
+
+
+def message_types() -> dict[Kind, type[Message]]:
+    """Every message class by its kind: the shared ones and those of every registered mode (the module its
+    registry entry names declares them in ``MESSAGES``), loaded on first use and again when the registry
+    names other modules (a test's mode). Two classes of one kind are a programming error."""
+    return _load()[1]
+
+
+def _load() -> tuple[tuple[str, ...], dict[Kind, type[Message]], dict[str, type[Message]]]:
+    global _loaded
+    modules = tuple(entry.messages for entry in MODES.values() if entry.messages)
+    if modules == _loaded[0]:
+        return _loaded
+    found = dict(_SHARED)
+    for name in modules:
+        for cls in importlib.import_module(name).MESSAGES:
+            if found.setdefault(cls.KIND, cls) is not cls:
+                raise TypeError(f"{name}.{cls.__name__}: kind {cls.KIND.value!r} is {found[cls.KIND]}'s")
+    _loaded = (modules, found, {k.value: cls for k, cls in found.items()})
+    return _loaded
+
+
+class _MessageTypes(Mapping[Kind, type[Message]]):
+    """:func:`message_types` as a mapping that reads the registry when used, not when imported."""
+
+    def __getitem__(self, kind: Kind) -> type[Message]:
+        return message_types()[kind]
+
+    def __iter__(self) -> Iterator[Kind]:
+        return iter(message_types())
+
+    def __len__(self) -> int:
+        return len(message_types())
+
+
+MESSAGE_TYPES: Mapping[Kind, type[Message]] = _MessageTypes()
 
 
 def encode(msg: Message, *, sender: str) -> bytes:
@@ -149,17 +183,17 @@ def decode(payload: bytes, *, open_values: bool = False) -> tuple[str, Message]:
         raise ProtocolError(
             f"format version {version!r} is not supported (this side speaks {FORMAT_VERSION})"
         )
-    try:
-        kind = MessageKind(envelope.get("k"))
-    except ValueError as exc:
-        raise ProtocolError(f"unknown message kind {envelope.get('k')!r}") from exc
+    kind = envelope.get("k")
+    cls = _load()[2].get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {kind!r}")
     sender, body = envelope.get("s"), envelope.get("b")
     if not isinstance(sender, str) or not isinstance(body, dict):
-        raise ProtocolError(f"{kind.value} envelope lacks a sender string or a body map")
+        raise ProtocolError(f"{kind} envelope lacks a sender string or a body map")
     checker = _OPEN if open_values else _STRICT
-    if kind is MessageKind.COMMAND:
+    if cls is Command:
         return sender, _build_command(body, checker)
-    return sender, _build(MESSAGE_TYPES[kind], body, checker)
+    return sender, _build(cls, body, checker)
 
 
 def _build_command(body: dict[str, Any], checker: _Checker) -> Command:

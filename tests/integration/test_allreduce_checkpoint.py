@@ -18,7 +18,7 @@ import torch
 
 from edgeagent.cli.demo import LocalWorkers
 from edgeagent.errors import ProtocolError
-from edgeagent.protocol.allreduce_messages import AllreduceStep
+from edgeagent.modes.allreduce.messages import AllreduceStep
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode
 from edgeagent.roles.central import RunReport, latest_checkpoint

@@ -40,8 +40,15 @@ from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
 from edgeagent.models import ModelSpec, layer_output_shapes
 from edgeagent.modes import mode
+from edgeagent.modes.allreduce.messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.modes.pipeline.central.run import PipelineRun
-from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
+from edgeagent.modes.splitfed.messages import (
+    SplitActivation,
+    SplitGradient,
+    SplitProfile,
+    SplitRound,
+    SplitUpdate,
+)
 from edgeagent.protocol.chunking import CHUNK_TAG
 from edgeagent.protocol.commands import Ping
 from edgeagent.protocol.limits import InboxLimits
@@ -68,13 +75,6 @@ from edgeagent.protocol.messages import (
     Repartition,
     Status,
     Weights,
-)
-from edgeagent.protocol.splitfed_messages import (
-    SplitActivation,
-    SplitGradient,
-    SplitProfile,
-    SplitRound,
-    SplitUpdate,
 )
 from edgeagent.protocol.tensors import BOOL_TAG, MULTI_DIM_TAG
 from edgeagent.protocol.topics import Family, Topics, topic_matches
@@ -298,7 +298,7 @@ def base_messages(spec: ModelSpec) -> list[Message]:
         ),
         SplitProfile(run_id=FOREIGN, device_id=FUZZER, fwd=[0.1], bwd=[0.2], samples=2),
     ]
-    assert {m.KIND for m in messages} == set(MessageKind), "one message of every kind"
+    assert {m.KIND for m in messages} == set(MESSAGE_TYPES), "one message of every kind"
     return messages
 
 

@@ -28,8 +28,8 @@ from edgeagent.data import load_dataset
 from edgeagent.errors import ProtocolError
 from edgeagent.modes.splitfed.central import SplitFedRun
 from edgeagent.modes.splitfed.choose import exhaustive_grid
+from edgeagent.modes.splitfed.messages import SplitActivation
 from edgeagent.protocol.messages import Status
-from edgeagent.protocol.splitfed_messages import SplitActivation
 from edgeagent.protocol.topics import Family
 from edgeagent.protocol.wire import decode
 from edgeagent.roles.central import Central, RunReport, latest_checkpoint

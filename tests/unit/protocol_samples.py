@@ -12,7 +12,8 @@ from typing import Any
 import cbor2
 import torch
 
-from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
+from edgeagent.modes.allreduce.messages import AllreduceDone, AllreduceKind, AllreduceMsg, AllreduceStep
+from edgeagent.modes.splitfed.messages import SplitFedKind
 from edgeagent.protocol.commands import SetCompression
 from edgeagent.protocol.messages import (
     Activation,
@@ -26,6 +27,7 @@ from edgeagent.protocol.messages import (
     FetchRequest,
     Gradient,
     Heartbeat,
+    Kind,
     LinkReport,
     Message,
     MessageKind,
@@ -51,7 +53,10 @@ GEN = torch.Generator().manual_seed(0)
 _T = torch.arange(6, dtype=torch.float32).reshape(2, 3)
 
 # Hand-written, realistic instances. Kinds added to the protocol later get an automatic sample (below).
-HAND_SAMPLES: dict[MessageKind, Message] = {
+# Every kind there is: the shared ones and each mode's (a test that covers "every kind" covers these).
+KINDS: tuple[Kind, ...] = (*MessageKind, *SplitFedKind, *AllreduceKind)
+
+HAND_SAMPLES: dict[Kind, Message] = {
     MessageKind.DISCOVER: Discover(run_id="run-1"),
     MessageKind.ANNOUNCE: Announce(
         device_id="w1", busy_with="", threads=2, slowdown=1.5, software="0.1", profile_hash="abc"
@@ -80,7 +85,7 @@ HAND_SAMPLES: dict[MessageKind, Message] = {
         },
     ),
     MessageKind.READY: Ready(run_id="run-1", plan_id=3, device_id="w1", stage=1, parameters=1234),
-    MessageKind.ALLREDUCE: AllreduceMsg(
+    AllreduceKind.ALLREDUCE: AllreduceMsg(
         run_id="run-1",
         step=7,
         attempt=1,
@@ -93,10 +98,10 @@ HAND_SAMPLES: dict[MessageKind, Message] = {
         echo=12.25,
         echo_delay=0.125,
     ),
-    MessageKind.ALLREDUCE_STEP: AllreduceStep(
+    AllreduceKind.ALLREDUCE_STEP: AllreduceStep(
         run_id="run-1", step=7, attempt=1, members=["w1", "w2"], epoch=1, collect=True, weights=torch.ones(4)
     ),
-    MessageKind.ALLREDUCE_DONE: AllreduceDone(
+    AllreduceKind.ALLREDUCE_DONE: AllreduceDone(
         run_id="run-1",
         device_id="w1",
         step=7,
@@ -211,7 +216,7 @@ def auto_sample(cls: type[Message]) -> Message:
     )
 
 
-SAMPLES: dict[MessageKind, Message] = {
+SAMPLES: dict[Kind, Message] = {
     kind: HAND_SAMPLES.get(kind) or auto_sample(cls) for kind, cls in MESSAGE_TYPES.items()
 }
 

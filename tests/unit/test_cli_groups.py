@@ -4,7 +4,7 @@ and YAML), deprecated aliases, EDGEAGENT_<KEY> variables and --print-config."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import click
 import pytest
@@ -13,10 +13,9 @@ from click.testing import CliRunner
 
 from edgeagent.cli import flags
 from edgeagent.cli.main import main
-from edgeagent.config import CentralConfig, TrainingModeName, WorkerConfig, build
+from edgeagent.config import CentralConfig, WorkerConfig, build
 from edgeagent.errors import ConfigError
-from edgeagent.mode_names import MODE_KEYS, MODE_NAMES
-from edgeagent.modes import MODES
+from edgeagent.mode_names import MODES, mode_keys, mode_names
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Any:
@@ -63,10 +62,13 @@ def test_central_help_is_shorter_than_its_62_flat_options() -> None:
 
 
 def test_mode_names_are_declared_once() -> None:
-    assert set(MODES) == set(MODE_NAMES) == set(get_args(TrainingModeName))
+    # The registry is the one declaration: the configuration's schema, --mode's choices and the modes'
+    # options all read it.
+    schema = CentralConfig.model_json_schema()["properties"]["mode"]
+    assert set(MODES) == set(mode_names()) == set(schema["enum"])
     mode = next(p for p in command("central").params if p.name == "mode")
-    assert isinstance(mode.type, click.Choice) and tuple(mode.type.choices) == MODE_NAMES
-    assert set(MODE_KEYS) <= set(CentralConfig.model_fields)
+    assert isinstance(mode.type, click.Choice) and tuple(mode.type.choices) == mode_names()
+    assert set(mode_keys()) <= set(CentralConfig.model_fields)
 
 
 def test_a_yaml_key_of_another_mode_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -14,17 +14,17 @@ from edgeagent.compression.stage import StageCodecs, restore
 from edgeagent.config import WorkerConfig, parse_send_nan
 from edgeagent.errors import ConfigError
 from edgeagent.models import ModelSpec
+from edgeagent.modes.allreduce.messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.modes.pipeline.worker.run import Run
+from edgeagent.modes.splitfed.messages import SplitActivation, SplitGradient, SplitRound, SplitUpdate
 from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.runner import StageRunner
 from edgeagent.planner.deadlines import MAX_HEARTBEAT_INTERVAL, Deadlines, reassembly_stall, silence
 from edgeagent.planner.recovery import RECOVERIES_WITHOUT_PROGRESS, Stalls
 from edgeagent.planner.redistribute import bytes_sent, redistribution_plan
-from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.limits import NONFINITE, nonfinite_problem
 from edgeagent.protocol.messages import Activation, GradSync, Heartbeat, Message, Weights
 from edgeagent.protocol.options import TrainOptions
-from edgeagent.protocol.splitfed_messages import SplitActivation, SplitGradient, SplitRound, SplitUpdate
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.runtime.role import Role

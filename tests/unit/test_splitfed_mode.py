@@ -11,15 +11,15 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.errors import PlanningError, ProtocolError
 from edgeagent.models import ModelSpec, build_model, num_layers
 from edgeagent.modes.splitfed.choose import choose, exhaustive_grid, needs_profiles, trial_epoch_seconds
-from edgeagent.protocol.acl import Grant, PlanTracker, may_publish, may_receive, may_subscribe, mosquitto_acl
-from edgeagent.protocol.limits import sender_problem
-from edgeagent.protocol.splitfed_messages import (
+from edgeagent.modes.splitfed.messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,
     SplitRound,
     SplitUpdate,
 )
+from edgeagent.protocol.acl import Grant, PlanTracker, may_publish, may_receive, may_subscribe, mosquitto_acl
+from edgeagent.protocol.limits import sender_problem
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.splitfed.fedavg import fedavg, layer_range, shift, state_checksum
@@ -117,7 +117,7 @@ def test_the_plan_flags() -> None:
 
 
 def test_the_fig6_plot_is_written_for_split_federated_reports_only(tmp_path: Path) -> None:
-    from edgeagent.ops.report.splitfed_plot import plot_splitfed
+    from edgeagent.modes.splitfed.plot import plot_splitfed
 
     json_path = tmp_path / "report.json"
     assert plot_splitfed({"mode": "pipeline", "splitfed": {}}, json_path) is None

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from edgeagent.errors import ProtocolError
-from edgeagent.protocol.splitfed_messages import SplitRound, SplitUpdate
+from edgeagent.modes.splitfed.messages import SplitRound, SplitUpdate
 from edgeagent.protocol.wire import decode, encode
 from edgeagent.splitfed.trial import candidates, pick, schedule
 

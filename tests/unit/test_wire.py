@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 from edgeagent.errors import ProtocolError
 from edgeagent.protocol.commands import Command
 from edgeagent.protocol.messages import (
+    Kind,
     MessageKind,
 )
 from edgeagent.protocol.wire import FORMAT_VERSION, decode, encode
 from tests.unit.protocol_samples import (
+    KINDS,
     SAMPLES,
     drop,
     put,
@@ -29,8 +31,8 @@ from tests.unit.protocol_samples import (
 )
 
 
-@pytest.mark.parametrize("kind", list(MessageKind), ids=lambda k: k.value)
-def test_message_encoding_is_json_or_cbor(kind: MessageKind) -> None:
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+def test_message_encoding_is_json_or_cbor(kind: Kind) -> None:
     msg = SAMPLES[kind]
     payload = encode(msg, sender="dev-1")
     if msg.ENCODING == "json":

@@ -39,7 +39,7 @@ from edgeagent.allreduce.links import FailedLinks
 from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import shard, steps_per_epoch
 from edgeagent.errors import TrainingError
-from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
+from edgeagent.modes.allreduce.messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.messages import Announce, ErrorReport, Message, Ready
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.lifecycle import RunLifecycle

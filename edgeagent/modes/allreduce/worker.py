@@ -35,7 +35,7 @@ from edgeagent.data import load_dataset
 from edgeagent.errors import EdgeAgentError
 from edgeagent.models import ModelSpec
 from edgeagent.modes.allreduce.codec import LinkCodec, gradient_bits
-from edgeagent.protocol.allreduce_messages import AllreduceDone, AllreduceMsg, AllreduceStep
+from edgeagent.modes.allreduce.messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.messages import Assign, Message, Ready
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.worker.run_end import RunEnd

@@ -31,10 +31,7 @@ from edgeagent.models import ModelSpec, build_layers, build_model, layer_output_
 from edgeagent.modes.splitfed.choose import (
     ServerProfile,
 )
-from edgeagent.modes.splitfed.planning import SplitFedPlanning
-from edgeagent.pipeline.sgd import SGD
-from edgeagent.protocol.messages import Announce, ErrorReport, Message
-from edgeagent.protocol.splitfed_messages import (
+from edgeagent.modes.splitfed.messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,
@@ -42,6 +39,9 @@ from edgeagent.protocol.splitfed_messages import (
     SplitUpdate,
     scheduled_parallel,
 )
+from edgeagent.modes.splitfed.planning import SplitFedPlanning
+from edgeagent.pipeline.sgd import SGD
+from edgeagent.protocol.messages import Announce, ErrorReport, Message
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.lifecycle import RunLifecycle
 from edgeagent.roles.central.report import RunReport

@@ -21,7 +21,7 @@ from typing import Any
 from edgeagent.config import CentralConfig
 from edgeagent.errors import PlanningError
 from edgeagent.models import ModelSpec
-from edgeagent.protocol.splitfed_messages import SplitProfile, SplitUpdate
+from edgeagent.modes.splitfed.messages import SplitProfile, SplitUpdate
 from edgeagent.splitfed.cost import Choice, DeviceCosts, LayerTimes, epoch_time, epoch_times
 from edgeagent.splitfed.plan import select
 from edgeagent.splitfed.profile import param_bytes, profile_layers

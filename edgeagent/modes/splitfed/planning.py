@@ -31,7 +31,7 @@ from edgeagent.splitfed.cost import Choice, DeviceCosts, calibrate, epoch_time
 if TYPE_CHECKING:
     from edgeagent.config import CentralConfig, TrainConfig
     from edgeagent.models import ModelSpec
-    from edgeagent.protocol.splitfed_messages import SplitProfile, SplitUpdate
+    from edgeagent.modes.splitfed.messages import SplitProfile, SplitUpdate
     from edgeagent.roles.central.lifecycle import RunLifecycle
     from edgeagent.roles.central.node import Central
 

@@ -33,16 +33,16 @@ from edgeagent.compression.stage import StageCodecs, restore
 from edgeagent.data import batch_indices
 from edgeagent.errors import ConfigError, EdgeAgentError, ProtocolError, TrainingError
 from edgeagent.models import ModelSpec, build_layers, num_layers
-from edgeagent.pipeline.sgd import SGD
-from edgeagent.protocol.messages import Message
-from edgeagent.protocol.options import TrainOptions
-from edgeagent.protocol.splitfed_messages import (
+from edgeagent.modes.splitfed.messages import (
     SplitActivation,
     SplitGradient,
     SplitProfile,
     SplitRound,
     SplitUpdate,
 )
+from edgeagent.pipeline.sgd import SGD
+from edgeagent.protocol.messages import Message
+from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.worker.run_end import RunEnd
 from edgeagent.runtime.compute import Clock, emulate_slowdown, step_clock

@@ -7,7 +7,8 @@
 * :mod:`.plots` draws them: :func:`write_plots` writes ``report-loss.png``, ``report-throughput.png``,
   ``report-partition.png``, ``report-devices.png`` (:mod:`.devices_plot`, the pipeline bubble, when the report
   has its devices) and, only when the run had recoveries, ``report-faults.png`` beside the JSON,
-  and a mode's own plot (:mod:`.splitfed_plot`, :mod:`.allreduce_plot`) when the report holds its section.
+  and a mode's own plot (its registry entry names it: ``edgeagent.modes.splitfed.plot``,
+  ``edgeagent.modes.allreduce.plot``) when the report holds its section.
 * :mod:`.style` is the look they share: colours, the figure, notes and legends.
 
 The time axis is the report's: training seconds, evaluation excluded. After a recovery the timeline holds

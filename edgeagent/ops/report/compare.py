@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeagent.ops.report.derived import _batch_size, _epoch_ends, _rolling_mean, _throughput
-from edgeagent.ops.report.parse import _int, _num, _numbers, _recoveries, _timeline
-from edgeagent.ops.report.style import _figure, _legend_below, _note, _save
+from edgeagent.ops.report.parse import _int, _numbers, _recoveries, _timeline, finite
+from edgeagent.ops.report.style import empty_note, legend_below, new_figure, save_png
 
 THROUGHPUT_WINDOW = 10  # batches per samples/s window, as report-throughput.png
 RUN_COLORS = ("#1f77b4", "#d95f02")  # A, B: the same colour for a run's every line
@@ -44,7 +44,7 @@ def headline(report: Mapping[str, Any]) -> dict[str, str]:
         elif key in ("batches", "epochs"):
             value = _int(value)
         elif key not in ("mode", "model"):
-            value = _num(value)
+            value = finite(value)
         out[key] = "-" if value is None or value == "" else fmt.format(value)
     return out
 
@@ -86,7 +86,7 @@ def _draw_throughput(ax: Any, report: Mapping[str, Any], name: str, color: str) 
         (line,) = ax.plot(xs, ys, color=color, lw=1.4, marker="o" if len(xs) == 1 else None, ms=4)
     if line is None:
         return []
-    mean = _num(report.get("samples_per_second"))
+    mean = finite(report.get("samples_per_second"))
     label = f"{name}: samples/s" + (f" (run average {mean:.0f})" if mean else "")
     return [(line, label)]
 
@@ -95,7 +95,7 @@ def plot_compare(
     a: Mapping[str, Any], b: Mapping[str, Any], names: tuple[str, str], path: str | Path
 ) -> Path:
     """Draw runs ``a`` and ``b`` (called ``names``) on shared axes into ``path``."""
-    fig = _figure(9.0, 8.0)
+    fig = new_figure(9.0, 8.0)
     top, bottom = fig.subplots(2, 1, sharex=True)
     top.set_title(f"{names[0]} against {names[1]}", fontsize=11)
     top.set_ylabel("training loss")
@@ -114,11 +114,11 @@ def plot_compare(
     if loss:
         top.set_ylim(bottom=0)
     else:
-        _note(top, "neither run recorded a batch")
+        empty_note(top, "neither run recorded a batch")
     if speed:
         bottom.set_ylim(bottom=0)
     else:
-        _note(bottom, "neither run recorded a batch")
-    _legend_below(top, [h for h, _ in loss], [t for _, t in loss], ncol=2)
-    _legend_below(bottom, [h for h, _ in speed], [t for _, t in speed], ncol=2)
-    return _save(fig, Path(path))
+        empty_note(bottom, "neither run recorded a batch")
+    legend_below(top, [h for h, _ in loss], [t for _, t in loss], ncol=2)
+    legend_below(bottom, [h for h, _ in speed], [t for _, t in speed], ncol=2)
+    return save_png(fig, Path(path))

@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgeagent.ops.report.parse import _int, _list, _num
-from edgeagent.ops.report.style import ACCURACY_COLOR, LOSS_COLOR, _figure, _legend_below, _save, _title
+from edgeagent.ops.report.parse import _int, _list, finite
+from edgeagent.ops.report.style import (
+    ACCURACY_COLOR,
+    LOSS_COLOR,
+    legend_below,
+    new_figure,
+    plot_title,
+    save_png,
+)
 
 PARTS = (
     ("compute_s", "compute", "#2ca02c"),
@@ -39,7 +46,7 @@ def _devices(report: Mapping[str, Any]) -> list[_Device]:
     for row in _list(report, "devices"):
         if not isinstance(row, Mapping) or not isinstance(row.get("device"), str):
             continue
-        seconds = {key: x for key, _, _ in PARTS if (x := _num(row.get(key))) is not None and x >= 0}
+        seconds = {key: x for key, _, _ in PARTS if (x := finite(row.get(key))) is not None and x >= 0}
         if not seconds:
             continue
         out.append(
@@ -49,8 +56,8 @@ def _devices(report: Mapping[str, Any]) -> list[_Device]:
                 seconds=seconds,
                 sent=_int(row.get("bytes_sent")),
                 received=_int(row.get("bytes_received")),
-                predicted=_num(row.get("predicted_stage_s")),
-                measured=_num(row.get("measured_stage_s")),
+                predicted=finite(row.get("predicted_stage_s")),
+                measured=finite(row.get("measured_stage_s")),
             )
         )
     return out
@@ -87,10 +94,10 @@ def plot_devices(report: Mapping[str, Any], json_path: str | Path) -> Path | Non
         path.unlink(missing_ok=True)
         return None
     compared = [d for d in devices if d.predicted is not None and d.measured is not None]
-    fig = _figure(9.0 if not compared else 12.0, 4.8)
+    fig = new_figure(9.0 if not compared else 12.0, 4.8)
     grid = fig.add_gridspec(1, 2 if compared else 1, width_ratios=[3, 2] if compared else [1])
     ax = fig.add_subplot(grid[0, 0])
-    ax.set_title(_title(report, "Where each device's time went"), fontsize=11)
+    ax.set_title(plot_title(report, "Where each device's time went"), fontsize=11)
     ax.set_ylabel("seconds of its run")
     ax.grid(True, axis="y", alpha=0.3)
     xs = list(range(len(devices)))
@@ -109,10 +116,10 @@ def plot_devices(report: Mapping[str, Any], json_path: str | Path) -> Path | Non
             ax.text(x, top, f"{100 * busy / top:.0f} % compute", ha="center", va="bottom", fontsize=7.5)
     ax.set_xticks(xs, [_label(d) for d in devices], fontsize=8)
     ax.set_ylim(0, max(bottoms) * 1.12 if max(bottoms) > 0 else 1.0)
-    _legend_below(ax, handles, labels, ncol=3)
+    legend_below(ax, handles, labels, ncol=3)
     if compared:
         _compare_panel(fig.add_subplot(grid[0, 1]), compared)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def _compare_panel(ax: Any, devices: list[_Device]) -> None:
@@ -131,4 +138,4 @@ def _compare_panel(ax: Any, devices: list[_Device]) -> None:
     ax.set_ylabel("ms")
     ax.set_xticks(xs, [d.name for d in devices], fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    _legend_below(ax, [predicted, measured], ["predicted", "measured (in the pipeline)"], ncol=2)
+    legend_below(ax, [predicted, measured], ["predicted", "measured (in the pipeline)"], ncol=2)

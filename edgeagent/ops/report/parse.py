@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _num(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
     """A finite number, or None (bools, strings, NaN and missing values are not numbers here)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -21,7 +21,7 @@ def _num(value: Any) -> float | None:
 
 
 def _int(value: Any) -> int | None:
-    x = _num(value)
+    x = finite(value)
     return int(x) if x is not None and x == int(x) else None
 
 
@@ -31,7 +31,7 @@ def _list(report: Mapping[str, Any], key: str) -> list[Any]:
 
 
 def _numbers(report: Mapping[str, Any], key: str) -> list[float | None]:
-    return [_num(v) for v in _list(report, key)]
+    return [finite(v) for v in _list(report, key)]
 
 
 def _strings(value: Any) -> list[str] | None:
@@ -93,10 +93,10 @@ def _timeline(report: Mapping[str, Any]) -> list[_Step]:
     for entry in _list(report, "timeline"):
         if not isinstance(entry, Mapping):
             continue
-        batch, t = _int(entry.get("batch")), _num(entry.get("t"))
+        batch, t = _int(entry.get("batch")), finite(entry.get("t"))
         if batch is None or t is None:
             continue
-        steps.append(_Step(batch, t, _num(entry.get("loss"))))
+        steps.append(_Step(batch, t, finite(entry.get("loss"))))
     steps.sort(key=lambda s: s.t)  # already in order; a stable sort keeps equal times as written
     return steps
 
@@ -122,9 +122,9 @@ def _recoveries(report: Mapping[str, Any]) -> list[_Recovery]:
             _Recovery(
                 case=str(case) if case is not None else "?",
                 batch=_int(rec.get("resumed_from")) if central else _int(rec.get("batch")),
-                last_progress=_num(rec.get("last_progress_at")),
-                detected=_num(rec.get("detected_at")),
-                resumed=_num(rec.get("resumed_at")),
+                last_progress=finite(rec.get("last_progress_at")),
+                detected=finite(rec.get("detected_at")),
+                resumed=finite(rec.get("resumed_at")),
                 rolled_back_to=_int(rec.get("rolled_back_to")),
                 replayed=_int(rec.get("batches_replayed")),
                 lost=lost,

@@ -4,7 +4,10 @@
 ``report-throughput.png`` (samples/s over training time), ``report-partition.png`` (layers per stage
 against batch id), ``report-devices.png`` (each device's compute, communication and idle seconds, when the
 report has its devices) and, only when the run had recoveries, ``report-faults.png`` (seconds per batch
-around each fault). A plot with nothing to show carries a note saying so.
+around each fault). A plot with nothing to show carries a note saying so. A mode may draw one plot of its
+own from its section of the report (split-federated runs' ``report-splitfed.png``, allreduce runs'
+``report-allreduce.png``): its registry entry names it (:func:`mode_plot`), and it draws with
+:mod:`.style`.
 
 Drawing goes through matplotlib's object API and its Agg canvas (no pyplot, no display, no global state);
 matplotlib is imported only when a plot is drawn.
@@ -12,12 +15,13 @@ matplotlib is imported only when a plot is drawn.
 
 from __future__ import annotations
 
+import importlib
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgeagent.ops.report.allreduce_plot import plot_allreduce  # allreduce runs' Figs. 14-17
+from edgeagent.mode_names import MODES
 from edgeagent.ops.report.derived import (
     _bar_segments,
     _batch_size,
@@ -30,7 +34,6 @@ from edgeagent.ops.report.derived import (
 from edgeagent.ops.report.devices_plot import plot_devices  # every device's compute / communication / idle
 from edgeagent.ops.report.parse import (
     _int,
-    _num,
     _numbers,
     _recoveries,
     _Recovery,
@@ -38,8 +41,8 @@ from edgeagent.ops.report.parse import (
     _splits,
     _Step,
     _timeline,
+    finite,
 )
-from edgeagent.ops.report.splitfed_plot import plot_splitfed  # split-federated runs' Fig. 6
 from edgeagent.ops.report.style import (
     ACCURACY_COLOR,
     DEVICE_COLORS,
@@ -47,11 +50,11 @@ from edgeagent.ops.report.style import (
     PARTITION_COLOR,
     RECOVERY_COLOR,
     RESUME_COLOR,
-    _figure,
-    _legend_below,
-    _note,
-    _save,
-    _title,
+    empty_note,
+    legend_below,
+    new_figure,
+    plot_title,
+    save_png,
 )
 
 if TYPE_CHECKING:
@@ -121,9 +124,9 @@ def _plot_loss(
     splits: Sequence[_Split],
     path: Path,
 ) -> Path:
-    fig = _figure(9.0, 5.0)
+    fig = new_figure(9.0, 5.0)
     ax = fig.add_subplot()
-    ax.set_title(_title(report, "Training loss and test accuracy"), fontsize=11)
+    ax.set_title(plot_title(report, "Training loss and test accuracy"), fontsize=11)
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel("loss (cross-entropy)")
     ax.grid(True, alpha=0.3)
@@ -174,9 +177,9 @@ def _plot_loss(
     handles += event_handles
     labels += event_labels
     if not points and not acc_marks:
-        _note(ax, "no batches recorded: the run stopped before its first batch finished")
-    _legend_below(ax, handles, labels)
-    return _save(fig, path)
+        empty_note(ax, "no batches recorded: the run stopped before its first batch finished")
+    legend_below(ax, handles, labels)
+    return save_png(fig, path)
 
 
 def _plot_throughput(
@@ -186,9 +189,9 @@ def _plot_throughput(
     splits: Sequence[_Split],
     path: Path,
 ) -> Path:
-    fig = _figure(9.0, 4.6)
+    fig = new_figure(9.0, 4.6)
     ax = fig.add_subplot()
-    ax.set_title(_title(report, "Training throughput"), fontsize=11)
+    ax.set_title(plot_title(report, "Training throughput"), fontsize=11)
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel("samples/s")
     ax.grid(True, alpha=0.3)
@@ -204,7 +207,7 @@ def _plot_throughput(
             )
         handles.append(line)
         labels.append(f"samples/s over the last {THROUGHPUT_WINDOW} batches ({size} samples each)")
-        mean = _num(report.get("samples_per_second"))
+        mean = finite(report.get("samples_per_second"))
         if mean is None and steps and steps[-1].t > 0:
             mean = size * len(steps) / steps[-1].t
         if mean:
@@ -214,10 +217,10 @@ def _plot_throughput(
         peak = max(max(ys) for _, ys in series)
         ax.set_ylim(bottom=0, top=peak * 1.1 if peak > 0 else 1.0)
     else:
-        _note(ax, "no batches recorded: the run stopped before its first batch finished")
+        empty_note(ax, "no batches recorded: the run stopped before its first batch finished")
     event_handles, event_labels = _mark_events(ax, recoveries, splits)
-    _legend_below(ax, handles + event_handles, labels + event_labels, ncol=3)
-    return _save(fig, path)
+    legend_below(ax, handles + event_handles, labels + event_labels, ncol=3)
+    return save_png(fig, path)
 
 
 def _device_colors(splits: Sequence[_Split]) -> dict[str, str]:
@@ -315,15 +318,15 @@ def _plot_partition(
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
-    fig = _figure(9.0, 4.8)
+    fig = new_figure(9.0, 4.8)
     ax = fig.add_subplot()
-    ax.set_title(_title(report, "Layers per pipeline stage"), fontsize=11)
+    ax.set_title(plot_title(report, "Layers per pipeline stage"), fontsize=11)
     ax.set_xlabel("batch id")
     ax.set_ylabel("layers (stacked in pipeline order)")
     if not splits:
-        _note(ax, "no partition recorded")
+        empty_note(ax, "no partition recorded")
         ax.set_yticks([])
-        return _save(fig, path)
+        return save_png(fig, path)
 
     batches = _int(report.get("batches")) or 0
     end = max([batches, *(s.batch + 1 for s in steps), *(s.batch + 1 for s in splits)])
@@ -338,12 +341,12 @@ def _plot_partition(
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if not all(s.named for s in splits):
         ax.set_title(
-            _title(report, "Layers per pipeline stage")
+            plot_title(report, "Layers per pipeline stage")
             + "\n(worker names unknown for some splits: shown as stage numbers)",
             fontsize=11,
         )
-    _legend_below(ax, handles + mark_handles, labels + mark_labels, ncol=5)
-    return _save(fig, path)
+    legend_below(ax, handles + mark_handles, labels + mark_labels, ncol=5)
+    return save_png(fig, path)
 
 
 def _recovery_title(n: int, r: _Recovery) -> str:
@@ -372,7 +375,7 @@ def _fault_panel(ax: Axes, side: Axes, r: _Recovery, per_batch: Mapping[int, tup
 
     side.axis("off")
     if r.batch is None:
-        _note(ax, "no batch recorded for this recovery")
+        empty_note(ax, "no batch recorded for this recovery")
         return
     lo = r.batch - FAULT_SPAN
     if r.rolled_back_to is not None:
@@ -382,7 +385,7 @@ def _fault_panel(ax: Axes, side: Axes, r: _Recovery, per_batch: Mapping[int, tup
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ids = [b for b in range(lo, hi + 1) if b in per_batch]
     if not ids:
-        _note(ax, "no batch timings around this fault in the timeline")
+        empty_note(ax, "no batch timings around this fault in the timeline")
         return
     replay_lo = r.rolled_back_to if r.rolled_back_to is not None else r.batch
     kinds = {
@@ -456,7 +459,7 @@ def _plot_faults(
     report: Mapping[str, Any], steps: Sequence[_Step], recoveries: Sequence[_Recovery], path: Path
 ) -> Path:
     shown = recoveries[:MAX_FAULT_PANELS]
-    fig = _figure(10.0, 0.4 + 3.6 * len(shown))
+    fig = new_figure(10.0, 0.4 + 3.6 * len(shown))
     grid = fig.add_gridspec(len(shown), 2, width_ratios=[6, 1])
     per_batch = _per_batch(steps)
     for n, r in enumerate(shown):
@@ -470,7 +473,7 @@ def _plot_faults(
         fig.text(
             0.5, 0.0, f"{len(recoveries) - len(shown)} later recoveries not shown", ha="center", fontsize=8
         )
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 # -- entry points ---------------------------------------------------------------------------------------
@@ -507,10 +510,23 @@ def write_plots(report: Mapping[str, Any], json_path: str | Path) -> list[Path]:
     devices = plot_devices(report, json_path)
     if devices is not None:
         written.append(devices)
-    splitfed = plot_splitfed(report, json_path)
-    if splitfed is not None:
-        written.append(splitfed)
-    allreduce = plot_allreduce(report, json_path)
-    if allreduce is not None:
-        written.append(allreduce)
+    own = mode_plot(report.get("mode"))
+    drawn = own(report, json_path) if own is not None else None
+    if drawn is not None:
+        written.append(drawn)
     return written
+
+
+ModePlot = Callable[[Mapping[str, Any], "str | Path"], "Path | None"]
+
+
+def mode_plot(mode: object) -> ModePlot | None:
+    """The plot of a mode's own section of the report (``"module:function"`` in its registry entry,
+    :data:`edgeagent.mode_names.MODES`, imported when first drawn), or None: the mode has none, or the
+    report names no mode this side knows."""
+    entry = MODES.get(mode) if isinstance(mode, str) else None
+    if entry is None or entry.plot is None:
+        return None
+    module, name = entry.plot.split(":")
+    plot: ModePlot = getattr(importlib.import_module(module), name)
+    return plot

@@ -1,9 +1,10 @@
 """The look every plot of a run report shares: its colours, its figure and canvas, its notes and legends.
 
 :mod:`.plots` (the pipeline's loss, throughput, partition and fault plots) and each mode's own plot
-(:mod:`.splitfed_plot`, :mod:`.allreduce_plot`) draw with these, so a fault is the same red and a device the
-same colour in every PNG of a run. Drawing goes through matplotlib's object API and its Agg canvas (no
-pyplot, no display, no global state); matplotlib is imported only when a figure is made.
+(:mod:`edgeagent.modes.splitfed.plot`, :mod:`edgeagent.modes.allreduce.plot`) draw with these, so a fault
+is the same red and a device the same colour in every PNG of a run. Drawing goes through matplotlib's
+object API and its Agg canvas (no pyplot, no display, no global state); matplotlib is imported only when
+a figure is made.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ ACCURACY_COLOR = "#ff7f0e"
 DEVICE_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]
 
 
-def _figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -39,28 +40,28 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_png(fig: Figure, path: Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=DPI, bbox_inches="tight", pad_inches=0.15, format="png")
     write_atomic(path, buffer.getvalue(), what="plot")  # whole or not at all, as the report
     return path
 
 
-def _note(ax: Axes, text: str) -> None:
+def empty_note(ax: Axes, text: str) -> None:
     """An empty panel saying why it is empty."""
     ax.set_xticks([])
     ax.set_yticks([])
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="#555555")
 
 
-def _title(report: Mapping[str, Any], what: str) -> str:
+def plot_title(report: Mapping[str, Any], what: str) -> str:
     model, dataset = report.get("model"), report.get("dataset")
     if isinstance(model, str) and isinstance(dataset, str) and model and dataset:
         return f"{what}: {model} on {dataset}"
     return what
 
 
-def _legend_below(ax: Axes, handles: list[Any], labels: list[str], ncol: int = 3) -> None:
+def legend_below(ax: Axes, handles: list[Any], labels: list[str], ncol: int = 3) -> None:
     if handles:
         ax.legend(
             handles,

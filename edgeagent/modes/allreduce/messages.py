@@ -1,5 +1,9 @@
 """Data-parallel training's messages (``--mode allreduce``): the collectives' messages on the links and the
-central node's steps (see docs/protocol.md)."""
+central node's steps (see docs/protocol.md).
+
+Torch is the only heavy import here (as in :mod:`edgeagent.protocol.messages`): the wire codec loads this
+module by its name in the registry (:data:`edgeagent.mode_names.MODES`) to decode these kinds, without
+the mode's central or worker half."""
 
 from __future__ import annotations
 
@@ -9,7 +13,17 @@ import torch
 
 from edgeagent.compression.base import Compressed
 from edgeagent.errors import ProtocolError
-from edgeagent.protocol.messages import Message, MessageKind
+from edgeagent.protocol.messages import Kind, Message
+
+
+class AllreduceKind(Kind):
+    """The kinds of data-parallel training's messages (their wire names, unchanged since they were part
+    of :class:`~edgeagent.protocol.messages.MessageKind`)."""
+
+    ALLREDUCE = "allreduce"
+    ALLREDUCE_STEP = "allreduce_step"
+    ALLREDUCE_DONE = "allreduce_done"
+
 
 MAX_ALLREDUCE_MEMBERS = 4096
 """Ranks at most in one allreduce step (checked on decode: a contributor list cannot be made huge)."""
@@ -31,7 +45,7 @@ class AllreduceMsg(Message):
     timestamps option, RFC 7323), what adaptive timeouts are made of.
     """
 
-    KIND = MessageKind.ALLREDUCE
+    KIND = AllreduceKind.ALLREDUCE
     run_id: str
     step: int
     attempt: int
@@ -73,7 +87,7 @@ class AllreduceStep(Message):
     weights with its ``AllreduceDone`` (the central node evaluates and saves them).
     """
 
-    KIND = MessageKind.ALLREDUCE_STEP
+    KIND = AllreduceKind.ALLREDUCE_STEP
     run_id: str
     step: int
     attempt: int
@@ -96,7 +110,7 @@ class AllreduceDone(Message):
     weights after the update (all replicas must agree), ``contributors`` the ranks whose gradients the
     averaged one holds, ``collective_seconds`` the allreduce's time here (start to result)."""
 
-    KIND = MessageKind.ALLREDUCE_DONE
+    KIND = AllreduceKind.ALLREDUCE_DONE
     run_id: str
     device_id: str
     step: int
@@ -115,3 +129,16 @@ class AllreduceDone(Message):
     def __post_init__(self) -> None:
         if len(self.contributors) > MAX_ALLREDUCE_MEMBERS:
             raise ProtocolError(f"allreduce done names {len(self.contributors)} contributors")
+
+
+# What the wire codec decodes for this mode (the registry names this module).
+MESSAGES: tuple[type[Message], ...] = (AllreduceMsg, AllreduceStep, AllreduceDone)
+
+__all__ = [
+    "MAX_ALLREDUCE_MEMBERS",
+    "MESSAGES",
+    "AllreduceDone",
+    "AllreduceKind",
+    "AllreduceMsg",
+    "AllreduceStep",
+]

@@ -1,5 +1,9 @@
 """Split-federated training's messages (PiPar, papers/003; ``--mode split-federated``): the server's
-rounds and gradients, the devices' activations, updates and profiles (see docs/protocol.md)."""
+rounds and gradients, the devices' activations, updates and profiles (see docs/protocol.md).
+
+Torch is the only heavy import here (as in :mod:`edgeagent.protocol.messages`): the wire codec loads this
+module by its name in the registry (:data:`edgeagent.mode_names.MODES`) to decode these kinds, without
+the mode's central or worker half."""
 
 from __future__ import annotations
 
@@ -10,7 +14,18 @@ import torch
 
 from edgeagent.compression.base import Compressed
 from edgeagent.errors import ProtocolError
-from edgeagent.protocol.messages import Message, MessageKind
+from edgeagent.protocol.messages import Kind, Message
+
+
+class SplitFedKind(Kind):
+    """The kinds of split-federated training's messages (their wire names, unchanged since they were
+    part of :class:`~edgeagent.protocol.messages.MessageKind`)."""
+
+    SPLIT_ROUND = "split_round"
+    SPLIT_ACTIVATION = "split_activation"
+    SPLIT_GRADIENT = "split_gradient"
+    SPLIT_UPDATE = "split_update"
+    SPLIT_PROFILE = "split_profile"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +35,7 @@ class SplitRound(Message):
     ``batch_size // parallel`` rows per iteration. ``split`` equal to the model's depth is FL: the whole
     model on the device, nothing sent until the upload."""
 
-    KIND = MessageKind.SPLIT_ROUND
+    KIND = SplitFedKind.SPLIT_ROUND
     run_id: str
     epoch: int
     split: int
@@ -60,7 +75,7 @@ class SplitActivation(Message):
     """Device -> server (``device/<id>/split-act``): the output of layer ``split - 1`` for mini-batch
     ``micro`` of iteration ``iteration``, with its labels. Never the raw inputs: ``split >= 1``."""
 
-    KIND = MessageKind.SPLIT_ACTIVATION
+    KIND = SplitFedKind.SPLIT_ACTIVATION
     run_id: str
     epoch: int
     iteration: int
@@ -74,7 +89,7 @@ class SplitGradient(Message):
     """Server -> device (``device/<id>/split-grad``): the gradient of the loss w.r.t. that activation,
     already scaled by ``1 / parallel`` (the device sums a whole iteration's and updates once)."""
 
-    KIND = MessageKind.SPLIT_GRADIENT
+    KIND = SplitFedKind.SPLIT_GRADIENT
     run_id: str
     epoch: int
     iteration: int
@@ -89,7 +104,7 @@ class SplitUpdate(Message):
     """Device -> server (its ``reply`` topic) at the end of its epoch: its layers ``[0, split)`` after
     training on ``samples`` rows of its own data (FedAvg's weight, eq. 3), and what the epoch cost it."""
 
-    KIND = MessageKind.SPLIT_UPDATE
+    KIND = SplitFedKind.SPLIT_UPDATE
     run_id: str
     epoch: int
     device_id: str
@@ -111,7 +126,7 @@ class SplitProfile(Message):
     training iterations of the whole model at the run's batch size: every layer's forward and backward
     seconds (its emulated slowdown included), and its links as emulated here (0: not emulated)."""
 
-    KIND = MessageKind.SPLIT_PROFILE
+    KIND = SplitFedKind.SPLIT_PROFILE
     run_id: str
     device_id: str
     fwd: list[float]
@@ -132,3 +147,18 @@ class SplitProfile(Message):
                 f"split profile of {self.device_id}: {len(self.fwd)} forward and "
                 f"{len(self.bwd)} backward times, all >= 0, at least one layer"
             )
+
+
+# What the wire codec decodes for this mode (the registry names this module).
+MESSAGES: tuple[type[Message], ...] = (SplitRound, SplitActivation, SplitGradient, SplitUpdate, SplitProfile)
+
+__all__ = [
+    "MESSAGES",
+    "SplitActivation",
+    "SplitFedKind",
+    "SplitGradient",
+    "SplitProfile",
+    "SplitRound",
+    "SplitUpdate",
+    "scheduled_parallel",
+]

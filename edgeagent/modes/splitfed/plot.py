@@ -2,7 +2,9 @@
 
 One group of bars per epoch: the server and every device, each bar its compute seconds with its idle
 seconds stacked on top, labelled with the device's (P, N); a device left out of an epoch's FedAvg is
-marked. Drawn in the style of :mod:`.style` (matplotlib's object API, Agg, imported only when drawing).
+marked. Drawn in the style of :mod:`edgeagent.ops.report.style` (matplotlib's object API, Agg, imported
+only when drawing); the registry entry names this plot, :mod:`edgeagent.ops.report.plots` draws it for a
+split-federated report.
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgeagent.ops.report.parse import _num
+from edgeagent.ops.report.parse import finite
 from edgeagent.ops.report.style import (
     DEVICE_COLORS,
     RECOVERY_COLOR,
-    _figure,
-    _legend_below,
-    _note,
-    _save,
-    _title,
+    empty_note,
+    legend_below,
+    new_figure,
+    plot_title,
+    save_png,
 )
 
 IDLE_COLOR = "#c7c7c7"
@@ -35,14 +37,14 @@ def _bars(epoch: Mapping[str, Any]) -> list[tuple[str, float, float, str]]:
     """(name, compute s, idle s, label) for the server and each device of one epoch."""
     devices = epoch.get("devices") if isinstance(epoch.get("devices"), Mapping) else {}
     assert isinstance(devices, Mapping)
-    seconds = _num(epoch.get("seconds")) or 0.0
-    server_idle = _num(epoch.get("server_idle_seconds")) or 0.0
-    server_compute = sum(_num(d.get("server_compute_seconds")) or 0.0 for d in devices.values())
+    seconds = finite(epoch.get("seconds")) or 0.0
+    server_idle = finite(epoch.get("server_idle_seconds")) or 0.0
+    server_compute = sum(finite(d.get("server_compute_seconds")) or 0.0 for d in devices.values())
     bars = [("server", server_compute, min(server_idle, max(0.0, seconds - server_compute)), "")]
     for name, d in sorted(devices.items()):
         label = f"({d.get('split')},{d.get('parallel')})"
         bars.append(
-            (str(name), _num(d.get("compute_seconds")) or 0.0, _num(d.get("idle_seconds")) or 0.0, label)
+            (str(name), finite(d.get("compute_seconds")) or 0.0, finite(d.get("idle_seconds")) or 0.0, label)
         )
     return bars
 
@@ -53,12 +55,12 @@ def plot_splitfed(report: Mapping[str, Any], json_path: str | Path) -> Path | No
     if report.get("mode") != "split-federated" or not isinstance(section, Mapping):
         return None
     epochs = [e for e in section.get("epochs", []) if isinstance(e, Mapping)]
-    fig = _figure(9.0, 4.8)
+    fig = new_figure(9.0, 4.8)
     ax = fig.add_subplot()
     path = splitfed_path(json_path)
     if not epochs:
-        _note(ax, "no epoch finished")
-        return _save(fig, path)
+        empty_note(ax, "no epoch finished")
+        return save_png(fig, path)
     names = sorted({name for e in epochs for name, *_ in _bars(e)} - {"server"})
     order = ["server", *names]
     colors = {n: DEVICE_COLORS[i % len(DEVICE_COLORS)] for i, n in enumerate(order)}
@@ -80,13 +82,13 @@ def plot_splitfed(report: Mapping[str, Any], json_path: str | Path) -> Path | No
                 ax.text(pos, 0, "×", ha="center", va="bottom", fontsize=12, color=RECOVERY_COLOR)
     ax.set_xticks(range(len(epochs)), [f"epoch {e.get('epoch', i)}" for i, e in enumerate(epochs)])
     ax.set_ylabel("seconds (compute, then idle stacked)")
-    ax.set_title(_title(report, "Split-federated: compute and idle time per epoch, (P, N) per device"))
+    ax.set_title(plot_title(report, "Split-federated: compute and idle time per epoch, (P, N) per device"))
     from matplotlib.patches import Patch
 
     handles = [Patch(color=colors[n]) for n in order] + [Patch(color=IDLE_COLOR), Patch(color=RECOVERY_COLOR)]
     labels = [*order, "idle", "× left out of FedAvg"]
-    _legend_below(ax, handles, labels, ncol=6)
-    return _save(fig, path)
+    legend_below(ax, handles, labels, ncol=6)
+    return save_png(fig, path)
 
 
 __all__ = ["plot_splitfed", "splitfed_path"]
