@@ -28,6 +28,7 @@ from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.groups import Groups
 from edgeagent.pipeline.runner import STAGE_TIME_WINDOW, StageRunner
 from edgeagent.pipeline.stage import Stage
+from edgeagent.pipeline.step import StageStep
 from edgeagent.planner.deadlines import Deadlines
 from edgeagent.planner.dp import Link, TieBreak
 from edgeagent.planner.policy import RepartitionPolicy
@@ -193,6 +194,8 @@ class RunState:
         self.initial: dict[str, torch.Tensor] | None = None
         self.initial_momentum: dict[str, torch.Tensor] | None = None
         self.runner: StageRunner
+        # Stage 0's compute step and what it sends (pipeline/step.py: the one copy every stage uses).
+        self.stage_step = StageStep(self.send, self.topics, self.device_id, self.times)
 
     def begin(self, points: list[int]) -> None:
         """The second step of the construction, once ``device_times`` is set: the first split (``points``;

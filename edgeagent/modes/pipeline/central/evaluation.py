@@ -12,7 +12,6 @@ from edgeagent.modes.pipeline.central.context import Fault, RunState
 from edgeagent.modes.pipeline.central.liveness import Liveness
 from edgeagent.modes.pipeline.central.planning import Planning
 from edgeagent.pipeline.divergence import DIVERGED_EPOCHS, divergence, ends_run
-from edgeagent.runtime.compute import Clock, emulate_slowdown
 
 log = logging.getLogger("edgeagent.roles.central")
 
@@ -86,20 +85,15 @@ class Evaluation:
 
     def _send_eval_chunk(self, eid: int, x: torch.Tensor, y: torch.Tensor) -> None:
         state = self.state
-        started = Clock()
-        out = state.stage.evaluate(x)
-        emulate_slowdown(started, state.config.slowdown, state.times)
-        activation = state.runner.activation(
-            out,
+        state.stage_step.evaluate(
+            state.runner,
+            eid,
+            x,
             y,
             run_id=state.run_id,
             plan_id=state.plan_id,
-            batch_id=eid,
-            version=0,
-            mode="eval",
-            epoch=0,
+            slowdown=state.config.slowdown,
         )
-        state.codecs.message_sent(state.send(state.topics.activations(0, state.device_id), activation))
 
     def _check_divergence(self, epoch: int, mean_loss: float) -> None:
         """End the run (``divergence: stop``, the default) or say so (``warn``) when the epoch's training

@@ -4,7 +4,6 @@ recovery when a fault is returned (faults are values: every step returns one or 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -28,7 +27,7 @@ from edgeagent.pipeline.rows import split_rows
 from edgeagent.pipeline.schedule import admit
 from edgeagent.protocol.messages import Gradient
 from edgeagent.roles.central.report import RunReport
-from edgeagent.runtime.compute import Clock, emulate_slowdown
+from edgeagent.runtime.compute import Clock
 
 log = logging.getLogger("edgeagent.roles.central")
 
@@ -250,35 +249,33 @@ class Trainer:
             return None
         return self.liveness.wait_for_messages(next_batch=item)
 
-    def _micro_rows(self, bid: int, j: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """Micro-batch ``j`` of batch ``bid``: its inputs, labels and rows ``[lo, hi)`` of the batch."""
+    def _micro_rows(self, bid: int, j: int) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
+        """Micro-batch ``j`` of batch ``bid``: its inputs, labels, rows ``[lo, hi)`` and the batch's rows."""
         x, y = self._batch(bid)
-        lo, hi = split_rows(int(y.shape[0]), [1.0] * self.state.options.micro_batches)[j]
-        return x[lo:hi], y[lo:hi], lo, hi
+        total = int(y.shape[0])
+        lo, hi = split_rows(total, [1.0] * self.state.options.micro_batches)[j]
+        return x[lo:hi], y[lo:hi], lo, hi, total
 
     def _forward_micro(self, loop: Loop) -> None:
         state = self.state
         bid, j = loop.committed + 1, loop.micro_f
         item = bid * state.options.micro_batches + j
         started = Clock()
-        x, y, lo, hi = self._micro_rows(bid, j)
-        out, version = state.stage.forward(item, x)
-        state.runner.add_compute(emulate_slowdown(started, state.config.slowdown, state.times))
-        if not state.stage.is_last:
-            activation = state.runner.activation(
-                out,
-                y,
-                run_id=state.run_id,
-                plan_id=state.plan_id,
-                batch_id=item,
-                version=version,
-                mode="train",
-                epoch=bid // state.per_epoch,
-            )
-            activation = dataclasses.replace(
-                activation, rows=[lo, hi], total=int(self._batch(bid)[1].shape[0])
-            )
-            state.codecs.message_sent(state.send(state.topics.activations(0, state.device_id), activation))
+        x, y, lo, hi, total = self._micro_rows(bid, j)
+        state.stage_step.forward(
+            state.runner,
+            item,
+            x,
+            y,
+            run_id=state.run_id,
+            plan_id=state.plan_id,
+            slowdown=state.config.slowdown,
+            epoch=bid // state.per_epoch,
+            rows=[lo, hi],
+            total=total,
+            loss_here=False,
+            started=started,
+        )
         if j == 0:
             state.sent_at[bid] = time.monotonic()
         loop.micro_f += 1
@@ -291,19 +288,20 @@ class Trainer:
         bid, j = loop.committed + 1, loop.micro_b
         item = bid * micro + j
         started = Clock()
+        step, slowdown = state.stage_step, state.config.slowdown
         if state.stage.is_last:
-            _, y, _, _ = self._micro_rows(bid, j)
-            result = state.stage.backward(item, labels=y, total=int(self._batch(bid)[1].shape[0]))
+            _, y, _, _, total = self._micro_rows(bid, j)
+            result = step.backward(
+                state.runner, item, slowdown=slowdown, labels=y, total=total, started=started
+            )
             loss, correct = result.loss, result.correct
             if not math.isfinite(loss):
                 raise DivergedError(loss_not_finite(bid, loss, state.train.learning_rate))
         else:
             assert grad is not None
-            state.stage.backward(item, grad_output=grad.tensor)
+            step.backward(state.runner, item, slowdown=slowdown, grad_output=grad.tensor, started=started)
             loss, correct = grad.loss, grad.correct
             state.stage_times = list(grad.stage_times)
-        state.runner.add_compute(emulate_slowdown(started, state.config.slowdown, state.times))
-        state.runner.gradient_arrived(item)
         loop.micro_b += 1
         loop.micro_loss += loss
         loop.micro_correct += correct
@@ -406,22 +404,22 @@ class Trainer:
         state = self.state
         started = Clock()
         x, y = self._batch(loop.next_f)
-        out, version = state.stage.forward(loop.next_f, x)
         # Forward of this batch; its backward comes after other batches' forwards: the window pairs each
-        # backward with the latest forward, which averages the same.
-        state.runner.step_seconds = emulate_slowdown(started, state.config.slowdown, state.times)
+        # backward with the latest forward, which averages the same (the step adds to a fresh count).
+        state.runner.step_seconds = 0.0
+        state.stage_step.forward(
+            state.runner,
+            loop.next_f,
+            x,
+            y,
+            run_id=state.run_id,
+            plan_id=state.plan_id,
+            slowdown=state.config.slowdown,
+            epoch=loop.next_f // state.per_epoch,
+            loss_here=False,
+            started=started,
+        )
         if not state.stage.is_last:
-            activation = state.runner.activation(
-                out,
-                y,
-                run_id=state.run_id,
-                plan_id=state.plan_id,
-                batch_id=loop.next_f,
-                version=version,
-                mode="train",
-                epoch=loop.next_f // state.per_epoch,
-            )
-            state.codecs.message_sent(state.send(state.topics.activations(0, state.device_id), activation))
             state.sent_at[loop.next_f] = time.monotonic()
         loop.next_f += 1
 
@@ -430,22 +428,21 @@ class Trainer:
         state = self.state
         bid = loop.committed + 1
         started = Clock()
+        step, slowdown = state.stage_step, state.config.slowdown
         if state.stage.is_last:
             _, y = self._batch(bid)
-            result = state.stage.backward(bid, labels=y)
+            result = step.backward(state.runner, bid, slowdown=slowdown, labels=y, started=started)
             loss, correct = result.loss, result.correct
             if not math.isfinite(loss):
                 raise DivergedError(loss_not_finite(bid, loss, state.train.learning_rate))
         else:
             assert grad is not None
-            state.stage.backward(bid, grad_output=grad.tensor)
+            step.backward(state.runner, bid, slowdown=slowdown, grad_output=grad.tensor, started=started)
             loss, correct = grad.loss, grad.correct
             state.stage_times = list(grad.stage_times)
             state.stage_history.append(tuple(grad.stage_times))
             self.liveness.refresh_deadline()
-        state.runner.add_compute(emulate_slowdown(started, state.config.slowdown, state.times))
         state.runner.batch_done()
-        state.runner.gradient_arrived(bid)
         self._commit(loop, bid, loss, correct)
 
     def _commit(self, loop: Loop, bid: int, loss: float, correct: int) -> None:
