@@ -4,8 +4,13 @@ The runtime (:mod:`edgeagent.runtime`) owns the I/O: the transport, the inbox an
 per message type, :meth:`~edgeagent.runtime.role.Role.wait_until`, status, heartbeats, liveness and
 metrics. A mode owns what differs between ways of training, in two halves:
 
-* on the central node, :meth:`TrainingMode.run` drives one run from the discovered devices to its
-  :class:`~edgeagent.roles.central.RunReport` (planning, the training loop, recovery, evaluation);
+* on the central node, :meth:`TrainingMode.start` builds one run over the discovered devices, a
+  :class:`CentralRun`; the node drives it (Flower's shape: the node owns the loop around the mode): it
+  attaches the run's handlers and metrics, calls its ``execute`` (the mode's own training loop: planning,
+  recovery, evaluation) for the :class:`~edgeagent.roles.central.RunReport`, saves its model, and owns
+  stop, suspend (SIGTERM: the run's newest checkpoint) and the report's devices; what the
+  split-federated and allreduce runs do around their loops is one
+  :class:`~edgeagent.roles.central.lifecycle.RunLifecycle`;
 * on a worker, :meth:`TrainingMode.worker_session` turns the run's ``Assign`` into a
   :class:`WorkerSession`: the handlers of the mode's data plane, and a ``step`` the worker's loop calls
   whenever the inbox is empty.
@@ -29,12 +34,12 @@ if TYPE_CHECKING:
     from edgeagent.protocol.messages import Assign, Message
     from edgeagent.runtime.role import Inbound
 
-# The nodes a mode runs on and what its run returns, as type parameters: the interface names no node, so
-# the nodes may import it without a circle (the central node ``Central``, the worker ``Worker``, the
-# report ``RunReport``, all of edgeagent.roles, bind them: ``TrainingMode[Central, Worker, RunReport]``).
+# The nodes a mode runs on and the run it builds, as type parameters: the interface names no node, so the
+# nodes may import it without a circle (the central node ``Central``, the worker ``Worker``, both of
+# edgeagent.roles, and the mode's run bind them: ``TrainingMode[Central, Worker, PipelineRun]``).
 CentralNode = TypeVar("CentralNode", contravariant=True)
 WorkerNode = TypeVar("WorkerNode", contravariant=True)
-Report = TypeVar("Report", covariant=True)
+Run = TypeVar("Run", covariant=True)
 
 
 class WorkerSession(Protocol):
@@ -69,8 +74,8 @@ class WorkerSession(Protocol):
 
 
 class CentralRun(Protocol):
-    """What the central node needs of a mode's run while it lasts: the handlers of its messages, its
-    metrics, the devices it uses (told to stop at the end) and the trained model."""
+    """What the central node needs of a mode's run: the handlers of its messages, its metrics, the devices
+    it uses (told to stop at the end), its training loop and the trained model."""
 
     @property
     def worker_list(self) -> list[str]:
@@ -83,8 +88,16 @@ class CentralRun(Protocol):
 
     def collect_weights(self) -> dict[str, Any]: ...
 
+    def execute(self) -> Any:
+        """Train over the run's devices to the end: the mode's own loop (its report is returned)."""
+        ...
 
-class TrainingMode(Protocol[CentralNode, WorkerNode, Report]):
+    def save_model(self, path: str) -> bool:
+        """``--save-model``: the trained model, gathered from the devices, written to ``path``."""
+        ...
+
+
+class TrainingMode(Protocol[CentralNode, WorkerNode, Run]):
     """A way to train over the runtime; ``name`` is what ``--mode`` and ``Assign.mode`` say."""
 
     name: ClassVar[str]
@@ -94,9 +107,10 @@ class TrainingMode(Protocol[CentralNode, WorkerNode, Report]):
         (a model too shallow for the devices, say)."""
         ...
 
-    def run(self, central: CentralNode, data: Dataset, spec: ModelSpec, devices: list[str]) -> Report:
-        """Drive one run on the central node over the discovered ``devices`` (the central node first);
-        :meth:`Central.attach` gives the node the run's handlers and metrics."""
+    def start(self, central: CentralNode, data: Dataset, spec: ModelSpec, devices: list[str]) -> Run:
+        """Build one run on the central node over the discovered ``devices`` (the central node first). The
+        node drives it: attaches it (its handlers, its metrics), executes it, saves its model, and owns
+        what happens around it (stop, suspend, the report's devices)."""
         ...
 
     def worker_session(self, worker: WorkerNode, assign: Assign) -> WorkerSession | None:

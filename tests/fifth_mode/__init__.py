@@ -58,7 +58,7 @@ class FifthMode:
     def check(self, spec: ModelSpec, workers: int) -> None:
         pass
 
-    def run(self, central: Any, data: Any, spec: ModelSpec, devices: list[str]) -> Any:
+    def start(self, central: Any, data: Any, spec: ModelSpec, devices: list[str]) -> Any:
         raise NotImplementedError("the fifth mode has no central half: it exists for a unit test")
 
     def worker_session(self, worker: Worker, assign: Assign) -> FifthSession:

@@ -327,7 +327,10 @@ def _killed_and_rerun(
     finally:
         first.stop()
     run_id = ckpt.run_id
-    assert (state / "checkpoints" / cluster / run_id / "v00000040.ckpt").is_file()
+    # On disk: the announced checkpoint, or newer ones (the run may pass more replication points, every 20
+    # batches, before the signal lands on a loaded machine, and keeps only the newest three).
+    on_disk = sorted(int(f.stem[1:]) for f in (state / "checkpoints" / cluster / run_id).glob("v*.ckpt"))
+    assert on_disk and on_disk[-1] >= ckpt.details["version"] >= 40, on_disk
     if sig == signal.SIGKILL:
         assert code == -signal.SIGKILL
     else:
@@ -355,8 +358,8 @@ def test_the_units_command_sigkilled_mid_epoch_resumes_its_run(
     try:
         assert report["run_id"] == run_id
         (resumed,) = [r for r in report["recoveries"] if r.get("case") == "central"]
-        # The newest checkpoint before the kill: version 40, or 60 if that one came before the signal.
-        assert resumed["resumed_from"] in (40, 60)
+        # The newest checkpoint before the kill (40, or a later replication point if the signal came later).
+        assert resumed["resumed_from"] >= 40 and resumed["resumed_from"] % 20 == 0
         assert report["timeline"][0]["batch"] == resumed["resumed_from"]  # nothing before it is redone
         (announced,) = wire.events("run-resumed")
         assert announced.run_id == run_id and announced.details["version"] == resumed["resumed_from"]

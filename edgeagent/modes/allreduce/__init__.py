@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
+    from edgeagent.modes.allreduce.central import AllreduceRun
     from edgeagent.protocol.messages import Assign
-    from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.central import Central
     from edgeagent.roles.mode import WorkerSession
     from edgeagent.roles.worker import Worker
 
@@ -33,13 +34,12 @@ class AllreduceMode:
         if workers < 1:
             raise PlanningError("--mode allreduce trains on the workers: start at least one (--workers)")
 
-    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+    def start(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> AllreduceRun:
         from edgeagent.modes.allreduce.central import AllreduceRun
         from edgeagent.modes.allreduce.codec import gradient_bits
-        from edgeagent.roles.central.lifecycle import run_to_end
 
         gradient_bits(central.config.compression)  # a ConfigError before any device is assigned
-        return run_to_end(central, AllreduceRun(central, data, spec, devices))
+        return AllreduceRun(central, data, spec, devices)
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
         from edgeagent.modes.allreduce.worker import AllreduceSession

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from edgeagent.models import ModelSpec
     from edgeagent.modes.pipeline.central.run import PipelineRun
     from edgeagent.protocol.messages import Assign
-    from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.central import Central
     from edgeagent.roles.mode import WorkerSession
     from edgeagent.roles.worker import Worker
 
@@ -45,13 +45,8 @@ class PipelineMode:
 
         return PipelineRun
 
-    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
-        run = self._run_class()(central, central.config, data, spec, devices, resume=central.resume)
-        central.attach(run)
-        report = run.execute()
-        if central.config.save_model:
-            run.save_model(central.config.save_model)
-        return report
+    def start(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> PipelineRun:
+        return self._run_class()(central, central.config, data, spec, devices, resume=central.resume)
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
         from edgeagent.modes.pipeline.worker.session import PipelineSession

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from edgeagent.config import CentralConfig
     from edgeagent.data import Dataset
     from edgeagent.models import ModelSpec
+    from edgeagent.modes.splitfed.central import SplitFedRun
     from edgeagent.protocol.messages import Assign
-    from edgeagent.roles.central import Central, RunReport
+    from edgeagent.roles.central import Central
     from edgeagent.roles.mode import WorkerSession
     from edgeagent.roles.worker import Worker
 
@@ -53,11 +54,10 @@ class SplitFedMode:
                 "(--workers, and each worker's --dataset)"
             )
 
-    def run(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> RunReport:
+    def start(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> SplitFedRun:
         from edgeagent.modes.splitfed.central import SplitFedRun
-        from edgeagent.roles.central.lifecycle import run_to_end
 
-        return run_to_end(central, SplitFedRun(central, data, spec, devices))
+        return SplitFedRun(central, data, spec, devices)
 
     def worker_session(self, worker: Worker, assign: Assign) -> WorkerSession | None:
         from edgeagent.modes.splitfed.worker import SplitFedSession

@@ -13,9 +13,9 @@
 * **events** on ``run/events`` (kept for the report), **progress**, the **report**'s common fields, and
   **saving the model** (``--save-model``).
 
-A mode's run holds one :class:`RunLifecycle`; :func:`run_to_end` drives the run from its devices to its
-report. The end of a run (its ``stop``, the final figures, the node's status) is the node's
-(:meth:`Central._finish`), whatever the mode.
+A mode's run holds one :class:`RunLifecycle`; the node drives the run (``Central._drive``: attach,
+execute, save the model) and owns its end (its ``stop``, the final figures, the node's status:
+``Central._finish``), whatever the mode.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from edgeagent.errors import TrainingError
 from edgeagent.planner.deadlines import silence
@@ -32,7 +32,6 @@ from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family
 from edgeagent.roles.central.checkpoint_file import resume_of, save_model
 from edgeagent.roles.central.report import RunReport
-from edgeagent.roles.mode import CentralRun
 from edgeagent.runtime.intake import Inbound
 
 if TYPE_CHECKING:
@@ -43,24 +42,6 @@ log = logging.getLogger("edgeagent.roles.central")
 
 # The report's history of a run, by epoch: a checkpoint carries it, a resumed run goes on with it.
 HISTORY = ("test_accuracy_per_epoch", "test_loss_per_epoch", "train_loss_per_epoch")
-
-
-class LifecycleRun(CentralRun, Protocol):
-    """What :func:`run_to_end` needs of a mode's run: the node's interface (:class:`CentralRun`: handlers,
-    metrics, weights), the training itself, and the trained model saved."""
-
-    def execute(self) -> RunReport: ...
-
-    def save_model(self, path: str) -> bool: ...
-
-
-def run_to_end(central: Central, run: LifecycleRun) -> RunReport:
-    """The run takes the node's messages and trains to its report; ``--save-model``: then its model."""
-    central.attach(run)
-    report = run.execute()
-    if central.config.save_model:
-        run.save_model(central.config.save_model)
-    return report
 
 
 class RunLifecycle:
@@ -220,4 +201,4 @@ class RunLifecycle:
         return save_model(path, weights, "the global model", spec=self.spec, run_id=run_id, train=self.train)
 
 
-__all__ = ["HISTORY", "LifecycleRun", "RunLifecycle", "run_to_end"]
+__all__ = ["HISTORY", "RunLifecycle"]

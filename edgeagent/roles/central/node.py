@@ -191,7 +191,7 @@ class Central(Role):
             chosen = self.roster.discover(self.config.workers, spec)
             self.config = take_learning_rate(self.config, len(chosen) + 1)
             devices = [self.device_id, *chosen]
-            report = self.mode.run(self, data, spec, devices)
+            report = self._drive(self.mode.start(self, data, spec, devices))
             report.wall_seconds = time.perf_counter() - started
             outcome = "finished"
             return report
@@ -249,6 +249,15 @@ class Central(Role):
         """Write the run's checkpoint of ``version`` (:meth:`RunKeeper.save`: a disk that refuses it is one
         error line and the run trains on)."""
         return self.keeper.save(version, state, what)
+
+    def _drive(self, run: CentralRun) -> RunReport:
+        """The mode's run takes the node's messages and trains to its report; ``--save-model``: then its
+        model. What comes after (stop, the final figures, the node's status) is :meth:`_finish`'s."""
+        self.attach(run)
+        report: RunReport = run.execute()
+        if self.config.save_model:
+            run.save_model(self.config.save_model)
+        return report
 
     def attach(self, run: CentralRun) -> None:
         """The mode's run starts: its handlers take over the messages, its metrics are published."""
