@@ -1,4 +1,4 @@
-"""The allreduce mode's link codec (edgeagent/modes/allreduce/codec.py): the reduce direction is
+"""The allreduce mode's link codec (edgeagent.allreduce.codec.py): the reduce direction is
 compressed with the stochastic k-bit codec and decodes within one quantization step; the broadcast and
 every other kind travel untouched; what a run does not send is refused."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edgeagent.allreduce.codec import LinkCodec, gradient_bits
 from edgeagent.compression.base import Compressed, CompressionError
 from edgeagent.errors import ConfigError
-from edgeagent.modes.allreduce.codec import LinkCodec, gradient_bits
 
 
 @pytest.mark.parametrize("bits", [8, 4])

@@ -35,8 +35,8 @@ class AllreduceMode:
             raise PlanningError("--mode allreduce trains on the workers: start at least one (--workers)")
 
     def start(self, central: Central, data: Dataset, spec: ModelSpec, devices: list[str]) -> AllreduceRun:
+        from edgeagent.allreduce.codec import gradient_bits
         from edgeagent.modes.allreduce.central import AllreduceRun
-        from edgeagent.modes.allreduce.codec import gradient_bits
 
         gradient_bits(central.config.compression)  # a ConfigError before any device is assigned
         return AllreduceRun(central, data, spec, devices)

@@ -148,7 +148,7 @@ class AllreduceRun:
             "timeout": c.allreduce_timeout,
             "timeout_floor": c.allreduce_timeout_floor,
             "fail_links": list(c.fail_links),
-            "compression": c.compression,  # the reduce direction's gradients (worker/allreduce_codec.py)
+            "compression": c.compression,  # the reduce direction's gradients (allreduce/codec.py)
         }
 
     def _assign(self, device: str) -> None:

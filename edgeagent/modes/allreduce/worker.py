@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from edgeagent.allreduce.base import Collective, CollectiveMsg, Send
+from edgeagent.allreduce.codec import LinkCodec, gradient_bits
 from edgeagent.allreduce.links import AdaptiveTimeouts, FailedLinks, FixedTimeouts
 from edgeagent.allreduce.replica import Replica
 from edgeagent.allreduce.shards import batch, shard, steps_per_epoch
@@ -34,7 +35,6 @@ from edgeagent.compression.base import CompressionError
 from edgeagent.data import load_dataset
 from edgeagent.errors import EdgeAgentError
 from edgeagent.models import ModelSpec
-from edgeagent.modes.allreduce.codec import LinkCodec, gradient_bits
 from edgeagent.modes.allreduce.messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.protocol.messages import Assign, Message, Ready
 from edgeagent.protocol.topics import Family
@@ -362,7 +362,7 @@ class AllreduceSession:
             origin=-1 if m.origin is None else m.origin,
             target=-1 if m.target is None else m.target,
             contributors=list(m.contributors),
-            data=self.codec.encode(m.kind, m.data),  # the reduce direction only (allreduce_codec)
+            data=self.codec.encode(m.kind, m.data),  # the reduce direction only (allreduce/codec.py)
             ts=now,
             echo=echo,
             echo_delay=echo_delay,

@@ -1,7 +1,7 @@
 """Compression of the allreduce mode's link messages (``--mode allreduce --compression 8|4``): AccEPT's
 stochastic k-bit gradient codec (papers/004 Sec. 3.3-3.4, :mod:`edgeagent.compression.stochastic`)
-applied by the driver, so the pure collectives (:mod:`edgeagent.allreduce`) never see it: a message's data
-is encoded just before it is published and decoded as soon as it arrives.
+applied by the mode's driver (the allreduce mode's worker session), so the collectives never see it: a
+message's data is encoded just before it is published and decoded as soon as it arrives.
 
 Only the reduce direction is compressed: ``data_reduce`` (a subtree's sum in the trees, a reduce-scatter
 chunk in the ring) and ``data_reduce_request`` (a sum sent to a backup node for it to relay; the relay
