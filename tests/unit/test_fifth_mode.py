@@ -1,12 +1,13 @@
 """A fifth training mode takes one registry line and a package of its own (issue 51): registered at run time
 with one :class:`~edgeagent.mode_names.ModeEntry` (``tests/fifth_mode/``, no file of edgeagent edited), the
 configuration accepts it, ``--mode`` offers it, :func:`edgeagent.modes.mode` returns it, the wire codec
-carries its message, and a worker routes an ``Assign`` naming it to its worker session. In-memory broker,
-no process."""
+carries its message, a worker routes an ``Assign`` naming it to its worker session, and the central node
+drives its run (attach, execute, save the model). In-memory broker, no process."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,6 +22,7 @@ from edgeagent.modes import mode
 from edgeagent.protocol.messages import Message
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import MESSAGE_TYPES, decode, encode
+from edgeagent.roles.central import Central
 from edgeagent.roles.worker import Worker
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 from tests.helpers import make_assign
@@ -99,6 +101,23 @@ def test_a_worker_routes_an_assign_of_the_fifth_mode_to_its_session(fifth: str) 
     assert isinstance(session, FifthSession) and session.run_id == "run"
     send(Hello(run_id="run", text="hi"))  # the session's handler, installed by the node
     assert [h.text for h in session.hellos] == ["hi"]
+
+
+def test_the_central_node_drives_the_fifth_modes_run(fifth: str, tmp_path: Path) -> None:
+    """No worker: the node discovers none, hands the mode its devices, attaches, executes and saves the run,
+    and the report is the run's."""
+    from tests.fifth_mode import FifthRun
+
+    broker = MemoryBroker()
+    config = CentralConfig(
+        cluster="fifth", mode=fifth, workers=0, progress=False, save_model=str(tmp_path / "model.pt")
+    )
+    central = Central(config, transport=MemoryTransport(broker, "central"), modes=mode)
+    report = central.run()
+    run = central.active
+    assert isinstance(run, FifthRun) and run.worker_list == [central.device_id]
+    assert report.run_id == central.run_id and report.workers == []
+    assert run.saved == [str(tmp_path / "model.pt")]
 
 
 def test_the_fifth_mode_is_gone_with_its_registry_line(fifth: str, monkeypatch: pytest.MonkeyPatch) -> None:
