@@ -242,24 +242,6 @@ class HybridPlanning(Planning):
         return list(dict.fromkeys([*live, *self.state.joiners]))
 
 
-class HybridSetup(Setup):
-    """Every device of every stage builds its stage, helpers of a replicated stage too."""
-
-    def build_workers(self) -> None:
-        """Every device of every stage builds its stage (helpers too)."""
-        state = self.state
-        for device in state.groups.devices[1:]:
-            self.assign(
-                device,
-                weights=state.initial,
-                momentum=state.initial_momentum,
-                committed=state.start_version - 1,
-            )
-        state.store.snapshot(state.stage)
-        self.subscribe_stage()
-        self.wait_ready(state.plan_id, "built", set(state.groups.devices[1:]))
-
-
 class HybridHandlers(Handlers):
     """Pieces: the gradients of stage 1's devices and the evaluation results of the last stage's,
     each of some of a batch's rows, put together into whole ones."""
@@ -537,7 +519,6 @@ __all__ = [
     "HybridHandlers",
     "HybridLiveness",
     "HybridPlanning",
-    "HybridSetup",
     "HybridSwitching",
     "HybridTrainer",
 ]

@@ -19,7 +19,7 @@ recovery       probe, recovery case, survivors' split, rollback (Sec. III-F)
 trainer        the training loop: stage 0 under 1F1B, re-splits, evaluation, recovery (Sec. III-C)
 =============  ===========================================================================================
 
-The hybrid mode (a stage held by several devices) is the same run with six parts swapped for their
+The hybrid mode (a stage held by several devices) is the same run with five parts swapped for their
 hybrid variants (:mod:`.hybrid`) and one more, the measured feedback on re-splits
 (:mod:`.hybrid_feedback`): :class:`HybridRun` only chooses other parts.
 """
@@ -38,7 +38,6 @@ from edgeagent.modes.pipeline.central.hybrid import (
     HybridHandlers,
     HybridLiveness,
     HybridPlanning,
-    HybridSetup,
     HybridSwitching,
     HybridTrainer,
 )
@@ -147,7 +146,7 @@ class HybridRun(PipelineRun):
 
     def _build_parts(self, state: RunState) -> None:
         self.feedback = Feedback(state)
-        self.setup = setup = HybridSetup(state)
+        self.setup = setup = Setup(state)
         self.estimation = estimation = Estimation(state)
         self.planning = planning = HybridPlanning(state, self.feedback, estimation)
         self.liveness = liveness = HybridLiveness(state, self.feedback, setup, estimation, planning)

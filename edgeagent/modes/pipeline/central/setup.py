@@ -95,9 +95,11 @@ class Setup:
         )
 
     def build_workers(self) -> None:
-        """Every worker builds its stage; the central node keeps a replica of stage 0 at the start."""
+        """Every device of every stage builds its stage (a replicated stage's helpers too: the pipeline's
+        groups are one device each); the central node keeps a replica of stage 0 at the start."""
         state = self.state
-        for device in state.worker_list[1:]:
+        devices = state.groups.devices[1:]
+        for device in devices:
             self.assign(
                 device,
                 weights=state.initial,
@@ -108,7 +110,7 @@ class Setup:
         # (the workers send theirs before "built"; see the worker's session).
         state.store.snapshot(state.stage)
         self.subscribe_stage()
-        self.wait_ready(state.plan_id, "built", set(state.worker_list[1:]))
+        self.wait_ready(state.plan_id, "built", set(devices))
 
     def stage_topics(self) -> list[str]:
         state = self.state
