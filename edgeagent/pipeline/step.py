@@ -113,7 +113,7 @@ class StageStep:
         ``batch`` is the batch the fault hooks count (``batch_id`` unless it is a micro-batch's item);
         ``started``, the step's start when the caller's part counts too (loading the batch).
         """
-        clock = Clock() if started is None else started
+        clock = Clock(slowdown) if started is None else started
         stage = runner.stage
         out, used = stage.forward(batch_id, x, version)
         mark = batch_id if batch is None else batch
@@ -160,7 +160,7 @@ class StageStep:
         as :meth:`forward` takes it."""
         runner.gradient_arrived(batch_id)
         self.faults.fault_at_backward(batch_id if batch is None else batch)
-        clock = Clock() if started is None else started
+        clock = Clock(slowdown) if started is None else started
         return self._backward(runner, clock, slowdown, batch_id, grad_output, labels, total, defer)
 
     def _backward(
@@ -228,7 +228,7 @@ class StageStep:
         last stage), after the fault hook ``--die-at-eval``. Evaluation time is not a training step's:
         it goes to the account only."""
         self.faults.fault_at_evaluation(batch_id)
-        started = Clock()
+        started = Clock(slowdown)
         out = runner.stage.evaluate(x)
         emulate_slowdown(started, slowdown, self.account)
         if runner.is_last:

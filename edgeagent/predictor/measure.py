@@ -133,7 +133,7 @@ def time_range(
     total, count = 0.0, 0
     began = time.perf_counter()
     while count < reps or time.perf_counter() - began < min_seconds:
-        started = Clock()
+        started = Clock(slowdown)
         _step(model, start, end)
         total += emulated_duration(started, slowdown)
         count += 1

@@ -355,7 +355,7 @@ class SplitFedSession:
         if r.next_micro == 0:
             r.iteration_began = time.monotonic()
         rows = self._rows(r, r.next_micro)
-        started = Clock()
+        started = Clock(self.worker.slowdown)
         out = r.model(self.x[rows])
         r.compute += emulate_slowdown(started, self.worker.slowdown, self.worker.times)
         r.outputs[r.next_micro] = out
@@ -377,7 +377,7 @@ class SplitFedSession:
             self.worker.fault_at_backward(self.iterations)
         micro = min(r.arrived, key=lambda m: r.arrived[m][0])
         _, g = r.arrived.pop(micro)
-        started = Clock()
+        started = Clock(self.worker.slowdown)
         r.outputs.pop(micro).backward(g)
         r.applied += 1
         if r.applied == r.parallel:
@@ -391,7 +391,7 @@ class SplitFedSession:
         self.worker.fault_at_backward(self.iterations)
         r.iteration_began = time.monotonic()
         rows = r.batches[r.iteration][: r.micro_rows * r.parallel]
-        started = Clock()
+        started = Clock(self.worker.slowdown)
         out = r.model(self.x[rows])
         loss = nn.functional.cross_entropy(out, self.y[rows])
         loss.backward()

@@ -260,7 +260,7 @@ class Trainer:
         state = self.state
         bid, j = loop.committed + 1, loop.micro_f
         item = bid * state.options.micro_batches + j
-        started = Clock()
+        started = Clock(state.config.slowdown)
         x, y, lo, hi, total = self._micro_rows(bid, j)
         state.stage_step.forward(
             state.runner,
@@ -287,7 +287,7 @@ class Trainer:
         micro = state.options.micro_batches
         bid, j = loop.committed + 1, loop.micro_b
         item = bid * micro + j
-        started = Clock()
+        started = Clock(state.config.slowdown)
         step, slowdown = state.stage_step, state.config.slowdown
         if state.stage.is_last:
             _, y, _, _, total = self._micro_rows(bid, j)
@@ -402,7 +402,7 @@ class Trainer:
 
     def _forward(self, loop: Loop) -> None:
         state = self.state
-        started = Clock()
+        started = Clock(state.config.slowdown)
         x, y = self._batch(loop.next_f)
         # Forward of this batch; its backward comes after other batches' forwards: the window pairs each
         # backward with the latest forward, which averages the same (the step adds to a fresh count).
@@ -427,7 +427,7 @@ class Trainer:
         """Backward of the oldest batch in flight; then its bookkeeping (replication, re-split, epoch)."""
         state = self.state
         bid = loop.committed + 1
-        started = Clock()
+        started = Clock(state.config.slowdown)
         step, slowdown = state.stage_step, state.config.slowdown
         if state.stage.is_last:
             _, y = self._batch(bid)
