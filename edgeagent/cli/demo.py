@@ -44,7 +44,7 @@ from edgeagent.ops.logs import console
 from edgeagent.roles.central import Central, ProgressHook, RunReport
 from edgeagent.roles.central.node import load_run
 
-KEPT_ENV = ("EDGEAGENT_AUDIT_DIR", "EDGEAGENT_WORKER_LOG_LEVEL")
+KEPT_ENV = ("EDGEAGENT_AUDIT_DIR", "EDGEAGENT_WORKER_LOG_LEVEL", "EDGEAGENT_HOP_TRACE")
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from edgeagent.pipeline.runner import GradientPiece, StageRunner
 from edgeagent.pipeline.stage import BackwardResult
 from edgeagent.protocol.messages import Message
 from edgeagent.protocol.topics import Topics
+from edgeagent.runtime import hoptrace
 from edgeagent.runtime.compute import Clock, TimeAccount, emulate_slowdown
 
 Send = Callable[[str, Message], int]  # publish ``message`` on ``topic``; the payload's size in bytes
@@ -124,6 +125,7 @@ class StageStep:
             self.faults.fault_at_backward(mark)
             return self._backward(runner, clock, slowdown, batch_id, None, y, total, defer)
         runner.add_compute(emulate_slowdown(clock, slowdown, self.account))
+        hoptrace.compute("forward", runner.index, batch_id, clock.wall)
         activation = runner.activation(
             self.faults.poisoned("activation", mark, out),
             y,
@@ -177,6 +179,7 @@ class StageStep:
         result = runner.stage.backward(batch_id, grad_output, labels, total=total, defer=defer)
         if math.isfinite(result.loss):
             runner.add_compute(emulate_slowdown(clock, slowdown, self.account))
+        hoptrace.compute("backward", runner.index, batch_id, clock.wall)
         return result
 
     def send_gradient(

@@ -31,6 +31,7 @@ from edgeagent.protocol.limits import (
 from edgeagent.protocol.messages import Message
 from edgeagent.protocol.topics import TopicInfo, Topics
 from edgeagent.protocol.wire import decode
+from edgeagent.runtime import hoptrace
 from edgeagent.runtime.compute import TimeAccount
 
 log = logging.getLogger("edgeagent.runtime.role")
@@ -76,10 +77,13 @@ class Intake:
 
     def on_payload(self, topic: str, payload: bytes) -> None:
         """The subscriptions' callback (network thread): check, then queue for the role's thread."""
+        arrived = hoptrace.now()
         accepted = self.accept(topic, payload, queued=True)
         if accepted is None:
             return
         info, sender, message = accepted
+        hoptrace.mark("arrive", topic, message, arrived)
+        hoptrace.mark("decoded", topic, message)
         self.owner.on_arrival(sender, message)
         verdict = self.gate.enqueue(topic, len(payload), self.owner.clock())
         if not verdict.accepted:

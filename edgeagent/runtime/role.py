@@ -15,6 +15,7 @@ from edgeagent.protocol.limits import InboxLimits
 from edgeagent.protocol.messages import Message, Status, StatusState
 from edgeagent.protocol.topics import Family, Topics
 from edgeagent.protocol.wire import encode
+from edgeagent.runtime import hoptrace
 from edgeagent.runtime.compute import TimeAccount
 from edgeagent.runtime.intake import Inbound, Intake
 from edgeagent.runtime.pulse import Pulse
@@ -114,6 +115,7 @@ class Role:
         if problem is not None:
             self.intake.refuse(item, problem)
             return
+        hoptrace.mark("taken", item.wire_topic, item.message)
         for cls in type(item.message).__mro__:
             handler = self._handlers.get(cls)
             if handler is not None:
@@ -169,8 +171,11 @@ class Role:
     def send(self, topic: str, message: Message, *, retain: bool = False, qos: int = 1) -> int:
         """Encode and publish ``message``; returns the payload's size in bytes."""
         started = time.perf_counter()
+        hoptrace.mark("encode", topic, message)
         payload = encode(message, sender=self.device_id)
+        hoptrace.mark("publish", topic, message)
         self.transport.publish(topic, payload, qos=qos, retain=retain)
+        hoptrace.mark("sent", topic, message)
         self.times.communication += time.perf_counter() - started
         self.times.sent_bytes += len(payload)
         return len(payload)
