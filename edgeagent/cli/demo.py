@@ -25,9 +25,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from edgeagent.broker import BrokerTls, EmbeddedBroker
+from edgeagent.broker import BrokerTls
 from edgeagent.broker.certs import init_site
 from edgeagent.broker.credentials import CredentialStore
+from edgeagent.broker.process import BrokerProcess
 from edgeagent.config import CentralConfig, model_path
 from edgeagent.errors import ConfigError
 from edgeagent.modes import mode
@@ -449,7 +450,8 @@ def run_demo(
             tls = BrokerTls(
                 str(site.broker.cert), str(site.broker.key), str(site.ca.cert), require_client_cert=True
             )
-        embedded = None if broker else EmbeddedBroker(credentials=credentials, tls=tls).start()
+        # The broker in its own process: as a thread here it would share the GIL with stage 0.
+        embedded = None if broker else BrokerProcess(credentials=credentials, tls=tls).start()
         if embedded is not None:
             stack.callback(embedded.stop)
         url = broker or (embedded.url if embedded else "")

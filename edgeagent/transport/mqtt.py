@@ -157,6 +157,54 @@ class _QuickAckClient(mqtt.Client):
     """
 
     quickack = True
+    direct_write = False  # write PUBLISH packets from the publishing thread (plain TCP only; see below)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._write_lock = threading.Lock()
+
+    def _packet_write(self) -> mqtt.MQTTErrorCode:
+        # One writer at a time: the network thread, or a publishing thread (direct_write).
+        with self._write_lock:
+            return super()._packet_write()
+
+    def _packet_queue(
+        self,
+        command: int,
+        packet: bytes | bytearray,
+        mid: int,
+        qos: int,
+        info: mqtt.MQTTMessageInfo | None = None,
+    ) -> mqtt.MQTTErrorCode:
+        """paho queues every packet for its network thread and wakes it: one thread hand-off (and a wait
+        for the GIL) per activation. With ``direct_write`` a PUBLISH from another thread is written at
+        once by that thread; what does not fit the socket's buffer is left to the network thread, woken
+        then. Not for TLS (an SSL connection must not be read and written from two threads at once)."""
+        if (
+            not self.direct_write
+            or command & 0xF0 != mqtt.PUBLISH
+            or self._thread is None
+            or threading.current_thread() is self._thread
+        ):
+            return super()._packet_queue(command, packet, mid, qos, info)
+        self._out_packet.append(
+            {
+                "command": command,
+                "mid": mid,
+                "qos": qos,
+                "pos": 0,
+                "to_process": len(packet),
+                "packet": packet,
+                "info": info,
+            }
+        )
+        rc = self._packet_write()
+        if rc != mqtt.MQTT_ERR_SUCCESS or self._out_packet:  # the rest (or the error) is the thread's
+            sock = self._sockpairW
+            if sock is not None:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    sock.send(b"0")
+        return mqtt.MQTT_ERR_SUCCESS
 
     def loop_read(self, max_packets: int = 1) -> mqtt.MQTTErrorCode:
         rc = super().loop_read(max_packets)
@@ -205,6 +253,7 @@ class MqttTransport(Transport):
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=True
         )
         client.quickack = quickack  # off only to show what a stock broker costs without it (tests, bench)
+        client.direct_write = not (self.url.tls or tls is not None)
         # Whether a broker's Nagle is hidden from us: the probes judge the Nagle signature only when not.
         self.quickack = quickack and TCP_QUICKACK is not None
         if self.url.username:

@@ -104,7 +104,6 @@ class Characteriser:
         log.info("%s", describe(self.device_id, spec.name, measured))
         return measured
 
-
     def _warn_on_unlearned_kind(self, spec: ModelSpec, key: str) -> None:
         """Once per model: warn when the shipped predictor never saw this device's CPU kind (an ARM Pi
         against the x86 data it ships with). Here, not on the central node: only the device knows its
