@@ -143,6 +143,9 @@ def _make_broker(config: dict[str, Any], tls: BrokerTls | None) -> Any:
 
 
 SHUTDOWN_GRACE_S = 5.0  # for amqtt's own shutdown; then the connections are closed under it
+# amqtt starting its listener (TLS context, logins): well under a second here, a Pi 10-50x slower, and a
+# loaded machine slower still; a broker that is not up by then says so.
+START_TIMEOUT_S = 60.0
 
 
 async def _shut_down(broker: Any, port: int) -> None:
@@ -233,7 +236,7 @@ class EmbeddedBroker:
     def url(self) -> str:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 15.0) -> EmbeddedBroker:
+    def start(self, timeout: float = START_TIMEOUT_S) -> EmbeddedBroker:
         config = broker_config(
             self.host,
             self.port,

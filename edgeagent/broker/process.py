@@ -28,7 +28,7 @@ from edgeagent.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 30.0  # interpreter and amqtt start-up: about 1 s here, a Pi 10-50x slower
+START_TIMEOUT_S = 90.0  # the interpreter, then amqtt (its own 60 s bound): about 1 s here, a Pi 10-50x slower
 
 
 class BrokerProcess:
