@@ -259,6 +259,11 @@ class CentralConfig(BrokerAccess):
     chain_every: int = Field(50, ge=0, description="batches between chain replications (0: off)")
     global_every: int = Field(100, ge=0, description="batches between global replications (0: off)")
     replicas: int = Field(1, ge=1, description="chain successors that hold a replica (ResPipe's z)")
+    # How replicas cross an emulated slow uplink (--link-mbps): in its idle time, at most this share of
+    # it (a newer replica replaces one still waiting); 0: as the paper, at once, ahead of activations.
+    replica_share: float = Field(
+        0.25, ge=0, le=1, description="share of a slow uplink replicas may take in its idle time (0: at once)"
+    )
     # The central node's checkpoints (edgeagent.roles.central.runs): a directory where every run writes
     # run-named files, <cluster>/<run id>/v<version>.ckpt, at every global replication point (split-
     # federated, allreduce: every epoch, step); "auto": "checkpoints" in the state directory ($STATE_DIRECTORY

@@ -175,6 +175,7 @@ _CENTRAL_KEYS = (
     "chain_every",
     "global_every",
     "replicas",
+    "replica_share",
     "timeout_multiplier",
     "batch_timeout",
     "probe_timeout",

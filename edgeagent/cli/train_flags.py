@@ -178,6 +178,12 @@ RECOVERY = (
     ),
     Flag(("--replicas",), "replicas", "Chain successors holding a replica.", kwargs={"type": int}),
     Flag(
+        ("--replica-share",),
+        "replica_share",
+        "Share of a slow uplink (--link-mbps) replicas may take, in its idle time (0: at once, as FTPipeHD).",
+        kwargs={"type": click.FloatRange(0, 1)},
+    ),
+    Flag(
         ("--timeout-multiplier",),
         "timeout_multiplier",
         "Deadlines (batch timer, evaluation, probe) = this x the predicted time of the work.",

@@ -238,6 +238,7 @@ class Assign(Message):
     chain_every: int = 50
     global_every: int = 100
     replicas: int = 1
+    replica_share: float = 0.0  # of an emulated slow uplink (CentralConfig.replica_share); 0: at once
     metrics_interval: float = 1.0  # seconds between metrics messages of every device of the run
     # One sample of every layer's output (batch dimension left out): a stage starting at layer j > 0
     # takes layer_shapes[j - 1]; activations that do not fit are dropped on receipt. Empty: unchecked.

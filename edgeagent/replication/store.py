@@ -35,6 +35,13 @@ def checksum(tensors: Tensors) -> str:
     return digest.hexdigest()
 
 
+def snapshots_kept(replica_share: float) -> int:
+    """Snapshots a store keeps per device: 3; 6 when replicas are paced (``replica_share`` > 0): a paced
+    replica may wait and give way to a newer one, so the versions others hold lag further behind, and a
+    recovery needs one version that every stage can serve (its own snapshot or a replica of it)."""
+    return 6 if replica_share > 0 else 3
+
+
 def layer_of(key: str) -> int:
     """``layers.<j>.<name>`` -> j."""
     return int(key.split(".")[1])

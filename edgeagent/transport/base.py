@@ -48,6 +48,16 @@ class Transport(ABC):
         """Block until connected or ``timeout`` seconds pass; return whether connected."""
         return self.connected
 
+    def publish_bulk(self, key: str, topic: str, payload: bytes, *, share: float) -> None:
+        """Send a large payload of low priority (a replica) that a newer one of the same ``key`` may
+        replace while it waits. A transport that emulates a slow uplink sends it in the link's idle
+        time within ``share`` of it (:class:`~edgeagent.transport.mqtt.MqttTransport`); this one at once."""
+        self.publish(topic, payload)
+
+    def cancel_bulk(self) -> int:
+        """Drop the bulk payloads not yet started; return how many."""
+        return 0
+
     def flush(self, timeout: float) -> bool:
         """Block until what was published so far has reached the broker (or ``timeout`` passes)."""
         return True

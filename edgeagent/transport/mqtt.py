@@ -88,7 +88,8 @@ class LinkThrottle:
     """Emulates a slow uplink: each frame occupies the link for ``bytes / rate`` seconds, one after another.
 
     The sender blocks until its frame has "left", as it would on a saturated real link; frames from
-    several threads queue behind each other.
+    several threads queue behind each other. Bulk frames (replicas, :meth:`wait_bulk`) are the low
+    priority lane: see :func:`bulk_slot`.
     """
 
     def __init__(self, megabits_per_second: float) -> None:
@@ -96,8 +97,10 @@ class LinkThrottle:
             raise ConfigError(f"link rate must be > 0 Mbit/s, got {megabits_per_second}")
         self.bytes_per_second = megabits_per_second * 1e6 / 8
         self._next_free = 0.0
+        self._bulk_next = 0.0  # when the bulk lane may start its next frame (its share of the link)
         self._lock = threading.Lock()
         self.sent_bytes = 0
+        self.bulk_bytes = 0
 
     def wait(self, nbytes: int) -> None:
         with self._lock:
@@ -108,6 +111,51 @@ class LinkThrottle:
             self.sent_bytes += nbytes
         if delay > 0:
             time.sleep(delay)
+
+    def wait_bulk(self, nbytes: int, share: float, grace: float = 1.0) -> None:
+        """Block until a bulk frame of ``nbytes`` has left, sent in the link's idle time and within
+        ``share`` of its bandwidth (:func:`bulk_slot`)."""
+        duration = nbytes / self.bytes_per_second
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                start = bulk_slot(now, self._next_free, self._bulk_next, duration, share, grace)
+                if start is not None:
+                    self._next_free = start + duration
+                    self._bulk_next = start + duration / share
+                    self.sent_bytes += nbytes
+                    self.bulk_bytes += nbytes
+                    left = self._next_free - now
+                else:  # look again when the lane's turn comes or the link frees, at least every 50 ms
+                    retry = min(max(self._bulk_next - now, self._next_free - now, 0.002), 0.05)
+            if start is not None:
+                time.sleep(left)
+                return
+            time.sleep(retry)
+
+
+def bulk_slot(
+    now: float, next_free: float, bulk_next: float, duration: float, share: float, grace: float
+) -> float | None:
+    """When a bulk frame of ``duration`` seconds may start on a link free from ``next_free`` on, or
+    None (not yet).
+
+    Rule: the bulk lane may start a frame only once its share allows (``bulk_next``: after a frame of
+    d seconds it rests d (1 - share) / share, so it takes at most ``share`` of the link), and then
+    only on an idle link (no activation or gradient frame holds or has reserved it: those reserve
+    ``next_free`` when they are sent). On a link that stays busy it still gets through: after
+    ``grace`` seconds past its turn it queues behind what is reserved, like any frame, so a replica
+    arrives in bounded time (about its size over ``share`` of the rate, plus a grace per frame).
+    """
+    if not 0 < share <= 1:
+        raise ConfigError(f"bulk share must be in (0, 1], got {share}")
+    if now < bulk_next:
+        return None
+    if next_free <= now:
+        return now
+    if now >= bulk_next + grace:
+        return next_free
+    return None
 
 
 @dataclass(frozen=True)
@@ -249,6 +297,11 @@ class MqttTransport(Transport):
         self.refused_subscriptions: set[str] = set()  # filters the broker refused (no right to read)
         self.close_timeout = 2.0
         self.throttle = LinkThrottle(link_mbps) if link_mbps > 0 else None
+        # The bulk lane (publish_bulk): the newest payload of every key waiting, sent by its own thread.
+        self._bulk: dict[str, tuple[str, bytes, float]] = {}
+        self._bulk_ready = threading.Condition()
+        self._bulk_thread: threading.Thread | None = None
+        self.bulk_superseded = 0  # bulk payloads replaced by a newer one of their key before they left
         client = _QuickAckClient(
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=True
         )
@@ -317,6 +370,54 @@ class MqttTransport(Transport):
             elif qos > 0:
                 self._last_sent = info
 
+    def publish_bulk(self, key: str, topic: str, payload: bytes, *, share: float) -> None:
+        """Queue ``payload`` on the bulk lane: without an emulated uplink (or with ``share`` 0) it is sent
+        at once, as :meth:`publish`; with one, a thread sends it in ``BULK_FRAME``-byte frames in the
+        link's idle time within ``share`` of its rate (:meth:`LinkThrottle.wait_bulk`), so activations
+        and gradients wait behind at most one such frame. A payload of ``key`` not yet started gives
+        way to a newer one (the newest replica is the one worth having)."""
+        if self.throttle is None or share <= 0:
+            self.publish(topic, payload)
+            return
+        if len(payload) > self.max_message:
+            raise ProtocolError(f"refusing to send {len(payload)} bytes to {topic}: limit {self.max_message}")
+        with self._bulk_ready:
+            if key in self._bulk:
+                self.bulk_superseded += 1
+                del self._bulk[key]  # the newest goes to the back of the queue
+            self._bulk[key] = (topic, payload, share)
+            if self._bulk_thread is None:
+                self._bulk_thread = threading.Thread(target=self._bulk_loop, name="bulk-lane", daemon=True)
+                self._bulk_thread.start()
+            self._bulk_ready.notify()
+
+    def cancel_bulk(self) -> int:
+        with self._bulk_ready:
+            dropped = len(self._bulk)
+            self._bulk.clear()
+        return dropped
+
+    BULK_FRAME = 8 * 1024  # 0.13 s at 0.5 Mbit/s: the longest an activation waits behind the bulk lane
+
+    def _bulk_loop(self) -> None:
+        while True:
+            with self._bulk_ready:
+                while not self._bulk and not self._closed:
+                    self._bulk_ready.wait(1.0)
+                if self._closed:
+                    return
+                key = next(iter(self._bulk))
+                topic, payload, share = self._bulk.pop(key)
+            for frame in split_payload(payload, min(self.chunk_size, self.BULK_FRAME)):
+                throttle = self.throttle
+                if self._closed:
+                    return
+                if throttle is not None:
+                    throttle.wait_bulk(len(frame), share)
+                info = self._client.publish(topic, frame, qos=1)
+                if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+                    log.warning("bulk publish to %s failed: %s", topic, mqtt.error_string(info.rc))
+
     def flush(self, timeout: float) -> bool:
         """Wait for the broker to acknowledge the last QoS 1 message (paho sends in order)."""
         last = self._last_sent
@@ -351,6 +452,8 @@ class MqttTransport(Transport):
         # wait a little for the broker to acknowledge the last QoS 1 message.
         self.flush(self.close_timeout)
         self._closed = True
+        with self._bulk_ready:
+            self._bulk_ready.notify_all()
         try:
             self._client.disconnect()
         finally:

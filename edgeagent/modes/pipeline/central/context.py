@@ -48,7 +48,7 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.topics import Family
-from edgeagent.replication.store import WeightStore
+from edgeagent.replication.store import WeightStore, snapshots_kept
 from edgeagent.replication.switch import Switch
 from edgeagent.roles.central.report import RunReport
 
@@ -131,7 +131,7 @@ class RunState:
         self.per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
         total = self.per_epoch * self.train.epochs
         self.total = min(total, self.train.max_batches) if self.train.max_batches else total
-        self.store = WeightStore(config.device_id)
+        self.store = WeightStore(config.device_id, keep=snapshots_kept(config.replica_share))
         self.checkpointed = -1  # the version of the last checkpoint written (Checkpoints._maybe_checkpoint)
         self.inbox = Inbox()
         self.status = 0  # Table I: 1 while recovering from a fault

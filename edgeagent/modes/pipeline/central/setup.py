@@ -83,6 +83,7 @@ class Setup:
                 chain_every=state.config.chain_every,
                 global_every=state.config.global_every,
                 replicas=state.config.replicas,
+                replica_share=state.config.replica_share,
                 metrics_interval=state.config.metrics_interval,
                 layer_shapes=[list(shape) for shape in profile.output_shapes],
                 layer_dtypes=list(profile.output_dtypes),
@@ -122,8 +123,10 @@ class Setup:
             state.topics.stage_filter(Family.GRADIENTS, 1),
             state.topics.stage_filter(Family.RESULTS, n - 1),
         ]
-        # The last ``replicas`` workers' chain replicas wrap around to the central node.
-        for device in state.worker_list[max(1, n - state.config.replicas) :]:
+        # The last ``replicas`` workers' chain replicas wrap around to the central node; paced replicas
+        # (replica_share) come from every worker on its replica topic, global ones included.
+        first = 1 if state.config.replica_share > 0 else max(1, n - state.config.replicas)
+        for device in state.worker_list[first:]:
             topics.append(state.topics.device(Family.REPLICA, device))
         return topics
 

@@ -81,7 +81,7 @@ class Repartitioning:
         assert isinstance(msg, Weights)
         if msg.run_id != run.run_id:
             return
-        if msg.purpose == "chain" and msg.plan_id == run.plan_id:
+        if msg.purpose in ("chain", "global") and msg.plan_id == run.plan_id:  # global: a paced replica
             self.session.replicas.store.add_replica(msg)
         elif msg.purpose == "redistribute" and run.switch is not None and run.switch.accept(msg):
             self._maybe_fetched()

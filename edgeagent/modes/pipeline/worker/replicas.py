@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from edgeagent.protocol.messages import FetchRequest, Weights
+from edgeagent.protocol.messages import FetchRequest, Weights, WeightsPurpose
 from edgeagent.protocol.topics import Family
-from edgeagent.replication.store import WeightStore, replica_message
+from edgeagent.protocol.wire import encode
+from edgeagent.replication.store import WeightStore, replica_message, snapshots_kept
 from edgeagent.replication.switch import serve_fetch
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class Replicas:
     def __init__(self, worker: Worker, run: Run) -> None:
         self.worker = worker
         self.run = run
-        self.store = WeightStore(worker.device_id)
+        self.store = WeightStore(worker.device_id, keep=snapshots_kept(run.replica_share))
         # Hybrid stages: only a stage's primary sends replicas; its helpers hold the same weights and keep
         # their own snapshots only (to serve a rollback if one of them becomes the primary).
         self.sends = True
@@ -45,8 +46,25 @@ class Replicas:
             return
         # Snapshot now, on the training thread (a consistent version); encode and send on the
         # scheduler's thread so that training goes on meanwhile.
+        if self.paced:
+            for topic, msg in self._messages(chain=chain, full=full, once=True):
+                worker.run_soon(self._send_paced, topic, msg)
+            return
         for topic, msg in self._messages(chain=chain, full=full):
             worker.run_soon(worker.send, topic, msg)
+
+    @property
+    def paced(self) -> bool:
+        """Whether replicas take the bulk lane of an emulated slow uplink (the run's ``replica_share``)."""
+        return self.run.replica_share > 0 and getattr(self.worker.transport, "throttle", None) is not None
+
+    def _send_paced(self, topic: str, msg: Weights) -> None:
+        """On the bulk lane (:meth:`~edgeagent.transport.base.Transport.publish_bulk`): in the uplink's
+        idle time, within the run's share of it; a newer replica for ``topic`` replaces one still waiting."""
+        worker = self.worker
+        payload = encode(msg, sender=worker.device_id)
+        worker.transport.publish_bulk(topic, topic, payload, share=self.run.replica_share)
+        worker.times.sent_bytes += len(payload)
 
     def replicate_now(self) -> None:
         """After a new split: snapshots of the old layout cannot restore this one, so start afresh with
@@ -54,15 +72,18 @@ class Replicas:
         (the global one shares the reply topic with "built", so the central node has it first)."""
         self.store.clear()
         run = self.run
+        self.worker.transport.cancel_bulk()  # replicas of the old layout still waiting are of no use now
         if not self.sends:
             self.store.snapshot(run.stage)
             return
         for topic, msg in self._messages(chain=run.chain_every > 0, full=run.global_every > 0):
             self.worker.send(topic, msg)
 
-    def _messages(self, *, chain: bool, full: bool) -> list[tuple[str, Weights]]:
+    def _messages(self, *, chain: bool, full: bool, once: bool = False) -> list[tuple[str, Weights]]:
         """A snapshot of the stage as its chain replica (to the next stages) and its global one (to the
-        central node), with the topic of each."""
+        central node), with the topic of each. ``once`` (paced replicas): the central node listens to
+        every worker's replica topic then, so one message there is both (purpose "global" at a global
+        point): the snapshot crosses the uplink once instead of twice."""
         run, worker = self.run, self.worker
         snap = self.store.snapshot(run.stage)
         # Fault injection (--send-nan replica@V): what is sent, never what is kept, carries NaN.
@@ -70,6 +91,10 @@ class Replicas:
         if any(sent[k] is not t for k, t in snap.weights.items()):
             snap = dataclasses.replace(snap, weights=sent)
         messages = []
+        if once:
+            purpose: WeightsPurpose = "global" if full else "chain"
+            msg = replica_message(run.run_id, worker.device_id, run.index, snap, purpose, run.plan_id)
+            return [(worker.topics.device(Family.REPLICA, worker.device_id), msg)]
         if chain:
             msg = replica_message(run.run_id, worker.device_id, run.index, snap, "chain", run.plan_id)
             messages.append((worker.topics.device(Family.REPLICA, worker.device_id), msg))

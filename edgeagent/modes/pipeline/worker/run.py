@@ -64,6 +64,7 @@ class Run:
     chain_every: int = 50
     global_every: int = 100
     replicas: int = 1
+    replica_share: float = 0.0  # Assign.replica_share
     batches_per_epoch: int = 0
     batch_size: int = 0  # of the latest training batch here
     run_bits: int = 32  # the central node's choice of activation bits for this stage (a profile may override)

@@ -118,6 +118,7 @@ class PipelineSession:
             chain_every=msg.chain_every,
             global_every=msg.global_every,
             replicas=msg.replicas,
+            replica_share=msg.replica_share,
             batches_per_epoch=msg.batches_per_epoch,
             in_flight=msg.in_flight,
             layer_shapes=msg.layer_shapes,
