@@ -110,7 +110,7 @@ def test_run_demo_and_cli_refuse_before_starting(monkeypatch: pytest.MonkeyPatch
     def no_broker(*_args: object, **_kw: object) -> None:
         raise AssertionError("the broker must not start when the limits cannot be set")
 
-    monkeypatch.setattr(demo_module, "EmbeddedBroker", no_broker)
+    monkeypatch.setattr(demo_module, "BrokerProcess", no_broker)
     with pytest.raises(ConfigError, match="--worker-cpu needs root"):
         config = CentralConfig(progress=False)
         run_demo(config, workers=2, slowdowns=[], broker=None, worker_cpu=[100.0, 30.0])
