@@ -8,51 +8,27 @@ reuses): edgeagent (central + 2 workers) through the embedded amqtt broker, a tu
 both started here on free ports with their own configuration files (the machine's Mosquitto is not
 touched). Each edgeagent run is paired with a torch run on its split. Medians of ``--repeats``; the last
 line is the stock/tuned ratio of edgeagent's samples/s, which is the figure for a stock broker.
+``bench/pipeline.py`` part 2 runs the same through every broker for both set-ups and both models; this
+script is the quick one: one set-up, the MLP.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.pipeline import PeerConfig, PeerJob, PeerPool, _free_port, edgeagent_run
+from bench._peer import PeerConfig, PeerJob, PeerPool
+from bench.pipeline import WORKLOADS, edgeagent_run
+from edgeagent.broker import free_port
+from edgeagent.broker.mosquitto import MosquittoProcess
 from edgeagent.ops.logs import setup_logging
-
-
-@contextlib.contextmanager
-def mosquitto(*, nodelay: bool) -> Iterator[str]:
-    """A private Mosquitto on a free port; its URL."""
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        conf = Path(tmp) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            f"max_queued_messages 10000\n{'set_tcp_nodelay true' if nodelay else ''}\n"
-        )
-        proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                with socket.socket() as s:
-                    if s.connect_ex(("127.0.0.1", port)) == 0:
-                        break
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"mosquitto did not listen on {port}")
-                time.sleep(0.05)
-            yield f"mqtt://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            proc.wait(10)
 
 
 def main() -> None:
@@ -74,21 +50,22 @@ def main() -> None:
         schedule="1f1b",
         microbatches=args.microbatches,
         batches=args.batches,
-        ports=[_free_port() for _ in range(max(1, n - 1))],
+        ports=[free_port() for _ in range(max(1, n - 1))],
         timeout=args.timeout,
     )
     edge: dict[str, list[float]] = {}
     peer: dict[str, list[float]] = {}
     started = time.perf_counter()
     with contextlib.ExitStack() as stack, PeerPool(config) as pool:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         brokers = {
             "embedded amqtt": None,
-            "Mosquitto, set_tcp_nodelay true": stack.enter_context(mosquitto(nodelay=True)),
-            "Mosquitto, stock (Nagle on)": stack.enter_context(mosquitto(nodelay=False)),
+            "Mosquitto, set_tcp_nodelay true": stack.enter_context(MosquittoProcess(tmp)).url,
+            "Mosquitto, stock (Nagle on)": stack.enter_context(MosquittoProcess(tmp, nodelay=False)).url,
         }
         for _ in range(args.repeats):
             for name, url in brokers.items():  # interleaved: the shared machine's load hits all alike
-                e = edgeagent_run(slowdowns, batches=args.batches, broker=url)
+                e = edgeagent_run(WORKLOADS["mlp"], slowdowns, batches=args.batches, broker=url)
                 edge.setdefault(name, []).append(e.samples_per_second)
                 peer.setdefault(name, []).append(pool.run(PeerJob(e.points, slowdowns)).samples_per_second)
     print(

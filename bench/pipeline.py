@@ -1,26 +1,47 @@
-"""Pipelining overlap, and edgeagent against the pipeline a user would pick instead.
+"""Pipelining overlap, edgeagent against the pipeline a user would pick instead, and where its time goes.
 
     python bench/pipeline.py [--slowdown 10] [--batches 90] [--in-flight K] [--broker URL]
-                             [--compare-batches 300] [--repeats 3] [--microbatches 3]
+                             [--models mlp,mobilenetv2] [--brokers embedded,tuned,stock]
+                             [--compare-batches N] [--repeats 3] [--microbatches 3]
                              [--schedule 1f1b|gpipe] [--baseline torch|sockets] [--timeout 120]
-                             [--skip-overlap] [--skip-compare] [--json FILE]
+                             [--hops] [--skip-overlap] [--skip-compare] [--json FILE]
 
 Part 1, overlap: samples/s of a 3-device pipeline with the in-flight bound at its default and at 1.
 Compute dominates through ``--slowdowns S,S,S`` (each device takes S times its CPU time, sleeping the
 difference, so three emulated devices do not fight over two cores). With three equal stages the
 ratio approaches 3: stage 0 keeps three batches in flight and every device is busy.
 
-Part 2, the peer: the same model (the default ``mlp``, six layers, seed 0), the same split (edgeagent
-with ``--partition uniform``; each torch run takes ``report.partitions[0]["points"]`` of the edgeagent
-run it is paired with, since the uniform split balances profiled layer times and can differ between
-runs), the same data
-(digits, the same batches in the same order), batch 32, SGD lr 0.05 momentum 0.5 weight decay 4e-5
-and one torch thread per process, trained by edgeagent (``run_demo``: embedded broker, central +
-2 workers) and by ``torch.distributed.pipelining`` (``Schedule1F1B``, or ``ScheduleGPipe``, over
-gloo on loopback, one process per stage), with equal stages and with the third stage 4x slower.
-Samples/s = samples trained / wall time of the training loop; process start-up, edgeagent's
-profiling and link probes, torch's first (shape-inferring, untimed) step and evaluation are left
-out. Each figure is the median of ``--repeats`` runs.
+Part 2, the peer: per model (``--models``), the same model (seed 0), the same split (edgeagent with
+``--partition uniform``; each peer run takes ``report.partitions[0]["points"]`` of the edgeagent run it
+is paired with, since the uniform split balances profiled layer times and can differ between runs;
+the peer builds those very stage modules with edgeagent's ``build_layers``), the same data (the same
+batches in the same order), batch 32, SGD lr 0.05 momentum 0.5 weight decay 4e-5 and one torch thread
+per process, trained by edgeagent (``run_demo``: central + 2 workers) and by
+``torch.distributed.pipelining`` (``Schedule1F1B``, or ``ScheduleGPipe``, over gloo on loopback, one
+process per stage), with equal stages and with the third stage 4x slower. The models:
+
+* ``mlp``: the default six-layer MLP on digits (8x8), 300 batches per run: small tensors and little
+  compute per stage, so the per-message cost shows;
+* ``mobilenetv2``: edgeagent's MobileNetV2 (width 0.5, 21 layers) on synthetic CIFAR-shaped data
+  (``synthetic:4096:3x32x32:10``), 90 batches per run: compute-bound (about 150 ms per batch of 32 for
+  the whole model on one core), activations of 30-260 kB.
+
+``--compare-batches N`` sets the batches of every model. Each edgeagent set-up runs through each broker
+(``--brokers``): the embedded amqtt broker (run_demo's own, one per run), a tuned Mosquitto
+(``set_tcp_nodelay true``) and a stock one (Debian's default configuration: Nagle's algorithm on), both
+started here (``mosquitto -c`` a configuration of their own on a free port; the machine's Mosquitto is not
+touched), or an external one (``--broker URL``, alone unless ``--brokers`` adds more). The peer does not
+use a broker: it runs once per model, set-up and repeat, and again only if the brokers' edgeagent runs
+got different splits. Runs alternate (repeat, set-up, broker), so the load of a shared machine hits all
+alike. Samples/s = samples trained / wall time of the training loop; process start-up, edgeagent's
+profiling and link probes, torch's first (shape-inferring, untimed) step and evaluation are left out.
+Each figure is the median of ``--repeats`` runs. One table shows every model x set-up x broker with the
+ratio and issue 52's target beside it, then edgeagent's stock / tuned Mosquitto ratio.
+
+Part 3, ``--hops``: one more edgeagent run per model and broker (equal stages; not counted in part 2),
+with ``EDGEAGENT_HOP_TRACE`` set for its processes (``edgeagent.runtime.hoptrace``): median ms per hop
+(stage i's activations, gradients, results) of encode, publish, relay, decode and queue, and each
+stage's forward and backward step.
 
 How the set-ups differ (by design: this is what a user chooses between):
 
@@ -28,6 +49,10 @@ How the set-ups differ (by design: this is what a user chooses between):
   transfer is 4 hops (PUBLISH sender -> broker, PUBACK back, PUBLISH broker -> receiver, PUBACK
   back; the tensor crosses loopback twice, store-and-forward) plus the envelope, the codec and the
   message checks; torch's gloo sends the tensor once over a direct TCP connection between the ranks.
+* Broker: the embedded one is amqtt (Python, asyncio) on a thread of the central node's process, so
+  it shares that process's interpreter lock with stage 0; Mosquitto is a C process of its own. Stock
+  Mosquitto leaves Nagle's algorithm on, so its small writes (PUBACKs, a payload's tail) can wait for
+  the peer's delayed ACK; ``set_tcp_nodelay true`` sends them at once (docs/brokers.md).
 * Schedule: edgeagent is asynchronous 1F1B with weight stashing: stage 0 keeps K batches (K = 3,
   the number of stages) in flight across optimizer steps, so the pipeline never drains and every
   batch of 32 is one update (with stale weights, PipeDream's rule). torch's schedules are
@@ -59,45 +84,79 @@ import math
 import multiprocessing as mp
 import os
 import queue
-import socket
 import statistics
-import struct
 import sys
+import tempfile
 import time
-import traceback
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch
-import torch.distributed as dist
-from torch import nn
-
+from bench._peer import (
+    BATCH_SIZE,
+    LEARNING_RATE,
+    MOMENTUM,
+    SEED,
+    WEIGHT_DECAY,
+    Peer,
+    PeerConfig,
+    PeerJob,
+    PeerRun,
+)
+from edgeagent.broker import free_port
+from edgeagent.broker.mosquitto import MosquittoProcess
 from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
-from edgeagent.data import Dataset, batch_indices, batches_per_epoch, load_dataset
-from edgeagent.models import ModelSpec, build_model
+from edgeagent.data import batches_per_epoch, load_dataset
 from edgeagent.ops.logs import setup_logging
 from edgeagent.pipeline.schedule import one_f_one_b, simulate
-from edgeagent.runtime.compute import Clock, emulate_slowdown
+from edgeagent.runtime import hoptrace
 
 # Part 1: six 1024-wide layers and a small head split 2/2/2+head: three equal stages whose cost is
 # real matrix work, not per-call overhead.
 MODEL_OPTIONS = {"hidden": [1024] * 6}
 
-# Part 2: what both sides train.
-DATASET = "digits"
-BATCH_SIZE = 32
-LEARNING_RATE = 0.05
-MOMENTUM = 0.5
-WEIGHT_DECAY = 4e-5
-SEED = 0
-SETUPS: dict[str, list[float]] = {"equal stages (1,1,1)": [1.0, 1.0, 1.0], "slowdowns 1,1,4": [1.0, 1.0, 4.0]}
 
-Baseline = Literal["torch", "sockets"]
+@dataclass(frozen=True)
+class Workload:
+    """A model of part 2, the data it trains on and its batches of 32 per run (``--compare-batches``)."""
+
+    model: str
+    dataset: str
+    batches: int
+    label: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+WORKLOADS = {
+    "mlp": Workload("mlp", "digits", 300, "mlp (6 layers) on digits"),
+    "mobilenetv2": Workload(
+        "mobilenetv2",
+        "synthetic:4096:3x32x32:10",
+        90,
+        "MobileNetV2 (width 0.5, 21 layers) on synthetic 3x32x32",
+    ),
+}
+EQUAL, SLOW = "equal stages (1,1,1)", "slowdowns 1,1,4"
+SETUPS: dict[str, list[float]] = {EQUAL: [1.0, 1.0, 1.0], SLOW: [1.0, 1.0, 4.0]}
+BROKERS = {
+    "embedded": "embedded (amqtt)",
+    "tuned": "Mosquitto, set_tcp_nodelay true",
+    "stock": "Mosquitto, stock (Nagle on)",
+    "external": "--broker URL",
+}
+# Issue 52's acceptance: edgeagent / peer samples/s at least this much (MobileNetV2: through any broker).
+TARGETS: dict[tuple[str, str, str], float] = {
+    ("mlp", EQUAL, "tuned"): 1.0,
+    ("mlp", SLOW, "tuned"): 1.3,
+    ("mlp", EQUAL, "embedded"): 0.8,
+    ("mlp", SLOW, "embedded"): 1.1,
+    **{("mobilenetv2", SLOW, b): 1.2 for b in BROKERS},
+}
+STOCK_OVER_TUNED = 0.9  # edgeagent's samples/s through a stock Mosquitto / through a tuned one
 
 
 # -- part 1: overlap -------------------------------------------------------------------------------
@@ -158,13 +217,14 @@ class EdgeRun:
     final_loss: float
 
 
-def edgeagent_run(slowdowns: list[float], *, batches: int, broker: str | None) -> EdgeRun:
-    """Train the default mlp on digits with edgeagent (uniform split, so the points never move)."""
-    data = load_dataset(DATASET, seed=SEED)
+def edgeagent_run(workload: Workload, slowdowns: list[float], *, batches: int, broker: str | None) -> EdgeRun:
+    """Train ``workload`` with edgeagent, central + one worker per further stage (uniform split)."""
+    data = load_dataset(workload.dataset, seed=SEED)
     per_epoch = batches_per_epoch(data.x_train.shape[0], BATCH_SIZE)
     train = TrainConfig(
-        model="mlp",
-        dataset=DATASET,
+        model=workload.model,
+        model_options=dict(workload.options),
+        dataset=workload.dataset,
         batch_size=BATCH_SIZE,
         epochs=math.ceil(batches / per_epoch),
         max_batches=batches,
@@ -187,525 +247,236 @@ def edgeagent_run(slowdowns: list[float], *, batches: int, broker: str | None) -
     )
 
 
-# -- part 2: the peer, one process per stage -----------------------------------------------------
-
-
-class _Mark:
-    """When the backward of one micro-batch started on the slow stage."""
-
-    __slots__ = ("clock",)
-
-    def __init__(self) -> None:
-        self.clock = Clock()
-
-
-class _BackwardStarts(torch.autograd.Function):
-    """Identity on the stage's output; its backward runs first in the stage: start the clock."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, mark: _Mark) -> torch.Tensor:
-        ctx.mark = mark
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        ctx.mark.clock = Clock()
-        return grad, None
-
-
-class _BackwardEnds(torch.autograd.Function):
-    """Identity on the stage's input; its backward runs last in the stage: stretch the step.
-
-    ``anchor`` requires grad so that the marker runs even on stage 0, whose input does not.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, mark: _Mark, factor: float) -> torch.Tensor:
-        ctx.mark, ctx.factor = mark, factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        emulate_slowdown(ctx.mark.clock, ctx.factor)
-        return grad, None, None, None
-
-
-class Slowed(nn.Module):
-    """``inner`` made ``factor`` times slower the way edgeagent's ``--slowdown`` does it.
-
-    After each forward and each backward, sleep until the step has taken ``factor`` times the CPU time
-    it used (``edgeagent.runtime.compute.emulate_slowdown``). The backward of one micro-batch runs whole
-    before the next one's starts (one thread per process), so one mark per forward suffices.
-    """
-
-    def __init__(self, inner: nn.Module, factor: float) -> None:
-        super().__init__()
-        self.inner = inner
-        self.factor = factor
-        # Not a parameter: the optimizer never sees it, and it never gets a gradient.
-        self.anchor = torch.zeros((), requires_grad=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        started = Clock()
-        mark = _Mark()
-        x = _BackwardEnds.apply(x, self.anchor, mark, self.factor)
-        out = self.inner(x)
-        emulate_slowdown(started, self.factor)
-        return _BackwardStarts.apply(out, mark)
-
-
-@dataclass(frozen=True)
-class PeerConfig:
-    """What every stage process of the peer shares for the whole benchmark; picklable for ``spawn``."""
-
-    num_stages: int
-    baseline: Baseline
-    schedule: str
-    microbatches: int
-    batches: int
-    ports: list[int]
-    timeout: float
-
-
-@dataclass(frozen=True)
-class PeerJob:
-    """One training run: the split (edgeagent's, of the paired run) and each stage's slowdown."""
-
-    points: list[int]
-    slowdowns: list[float]
-
-
-@dataclass
-class StageResult:
-    rank: int
-    ready: bool = False
-    seconds: float = 0.0
-    samples: int = 0
-    final_loss: float = float("nan")
-    error: str = ""
-
-
-def _stage_module(job: PeerJob, rank: int, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Layers ``points[rank]:points[rank + 1]`` of the same seeded model edgeagent builds."""
-    model = build_model(ModelSpec("mlp", in_shape, num_classes), seed=SEED)
-    start, end = job.points[rank], job.points[rank + 1]
-    module: nn.Module = nn.Sequential(*list(model)[start:end])
-    factor = job.slowdowns[rank]
-    return Slowed(module, factor) if factor > 1.0 else module
-
-
-def peer_steps(data: Dataset, microbatches: int, batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Step ``i`` holds edgeagent's batches ``i*M .. i*M+M-1`` (same samples, same order), concatenated.
-
-    One more step than ``batches / M`` is made: the first one is run untimed.
-    """
-    n = data.x_train.shape[0]
-    per_epoch = batches_per_epoch(n, BATCH_SIZE)
-    orders: dict[int, list[torch.Tensor]] = {}
-
-    def indices(b: int) -> torch.Tensor:
-        epoch, i = divmod(b, per_epoch)
-        if epoch not in orders:
-            orders[epoch] = batch_indices(n, BATCH_SIZE, epoch=epoch, seed=SEED)
-        return orders[epoch][i]
-
-    m = microbatches
-    steps = []
-    for s in range(math.ceil(batches / m) + 1):
-        idx = torch.cat([indices(s * m + k) for k in range(m)])  # (M * 32,)
-        steps.append((data.x_train[idx], data.y_train[idx]))
-    return steps
-
-
-def _optimizer(module: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.SGD(
-        module.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY
-    )
-
-
-def _torch_run(
-    config: PeerConfig, rank: int, module: nn.Module, steps: list[tuple[torch.Tensor, torch.Tensor]]
-) -> StageResult:
-    """One run on one rank of ``torch.distributed.pipelining`` (the process group is up)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    n = config.num_stages
-    stage = PipelineStage(module, rank, n, torch.device("cpu"))
-    kind = Schedule1F1B if config.schedule == "1f1b" else ScheduleGPipe
-    schedule = kind(stage, n_microbatches=config.microbatches, loss_fn=nn.functional.cross_entropy)
-    optimizer = _optimizer(module)
-    losses: list[torch.Tensor] = []
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        losses.clear()
-        if rank == 0:
-            schedule.step(x)
-        elif rank == n - 1:
-            schedule.step(target=y, losses=losses)
+def start_brokers(
+    stack: contextlib.ExitStack, names: list[str], external: str | None
+) -> dict[str, str | None]:
+    """Each broker's URL (None: run_demo's own embedded broker, one per run); the Mosquittos are this
+    script's own, on free ports, stopped when ``stack`` closes."""
+    urls: dict[str, str | None] = {}
+    directory = None
+    for name in names:
+        if name in ("tuned", "stock"):
+            directory = directory or stack.enter_context(tempfile.TemporaryDirectory())
+            urls[name] = stack.enter_context(MosquittoProcess(Path(directory), nodelay=name == "tuned")).url
         else:
-            schedule.step()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    dist.barrier()
-    step(*steps[0])  # shape inference: start-up, untimed
-    dist.barrier()
-    started = time.perf_counter()
-    for x, y in steps[1:]:
-        step(x, y)
-    dist.barrier()
-    seconds = time.perf_counter() - started
-    loss = statistics.fmean(v.item() for v in losses) if losses else float("nan")
-    samples = (len(steps) - 1) * config.microbatches * BATCH_SIZE
-    return StageResult(rank, seconds=seconds, samples=samples, final_loss=loss)
-
-
-# The sockets baseline: a tensor is a header (ndim, then each dim) and raw float32 bytes.
-_NDIM = struct.Struct("!I")
-_DIM = struct.Struct("!Q")
-
-
-def _recv_exact(conn: socket.socket, size: int) -> bytearray:
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
-        n = conn.recv_into(view[got:], size - got)
-        if n == 0:
-            raise ConnectionError(f"peer closed after {got} of {size} bytes")
-        got += n
-    return buf
-
-
-def send_tensor(conn: socket.socket, t: torch.Tensor) -> None:
-    """Write ``t`` (float32) as its shape and raw bytes."""
-    t = t.detach().to(torch.float32).contiguous()
-    head = _NDIM.pack(t.dim()) + b"".join(_DIM.pack(d) for d in t.shape)
-    conn.sendall(head + t.numpy().tobytes())
-
-
-def recv_tensor(conn: socket.socket) -> torch.Tensor:
-    """Read one tensor written by :func:`send_tensor`."""
-    (ndim,) = _NDIM.unpack(_recv_exact(conn, _NDIM.size))
-    shape = [int(_DIM.unpack(_recv_exact(conn, _DIM.size))[0]) for _ in range(ndim)]
-    raw = _recv_exact(conn, 4 * math.prod(shape))
-    return torch.frombuffer(raw, dtype=torch.float32).reshape(shape)
-
-
-@dataclass
-class Chain:
-    """A stage's sockets to its neighbours (None at the ends)."""
-
-    prev: socket.socket | None
-    next: socket.socket | None
-
-    @classmethod
-    def connect(cls, config: PeerConfig, rank: int) -> Chain:
-        """Rank r listens on ``ports[r - 1]`` for rank r - 1 and connects to rank r + 1 on ``ports[r]``."""
-        prev = nxt = None
-        deadline = time.monotonic() + config.timeout
-        server = None
-        if rank > 0:
-            server = socket.create_server(("127.0.0.1", config.ports[rank - 1]))
-            server.settimeout(config.timeout)
-        while rank < config.num_stages - 1 and nxt is None:
-            try:
-                nxt = socket.create_connection(("127.0.0.1", config.ports[rank]), timeout=config.timeout)
-            except ConnectionRefusedError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        if server is not None:
-            prev, _ = server.accept()
-            server.close()
-        for conn in (prev, nxt):
-            if conn is not None:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.settimeout(config.timeout)
-        return cls(prev, nxt)
-
-    def close(self) -> None:
-        for conn in (self.prev, self.next):
-            if conn is not None:
-                conn.close()
-
-
-def _socket_run(
-    config: PeerConfig,
-    rank: int,
-    chain: Chain,
-    module: nn.Module,
-    steps: list[tuple[torch.Tensor, torch.Tensor]],
-) -> StageResult:
-    """One run on one rank of a plain synchronous pipeline: GPipe fill-and-drain over TCP sockets."""
-    first, last = rank == 0, rank == config.num_stages - 1
-    optimizer = _optimizer(module)
-    m = config.microbatches
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> float:
-        xs, ys = x.chunk(m), y.chunk(m)
-        inputs: list[torch.Tensor] = []
-        outputs: list[torch.Tensor] = []
-        for k in range(m):  # fill: every micro-batch forward
-            if first:
-                inp = xs[k]
-            else:
-                assert chain.prev is not None
-                inp = recv_tensor(chain.prev).requires_grad_()
-            out = module(inp)
-            if last:
-                # Mean over the micro-batches, as torch's schedules scale the gradients.
-                out = nn.functional.cross_entropy(out, ys[k]) / m
-            else:
-                assert chain.next is not None
-                send_tensor(chain.next, out)
-            inputs.append(inp)
-            outputs.append(out)
-        total = 0.0
-        for k in range(m):  # drain: every micro-batch backward
-            if last:
-                outputs[k].backward()
-                total += outputs[k].item()
-            else:
-                assert chain.next is not None
-                outputs[k].backward(recv_tensor(chain.next))
-            if not first:
-                grad = inputs[k].grad
-                assert grad is not None and chain.prev is not None
-                send_tensor(chain.prev, grad)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return total
-
-    step(*steps[0])  # untimed, as on the torch side; it also waits for every stage to be ready
-    # Rank 0 ends every step (its backward is the drain's last), so its clock spans the run.
-    started = time.perf_counter()
-    loss = float("nan")
-    for x, y in steps[1:]:
-        loss = step(x, y)
-    seconds = time.perf_counter() - started
-    samples = (len(steps) - 1) * m * BATCH_SIZE
-    return StageResult(rank, seconds=seconds, samples=samples, final_loss=loss)
-
-
-def _stage_main(config: PeerConfig, rank: int, commands: Any, results: Any) -> None:
-    """A stage process: set up the transport once, then train one run per :class:`PeerJob` received."""
-    torch.set_num_threads(1)
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
-    logging.getLogger("torch.distributed.pipelining").setLevel(logging.ERROR)
-    chain = None
-    try:
-        if config.baseline == "torch":
-            dist.init_process_group(
-                "gloo",
-                init_method=f"tcp://127.0.0.1:{config.ports[0]}",
-                rank=rank,
-                world_size=config.num_stages,
-                timeout=timedelta(seconds=config.timeout),
-            )
-        else:
-            chain = Chain.connect(config, rank)
-        data = load_dataset(DATASET, seed=SEED)
-        steps = peer_steps(data, config.microbatches, config.batches)
-        results.put(StageResult(rank, ready=True))
-        while (job := commands.get()) is not None:
-            module = _stage_module(job, rank, data.in_shape, data.num_classes)
-            if chain is None:
-                results.put(_torch_run(config, rank, module, steps))
-            else:
-                results.put(_socket_run(config, rank, chain, module, steps))
-    except BaseException as exc:
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        results.put(StageResult(rank, error=f"rank {rank}: {detail}"))
-    finally:
-        if chain is not None:
-            chain.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class PeerRun:
-    samples_per_second: float
-    seconds: float
-    samples: int
-    final_loss: float
-    points: list[int]
-
-
-class PeerFailed(RuntimeError):
-    """The peer's pipeline failed or did not answer within the timeout."""
-
-
-class PeerPool:
-    """One process per stage, started once (torch's import and the process group are start-up, not
-    training) and handed one :class:`PeerJob` per run; idle while edgeagent runs."""
-
-    def __init__(self, config: PeerConfig) -> None:
-        self.config = config
-        ctx = mp.get_context("spawn")
-        self._results = ctx.Queue()
-        self._commands = [ctx.Queue() for _ in range(config.num_stages)]
-        self._procs = [
-            ctx.Process(
-                target=_stage_main, args=(config, rank, self._commands[rank], self._results), daemon=True
-            )
-            for rank in range(config.num_stages)
-        ]
-        self.startup_seconds = 0.0
-
-    def __enter__(self) -> PeerPool:
-        started = time.perf_counter()
-        for proc in self._procs:
-            proc.start()
-        try:
-            self._collect("start-up")
-        except BaseException:
-            self.close()
-            raise
-        self.startup_seconds = time.perf_counter() - started
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _collect(self, what: str) -> dict[int, StageResult]:
-        got: dict[int, StageResult] = {}
-        deadline = time.monotonic() + self.config.timeout
-        while len(got) < self.config.num_stages:
-            try:
-                r = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                missing = sorted(set(range(self.config.num_stages)) - set(got))
-                raise PeerFailed(
-                    f"{what}: no answer from ranks {missing} within {self.config.timeout:g} s (hung)"
-                ) from None
-            if r.error:
-                raise PeerFailed(f"{what}: {r.error}")
-            got[r.rank] = r
-        return got
-
-    def run(self, job: PeerJob) -> PeerRun:
-        """Train one run; raise :class:`PeerFailed` on an error or a hang."""
-        for commands in self._commands:
-            commands.put(job)
-        got = self._collect(f"run with slowdowns {job.slowdowns}")
-        # The loop's wall time is the slowest rank's.
-        seconds = max(r.seconds for r in got.values())
-        samples = got[0].samples
-        return PeerRun(
-            samples / seconds, seconds, samples, got[self.config.num_stages - 1].final_loss, job.points
-        )
-
-    def close(self) -> None:
-        for commands in self._commands:
-            with contextlib.suppress(ValueError, OSError):
-                commands.put(None)
-        for proc in self._procs:
-            if proc.pid is None:
-                continue
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()  # our own child, by its handle
-                proc.join()
+            urls[name] = external if name == "external" else None
+    return urls
 
 
 # -- part 2: the comparison --------------------------------------------------------------------
 
 
-def compare(args: argparse.Namespace) -> dict[str, Any]:
-    schedule_name = "Schedule1F1B" if args.schedule == "1f1b" else "ScheduleGPipe"
-    n = len(next(iter(SETUPS.values())))
+@dataclass
+class Row:
+    """One model x set-up x broker: its edgeagent runs and the peer runs they were paired with."""
 
-    def config(baseline: Baseline) -> PeerConfig:
-        return PeerConfig(
-            num_stages=n,
-            baseline=baseline,
-            schedule=args.schedule,
-            microbatches=args.microbatches,
-            batches=args.compare_batches,
-            ports=[_free_port() for _ in range(max(1, n - 1))],
-            timeout=args.timeout,
-        )
+    model: str
+    setup: str
+    broker: str
+    edgeagent: list[EdgeRun] = field(default_factory=list)
+    peer: list[PeerRun] = field(default_factory=list)
 
-    edge: dict[str, list[EdgeRun]] = {name: [] for name in SETUPS}
-    jobs: dict[str, list[PeerJob]] = {name: [] for name in SETUPS}
-    peer: dict[str, list[PeerRun]] = {name: [] for name in SETUPS}
-    failure = ""
-    baseline: Baseline = args.baseline
-    with contextlib.ExitStack() as stack:
-        pool: PeerPool | None = None
-        if baseline == "torch":
-            try:
-                pool = stack.enter_context(PeerPool(config("torch")))
-            except PeerFailed as exc:
-                failure = str(exc)
-        for _ in range(args.repeats):
-            for name, slowdowns in SETUPS.items():
-                # Paired runs, one after the other: the load of the shared machine hits both alike. The
-                # uniform split balances profiled layer times, so it can differ between runs: the peer
-                # takes the split of the edgeagent run it is paired with.
-                e = edgeagent_run(slowdowns, batches=args.compare_batches, broker=args.broker)
-                edge[name].append(e)
-                job = PeerJob(e.points, slowdowns)
-                jobs[name].append(job)
-                if pool is not None and baseline == "torch":
-                    try:
-                        peer[name].append(pool.run(job))
-                        continue
-                    except PeerFailed as exc:
-                        failure = str(exc)
-                        pool.close()
-                if failure and baseline == "torch":
-                    print(f"torch.distributed.pipelining {schedule_name} on gloo/CPU failed: {failure}")
-                    print("falling back to a synchronous GPipe pipeline over direct TCP sockets")
-                    baseline = "sockets"
-                    pool = None
-                    for done in peer.values():
-                        done.clear()
-                if pool is None:
-                    pool = stack.enter_context(PeerPool(config("sockets")))
-                    # Redo the runs that torch did before it failed, with the same splits.
-                    for other, earlier in jobs.items():
-                        for j in earlier[len(peer[other]) :]:
-                            peer[other].append(pool.run(j))
-                else:
-                    peer[name].append(pool.run(job))
-        startup = pool.startup_seconds if pool is not None else 0.0
+    @property
+    def ratio(self) -> float:
+        return median_sps(self.edgeagent) / median_sps(self.peer)
 
-    peer_label = f"torch {schedule_name} (gloo)" if baseline == "torch" else "sockets GPipe (TCP)"
-    splits = sorted({str(j.points) for js in jobs.values() for j in js})
-    print(
-        f"\nedgeagent (MQTT, K = {n}) vs {peer_label}: mlp (6 layers) on digits, batch 32, "
-        f"{args.compare_batches} batches per run (peer: {args.microbatches} micro-batches of 32 per step), "
-        f"splits {', '.join(splits)}, median of {args.repeats}; peer start-up {startup:.1f} s, untimed"
-    )
-    print(f"{'set-up':<24}{'edgeagent samples/s':>21}{peer_label + ' samples/s':>36}{'ratio':>9}")
-    rows: dict[str, dict[str, Any]] = {}
-    for name in SETUPS:
-        e_sps = statistics.median(r.samples_per_second for r in edge[name])
-        p_sps = statistics.median(r.samples_per_second for r in peer[name])
-        ratio = e_sps / p_sps
-        print(f"{name:<24}{e_sps:>21.1f}{p_sps:>36.1f}{ratio:>8.3f}x")
-        rows[name] = {
-            "edgeagent": [asdict(r) for r in edge[name]],
-            "peer": [asdict(r) for r in peer[name]],
-            "edgeagent_samples_per_second": e_sps,
-            "peer_samples_per_second": p_sps,
-            "ratio": ratio,
+    def summary(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "edgeagent_samples_per_second": median_sps(self.edgeagent),
+            "peer_samples_per_second": median_sps(self.peer),
+            "ratio": self.ratio,
+            "target": TARGETS.get((self.model, self.setup, self.broker)),
         }
-    print("ratio = edgeagent / peer. Training loss at the end (edgeagent: last 10 batches; peer: last step):")
-    for name in SETUPS:
-        e_loss = statistics.median(r.final_loss for r in edge[name])
-        p_loss = statistics.median(r.final_loss for r in peer[name])
-        print(f"  {name}: edgeagent {e_loss:.3f}, peer {p_loss:.3f}")
-    return {"peer": peer_label, "torch_failure": failure, "setups": rows}
+
+
+def median_sps(runs: list[EdgeRun] | list[PeerRun]) -> float:
+    return statistics.median(r.samples_per_second for r in runs)
+
+
+def compare_model(
+    args: argparse.Namespace, workload: Workload, brokers: dict[str, str | None]
+) -> dict[str, Any]:
+    """Every set-up through every broker, ``--repeats`` times, interleaved (the load of the shared
+    machine hits all alike); each edgeagent run is paired with the peer's run on its split."""
+    n = len(next(iter(SETUPS.values())))
+    batches = args.compare_batches or workload.batches
+    base = PeerConfig(
+        num_stages=n,
+        baseline=args.baseline,
+        schedule=args.schedule,
+        microbatches=args.microbatches,
+        batches=batches,
+        ports=[free_port() for _ in range(max(1, n - 1))],
+        timeout=args.timeout,
+        model=workload.model,
+        dataset=workload.dataset,
+        model_options=workload.options,
+    )
+    rows = {(s, b): Row(workload.model, s, b) for s in SETUPS for b in brokers}
+    with Peer(base) as peer:
+        for repeat in range(args.repeats):
+            for setup, slowdowns in SETUPS.items():
+                for broker, url in brokers.items():
+                    e = edgeagent_run(workload, slowdowns, batches=batches, broker=url)
+                    rows[setup, broker].edgeagent.append(e)
+                    # The uniform split balances profiled layer times, so it can differ between runs: the
+                    # peer trains on the split of the edgeagent run it is paired with.
+                    peer.run(setup, repeat, PeerJob(e.points, slowdowns))
+    # Read after the loop: a fall-back to the sockets baseline redoes the runs torch did.
+    for row in rows.values():
+        row.peer = [peer.runs[row.setup, r, tuple(e.points)] for r, e in enumerate(row.edgeagent)]
+    splits = sorted({str(e.points) for row in rows.values() for e in row.edgeagent})
+    return {
+        "label": workload.label,
+        "batches": batches,
+        "peer": peer.label,
+        "torch_failure": peer.failure,
+        "peer_startup_seconds": peer.startup_seconds,
+        "splits": splits,
+        "rows": list(rows.values()),
+    }
+
+
+def _target(row: Row) -> str:
+    want = TARGETS.get((row.model, row.setup, row.broker))
+    if want is None:
+        return ""
+    return f">={want:.1f}x {'ok' if row.ratio >= want else 'MISSED'}"
+
+
+def stock_over_tuned(rows: list[Row]) -> dict[str, float]:
+    """Per set-up: edgeagent's samples/s through a stock Mosquitto / through a tuned one."""
+    by = {(row.setup, row.broker): row for row in rows}
+    return {
+        setup: median_sps(by[setup, "stock"].edgeagent) / median_sps(by[setup, "tuned"].edgeagent)
+        for setup in SETUPS
+        if (setup, "stock") in by and (setup, "tuned") in by
+    }
+
+
+def print_comparison(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:
+    n = len(next(iter(SETUPS.values())))
+    labels = {r["peer"] for r in results.values()}
+    peer = labels.pop() if len(labels) == 1 else "peer"
+    print(
+        f"\nedgeagent (MQTT, K = {n} in flight) vs {peer}: batch 32, the peer {args.microbatches} "
+        f"micro-batches of 32 per step, median of {args.repeats}; ratio = edgeagent / peer samples/s"
+    )
+    for model, r in results.items():
+        print(
+            f"  {model}: {r['label']}, {r['batches']} batches per run, splits {', '.join(r['splits'])}; "
+            f"{r['peer']} (start-up {r['peer_startup_seconds']:.1f} s, untimed)"
+        )
+    column = f"{peer.split()[0]} samples/s"  # torch or sockets (or peer, when the models' differ)
+    head = f"{'model':<13}{'set-up':<22}{'broker':<33}{'edgeagent samples/s':>20}{column:>18}"
+    print(head + f"{'ratio':>9}  target (issue 52)")
+    for r in results.values():
+        for row in r["rows"]:
+            print(
+                f"{row.model:<13}{row.setup:<22}{BROKERS[row.broker]:<33}{median_sps(row.edgeagent):>20.1f}"
+                f"{median_sps(row.peer):>18.1f}{row.ratio:>8.2f}x  {_target(row)}"
+            )
+    for model, r in results.items():
+        for setup, ratio in stock_over_tuned(r["rows"]).items():
+            ok = "ok" if ratio >= STOCK_OVER_TUNED else "MISSED"
+            print(
+                f"stock / tuned Mosquitto (edgeagent samples/s), {model}, {setup}: {ratio:.2f}x  "
+                f"target >={STOCK_OVER_TUNED:.1f}x {ok}"
+            )
+    print("Training loss at the end (edgeagent: last 10 batches, median of runs; peer: last step):")
+    for r in results.values():
+        for row in r["rows"]:
+            e_loss = statistics.median(e.final_loss for e in row.edgeagent)
+            p_loss = statistics.median(p.final_loss for p in row.peer)
+            print(f"  {row.model}, {row.setup}, {row.broker}: edgeagent {e_loss:.3f}, peer {p_loss:.3f}")
+
+
+def compare(args: argparse.Namespace, brokers: dict[str, str | None]) -> dict[str, Any]:
+    results = {model: compare_model(args, WORKLOADS[model], brokers) for model in args.models}
+    print_comparison(args, results)
+    return {
+        model: {
+            **r,
+            "rows": [row.summary() for row in r["rows"]],
+            "stock_over_tuned": stock_over_tuned(r["rows"]),
+        }
+        for model, r in results.items()
+    }
+
+
+# -- part 3: the per-hop cost breakdown -------------------------------------------------------------
+
+HOP_PARTS = ("encode", "publish", "relay", "decode", "queue", "forward", "backward")
+HOP_LEGEND = (
+    "encode: the sender's thread encodes the message; publish: the sender's thread in the transport's "
+    "publish call (it writes to the socket: overlaps relay); relay: handed to the transport -> the "
+    "receiver's network thread has the whole payload (socket writes, broker, loopback, the receiver's "
+    "socket); decode: size limits, decoding, checks; queue: waiting for the receiver's role thread (busy "
+    "with other batches); forward / backward: a stage's compute step, its emulated slowdown included "
+    "(the last stage runs forward and backward as one step, shown under backward)"
+)
+
+
+def _traced_child(workload: Workload, batches: int, broker: str | None, results: Any) -> None:
+    """A fresh process (``spawn``), so that its central node reads EDGEAGENT_HOP_TRACE at import."""
+    setup_logging("WARNING")
+    results.put(edgeagent_run(workload, SETUPS[EQUAL], batches=batches, broker=broker))
+
+
+def traced_run(
+    workload: Workload, batches: int, broker: str | None, timeout: float
+) -> tuple[EdgeRun, dict[str, dict[str, float]]]:
+    """One edgeagent run with every process writing its hop trace; its median ms per hop and part."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as directory:
+        proc = ctx.Process(target=_traced_child, args=(workload, batches, broker, results))
+        os.environ[hoptrace.ENV] = directory  # inherited by the child and by its workers
+        try:
+            proc.start()
+        finally:
+            del os.environ[hoptrace.ENV]
+        try:
+            run = results.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"the traced run ended without a result (exit code {proc.exitcode})") from None
+        finally:
+            proc.join(timeout=30)
+        return run, hoptrace.breakdown(hoptrace.read(directory))
+
+
+def hops(args: argparse.Namespace, brokers: dict[str, str | None]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for model in args.models:
+        workload = WORKLOADS[model]
+        batches = args.compare_batches or workload.batches
+        for broker, url in brokers.items():
+            run, table = traced_run(workload, batches, url, timeout=args.timeout + 60 * batches / 100)
+            out.setdefault(model, {})[broker] = {"run": asdict(run), "breakdown": table}
+            print(
+                f"\nper-hop cost, {model} through {BROKERS[broker]}: one traced run, equal stages, {batches} "
+                f"batches, split {run.points}, {run.samples_per_second:.1f} samples/s (not used above); "
+                "median ms per message or step after the first 20 batches"
+            )
+            print(f"{'hop / stage':<22}" + "".join(f"{p:>10}" for p in HOP_PARTS))
+            for hop, parts in table.items():
+                cells = (f"{parts[p]:>10.2f}" if p in parts else f"{'-':>10}" for p in HOP_PARTS)
+                print(f"{hop:<22}" + "".join(cells))
+    if out:
+        print(HOP_LEGEND)
+    return out
+
+
+def _names(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        wrong = [t for t in names if t not in choices]
+        if wrong or not names:
+            raise argparse.ArgumentTypeError(f"{', '.join(wrong) or text!r}: pick from {', '.join(choices)}")
+        return names
+
+    return parse
 
 
 def main() -> None:
@@ -714,9 +485,20 @@ def main() -> None:
     )
     parser.add_argument("--slowdown", type=float, default=10.0, help="part 1: every device's slowdown")
     parser.add_argument("--batches", type=int, default=90, help="part 1: batches per run")
-    parser.add_argument("--broker", default=None, help="default: the embedded broker")
+    parser.add_argument(
+        "--broker", default=None, help="an external broker's URL: part 1's, and part 2's 'external'"
+    )
     parser.add_argument("--in-flight", type=int, default=0, help="the pipelined bound (default: the default)")
-    parser.add_argument("--compare-batches", type=int, default=300, help="part 2: batches of 32 per run")
+    parser.add_argument("--models", type=_names(tuple(WORKLOADS)), default=list(WORKLOADS), help="part 2")
+    parser.add_argument(
+        "--brokers",
+        type=_names(tuple(BROKERS)),
+        default=None,
+        help="part 2: of embedded,tuned,stock,external (default: all but external; with --broker: external)",
+    )
+    parser.add_argument(
+        "--compare-batches", type=int, default=0, help="part 2: batches of 32 per run (default: per model)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="part 2: runs per set-up (median)")
     parser.add_argument("--microbatches", type=int, default=3, help="part 2: micro-batches of 32 per step")
     parser.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
@@ -724,8 +506,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="part 2: seconds per peer run")
     parser.add_argument("--skip-overlap", action="store_true")
     parser.add_argument("--skip-compare", action="store_true")
+    parser.add_argument("--hops", action="store_true", help="one traced run per model x broker: per-hop ms")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.brokers is None:
+        args.brokers = ["external"] if args.broker else ["embedded", "tuned", "stock"]
+    if "external" in args.brokers and not args.broker:
+        parser.error("--brokers external needs --broker URL")
     setup_logging("WARNING")
     logging.getLogger("edgeagent").setLevel(logging.WARNING)
 
@@ -733,8 +520,13 @@ def main() -> None:
     started = time.perf_counter()
     if not args.skip_overlap:
         out["overlap"] = overlap(args)
-    if not args.skip_compare:
-        out["compare"] = compare(args)
+    with contextlib.ExitStack() as stack:
+        if not args.skip_compare or args.hops:
+            brokers = start_brokers(stack, args.brokers, args.broker)
+        if not args.skip_compare:
+            out["compare"] = compare(args, brokers)
+        if args.hops:
+            out["hops"] = hops(args, brokers)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,57 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from edgeagent.broker import EmbeddedBroker, free_port
+from edgeagent.broker import EmbeddedBroker
+from edgeagent.broker.mosquitto import MosquittoProcess, wait_listening
 from tests.helpers import FakeSystemd, unique_cluster
 
 
 def _wait_port(port: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return True
-        time.sleep(0.05)
-    return False
-
-
-class MosquittoProcess:
-    """A private Mosquitto on an ephemeral port, so tests never share the machine's broker."""
-
-    def __init__(
-        self,
-        tmp: Path,
-        port: int | None = None,
-        *,
-        extra: str = "",
-        anonymous: bool = True,
-        nodelay: bool = True,
-    ) -> None:
-        """``nodelay=False``: Nagle's algorithm left on, as Debian's package configures Mosquitto."""
-        self.port = port or free_port()
-        self.conf = tmp / f"mosquitto-{self.port}.conf"
-        self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous {str(anonymous).lower()}\npersistence false\n"
-            f"max_queued_messages 10000\n{'set_tcp_nodelay true' if nodelay else ''}\nlog_dest stderr\n"
-            "log_type error\n" + extra
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
-
-    def start(self) -> MosquittoProcess:
-        self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf)], stderr=subprocess.DEVNULL)
-        if not _wait_port(self.port):
-            raise RuntimeError(f"mosquitto did not listen on {self.port}")
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
+    return wait_listening(port, timeout=timeout)
 
 
 @pytest.fixture(autouse=True)

@@ -143,6 +143,9 @@ def entry() -> NoReturn:
         print(code, file=sys.stderr)  # what sys.exit("text") prints
         code = 1
     logging.shutdown()
+    trace = sys.modules.get("edgeagent.runtime.hoptrace")  # loaded by a role: flush its hop trace
+    if trace is not None:
+        trace.flush()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
