@@ -45,10 +45,11 @@ Baseline = Literal["torch", "sockets"]
 class _Mark:
     """When the backward of one micro-batch started on the slow stage."""
 
-    __slots__ = ("clock",)
+    __slots__ = ("clock", "factor")
 
-    def __init__(self) -> None:
-        self.clock = Clock()
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.clock = Clock(factor)
 
 
 class _BackwardStarts(torch.autograd.Function):
@@ -61,7 +62,7 @@ class _BackwardStarts(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        ctx.mark.clock = Clock()
+        ctx.mark.clock = Clock(ctx.mark.factor)
         return grad, None
 
 
@@ -98,8 +99,8 @@ class Slowed(nn.Module):
         self.anchor = torch.zeros((), requires_grad=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        started = Clock()
-        mark = _Mark()
+        started = Clock(self.factor)
+        mark = _Mark(self.factor)
         x = _BackwardEnds.apply(x, self.anchor, mark, self.factor)
         out = self.inner(x)
         emulate_slowdown(started, self.factor)

@@ -54,7 +54,7 @@ class Clock:
 
     __slots__ = ("cpu", "wall")
 
-    def __init__(self, factor: float = 1.0) -> None:
+    def __init__(self, factor: float) -> None:
         self.wall = time.perf_counter()
         self.cpu: float | None = time.thread_time() if factor > 1.0 else None
 
