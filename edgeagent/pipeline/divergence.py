@@ -39,6 +39,26 @@ def ends_run(losses: list[float], num_classes: int) -> bool:
     return len(tail) == DIVERGED_EPOCHS and all(above_chance(v, num_classes) for v in tail)
 
 
+BLOWN_UP = 10.0
+"""A batch's training loss this many times chance's: the weights have blown up (a learning rate far too
+large); a stage's outputs that turn non-finite next are the divergence's, not a broken device's."""
+
+
+def blown_up(losses: list[float], num_classes: int) -> bool:
+    """Whether the last committed batches' training losses (``losses``: the last few) say the weights blew
+    up: one of them not finite or above :data:`BLOWN_UP` times chance's loss."""
+    limit = BLOWN_UP * chance_loss(num_classes)
+    return any(not loss <= limit for loss in losses)
+
+
+def diverged_into_nonfinite(batch: int, loss: float, learning_rate: float, stall: str) -> str:
+    """The line that ends a run whose loss had blown up when a stage's outputs turned non-finite."""
+    return (
+        f"loss diverged at batch {batch}: the training loss reached {loss:.3g}, then the stages' outputs "
+        f"stopped being finite ({stall}); lower --learning-rate (now {learning_rate:g})"
+    )
+
+
 def loss_not_finite(batch: int, loss: float, learning_rate: float) -> str:
     """The line that ends a run whose training loss of ``batch`` is not finite."""
     return (
@@ -75,10 +95,13 @@ def divergence(
 
 
 __all__ = [
+    "BLOWN_UP",
     "CHANCE_MARGIN",
     "DIVERGED_EPOCHS",
     "above_chance",
+    "blown_up",
     "chance_loss",
+    "diverged_into_nonfinite",
     "divergence",
     "ends_run",
     "loss_not_finite",

@@ -192,3 +192,12 @@ def test_divergence_is_told_with_the_figures_and_ends_a_run_only_when_it_lasts()
     assert ends_run([4.0, 3.0, 2.6], 10)  # three epochs in a row above chance's
     assert ends_run([1.0, float("inf")], 10)
     assert not ends_run([2.31] * 5, 10)  # stuck at chance's is not a blow-up
+
+
+def test_a_blown_up_loss_makes_a_non_finite_stall_a_divergence() -> None:
+    from edgeagent.pipeline.divergence import blown_up, diverged_into_nonfinite
+
+    assert blown_up([0.4, 2.5e8], 10) and blown_up([float("nan")], 10)
+    assert not blown_up([0.3, 0.2, 2.4], 10) and not blown_up([], 10)
+    line = diverged_into_nonfinite(3, 2.5e8, 1e9, "worker-1 keeps sending values that are not finite")
+    assert line.startswith("loss diverged at batch 3") and "lower --learning-rate (now 1e+09)" in line

@@ -22,7 +22,7 @@ from edgeagent.modes.pipeline.central.planning import Planning
 from edgeagent.modes.pipeline.central.recovery import Recovery
 from edgeagent.modes.pipeline.central.setup import Setup
 from edgeagent.modes.pipeline.central.switching import Switching
-from edgeagent.pipeline.divergence import loss_not_finite
+from edgeagent.pipeline.divergence import blown_up, diverged_into_nonfinite, loss_not_finite
 from edgeagent.pipeline.rows import split_rows
 from edgeagent.pipeline.schedule import admit
 from edgeagent.protocol.messages import Gradient
@@ -174,6 +174,11 @@ class Trainer:
                 # sending NaN) must not make the run recover forever.
                 stalled = state.stalls.fault(loop.committed, fault.reason, state.node.nonfinite)
                 if stalled is not None:
+                    recent = loop.losses[-5:]
+                    if blown_up(recent, state.spec.num_classes):  # lr far too large, not a broken device
+                        high = max(recent, key=lambda v: v if v == v else float("inf"))
+                        lr = state.train.learning_rate
+                        raise DivergedError(diverged_into_nonfinite(loop.committed, high, lr, stalled))
                     raise TrainingError(stalled)
                 loop.committed = self.recovery.recover_until_done(fault, loop.committed)
                 loop.next_f = loop.committed + 1
