@@ -207,7 +207,29 @@ class _SnapshotDict(dict):
         return list(super().items())
 
 
-class EmbeddedBroker:
+class BrokerAddress:
+    """Where a broker of ours listens and how: ``host``, ``port`` (a free one if 0), the credentials
+    directory, TLS; its ``url``. Shared by the broker on a thread and the one in a process of its own."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        credentials: str | None = None,
+        tls: BrokerTls | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.credentials = credentials
+        self.tls = tls
+
+    @property
+    def url(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+
+class EmbeddedBroker(BrokerAddress):
     """amqtt on a daemon thread with its own event loop.
 
     ``start()`` returns once the listener accepts connections; ``stop()`` shuts it down. A stopped
@@ -223,18 +245,11 @@ class EmbeddedBroker:
         tls: BrokerTls | None = None,
         insecure_plaintext: bool = False,
     ) -> None:
-        self.host = host
-        self.port = port or free_port(host)
-        self.credentials = credentials
-        self.tls = tls
+        super().__init__(host, port, credentials=credentials, tls=tls)
         self.insecure_plaintext = insecure_plaintext  # plain TCP beyond loopback (broker_config)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-
-    @property
-    def url(self) -> str:
-        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     def start(self, timeout: float = START_TIMEOUT_S) -> EmbeddedBroker:
         config = broker_config(

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgeagent.broker.embedded import BrokerTls, free_port
+from edgeagent.broker.embedded import BrokerAddress, BrokerTls
 from edgeagent.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 90.0  # the interpreter, then amqtt (its own 60 s bound): about 1 s here, a Pi 10-50x slower
 
 
-class BrokerProcess:
+class BrokerProcess(BrokerAddress):
     """``edgeagent broker`` on ``host:port`` (a free port by default) as a child process.
 
     ``start()`` returns once the broker says it listens; ``stop()`` asks it to stop (SIGTERM), then kills
@@ -48,17 +48,10 @@ class BrokerProcess:
         tls: BrokerTls | None = None,
         log_level: str = "WARNING",
     ) -> None:
-        self.host = host
-        self.port = port or free_port(host)
-        self.credentials = credentials
-        self.tls = tls
+        super().__init__(host, port, credentials=credentials, tls=tls)
         self.log_level = log_level
         self._proc: subprocess.Popen[bytes] | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "edgeagent", "broker", "--host", self.host, "--port", str(self.port)]

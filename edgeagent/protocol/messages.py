@@ -154,6 +154,9 @@ class Announce(Message):
     software: str = ""
     profile_hash: str = ""
     memory_limit: float = 0.0  # bytes the stage may use; 0 = no limit
+    # Its uplink is paced (an emulated slow link, --link-mbps): its replicas can take the bulk lane in the
+    # link's idle time (CentralConfig.replica_share). False: replicas go at once, the paper's way.
+    paces: bool = False
     # The device's h (papers/004 Sec. 3.2): forward+backward seconds of each representative sub-model
     # of the model with digest ``h_key`` (edgeagent.predictor.measure.model_key) at batch size
     # ``h_batch``, at the announced slowdown, and the seconds measuring took. Empty: not measured; fewer

@@ -170,10 +170,15 @@ def test_a_device_that_keeps_sending_nan_ends_the_run_naming_it(amqtt_url: str) 
 def test_a_slow_mobilenetv2_stage_survives_a_re_split(amqtt_url: str, cluster: str) -> None:
     """worker-2 (the last stage) sends at 0.5 Mbit/s; worker-1 becomes 8x slower at batch 2, so the plan
     check at batch 10 moves layers. worker-2 then replicates its new stage (weights and momentum, chain
-    and global: several MB) before it says "built": minutes at 0.5 Mbit/s, which the switch waits for."""
+    and global: about 2 MB at a quarter width) before it says "built": longer at 0.5 Mbit/s than the fixed
+    floor of the switch's wait (startup_timeout, 20 s here), so only a wait derived from the bytes and
+    the measured link lets it finish."""
     config = CentralConfig(
         cluster=cluster,
-        train=TrainConfig(model="mobilenetv2", epochs=1, max_batches=14),
+        train=TrainConfig(
+            model="mobilenetv2", model_options={"width_mult": 0.25}, epochs=1, max_batches=14
+        ),
+        startup_timeout=20.0,
         progress=False,
         estimator="capacity",  # FTPipeHD's measured capacities: the slowdown forces the re-split
         repartition_first=10,

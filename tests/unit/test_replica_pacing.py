@@ -63,3 +63,55 @@ def test_transport_without_an_emulated_uplink_sends_bulk_at_once() -> None:
     finally:
         sender.close()
         receiver.close()
+
+
+class _State:
+    """What Setup.stage_topics and subscribe_stage read of a run's state."""
+
+    def __init__(self, paced: set[str], share: float = 0.25) -> None:
+        from edgeagent.config import CentralConfig
+        from edgeagent.protocol.messages import Announce
+        from edgeagent.protocol.topics import Topics
+        from edgeagent.replication.store import WeightStore
+
+        self.worker_list = ["central", "worker-1", "worker-2", "worker-3"]
+        self.topics = Topics("c")
+        self.config = CentralConfig(cluster="c", replica_share=share)
+        self.announced = {d: Announce(device_id=d, paces=d in paced) for d in self.worker_list[1:]}
+        self.store = WeightStore("central")
+        self.heard: list[str] = []
+
+    def listen(self, topic: str) -> None:
+        self.heard.append(topic)
+
+    def stop_listening(self, topic: str) -> None:
+        self.heard.remove(topic)
+
+
+def _replica_topics(paced: set[str], share: float = 0.25) -> tuple[list[str], float, int]:
+    from edgeagent.modes.pipeline.central.context import RunState
+    from edgeagent.modes.pipeline.central.setup import Setup
+
+    state = _State(paced, share)
+    state.paces = RunState.paces.__get__(state)  # type: ignore[attr-defined]
+    state.replica_share = RunState.replica_share.__get__(state)  # type: ignore[attr-defined]
+    setup = Setup(state)  # type: ignore[arg-type]
+    setup.subscribe_stage()
+    replicas = [t.split("/")[-2] for t in state.heard if "/replica/" in f"/{t}/"]
+    keep = state.store.keep
+    setup.unsubscribe_stage()
+    assert state.heard == []
+    return replicas, state.replica_share(), keep  # type: ignore[attr-defined]
+
+
+def test_without_a_paced_uplink_the_central_hears_only_the_wrapped_chain_replica() -> None:
+    """No worker paces (no emulated uplink): the paper's way, whatever replica_share says."""
+    topics, share, keep = _replica_topics(paced=set())
+    assert len(topics) == 1 and share == 0.0 and keep == snapshots_kept(0.0)
+
+
+def test_a_paced_worker_sends_its_replicas_to_the_central_node_too() -> None:
+    topics, share, keep = _replica_topics(paced={"worker-1"})
+    assert len(topics) == 2 and share == 0.25 and keep == snapshots_kept(0.25)
+    topics, share, _ = _replica_topics(paced={"worker-1"}, share=0.0)
+    assert len(topics) == 1 and share == 0.0

@@ -163,6 +163,7 @@ class Worker(Role):
                 slowdown=self.slowdown,
                 software=__version__,
                 memory_limit=self.memory_limit_mb * 1e6,
+                paces=getattr(self.transport, "throttle", None) is not None,
                 profile_hash=self.profile.digest() if self.profile else "",
                 **announced(h),
             ),

@@ -131,7 +131,7 @@ class RunState:
         self.per_epoch = batches_per_epoch(data.x_train.shape[0], self.train.batch_size)
         total = self.per_epoch * self.train.epochs
         self.total = min(total, self.train.max_batches) if self.train.max_batches else total
-        self.store = WeightStore(config.device_id, keep=snapshots_kept(config.replica_share))
+        self.store = WeightStore(config.device_id, keep=snapshots_kept(0.0))  # see Setup.subscribe_stage
         self.checkpointed = -1  # the version of the last checkpoint written (Checkpoints._maybe_checkpoint)
         self.inbox = Inbox()
         self.status = 0  # Table I: 1 while recovering from a fault
@@ -243,6 +243,16 @@ class RunState:
 
     def bound(self) -> int:
         return self.train.in_flight or len(self.worker_list)
+
+    def paces(self, device: str) -> bool:
+        """Whether ``device`` announced a paced uplink (an emulated slow link) and the run paces replicas."""
+        announce = self.announced.get(device)
+        return self.config.replica_share > 0 and announce is not None and announce.paces
+
+    def replica_share(self) -> float:
+        """The run's ``replica_share`` if one of its workers paces its uplink, else 0: replicas go at once
+        and every store keeps the paper's few snapshots (paced replicas lag, so stores keep more)."""
+        return self.config.replica_share if any(self.paces(d) for d in self.worker_list[1:]) else 0.0
 
     def plan_view(self) -> PlanView:
         """Who holds each stage now: stage outputs are taken only from them (protocol/identity.py)."""

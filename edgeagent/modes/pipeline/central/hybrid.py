@@ -359,7 +359,7 @@ class HybridLiveness(Liveness):
         new, changed = state.groups.without(dead)
         if not changed:
             return
-        before = self.setup.stage_topics()
+        before = list(self.setup.subscribed)
         state.node.senders.see(state.plan_view())  # the members leaving may still deliver this plan's pieces
         state.groups = new
         state.worker_list = new.primaries
@@ -383,6 +383,7 @@ class HybridLiveness(Liveness):
         for topic in after:
             if topic not in before:
                 state.listen(topic)
+        self.setup.subscribed = after
         now = time.monotonic()
         for batch in state.sent_at:
             state.sent_at[batch] = now  # the survivors compute those batches again: their timers restart

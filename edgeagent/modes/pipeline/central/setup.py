@@ -16,6 +16,7 @@ from edgeagent.planner.dp import Link
 from edgeagent.protocol.commands import MeasureLink
 from edgeagent.protocol.messages import Assign
 from edgeagent.protocol.topics import Family
+from edgeagent.replication.store import snapshots_kept
 from edgeagent.roles.central.node import DeviceState
 
 log = logging.getLogger("edgeagent.roles.central")
@@ -26,6 +27,7 @@ class Setup:
 
     def __init__(self, state: RunState) -> None:
         self.state = state
+        self.subscribed: list[str] = []  # what subscribe_stage listens to, until unsubscribe_stage
 
     def worker_from(self, device: str) -> DeviceState:
         """A device that joins or comes back: what it announced (speed, memory limit) counts again."""
@@ -83,7 +85,7 @@ class Setup:
                 chain_every=state.config.chain_every,
                 global_every=state.config.global_every,
                 replicas=state.config.replicas,
-                replica_share=state.config.replica_share,
+                replica_share=state.replica_share(),
                 metrics_interval=state.config.metrics_interval,
                 layer_shapes=[list(shape) for shape in profile.output_shapes],
                 layer_dtypes=list(profile.output_dtypes),
@@ -123,20 +125,25 @@ class Setup:
             state.topics.stage_filter(Family.GRADIENTS, 1),
             state.topics.stage_filter(Family.RESULTS, n - 1),
         ]
-        # The last ``replicas`` workers' chain replicas wrap around to the central node; paced replicas
-        # (replica_share) come from every worker on its replica topic, global ones included.
-        first = 1 if state.config.replica_share > 0 else max(1, n - state.config.replicas)
-        for device in state.worker_list[first:]:
+        # The last ``replicas`` workers' chain replicas wrap around to the central node; a worker whose
+        # uplink is paced (replica_share) sends every replica, global ones included, on its replica topic.
+        wrapped = state.worker_list[max(1, n - state.config.replicas) :]
+        paced = [d for d in state.worker_list[1:] if d not in wrapped and state.paces(d)]
+        for device in [*paced, *wrapped]:
             topics.append(state.topics.device(Family.REPLICA, device))
         return topics
 
     def subscribe_stage(self) -> None:
-        for topic in self.stage_topics():
-            self.state.listen(topic)
+        state = self.state
+        state.store.keep = snapshots_kept(state.replica_share())
+        self.subscribed = self.stage_topics()
+        for topic in self.subscribed:
+            state.listen(topic)
 
     def unsubscribe_stage(self) -> None:
-        for topic in self.stage_topics():
+        for topic in self.subscribed:
             self.state.stop_listening(topic)
+        self.subscribed = []
 
     def wait_ready(
         self, plan_id: int, phase: str, devices: set[str], *, timeout: float | None = None
