@@ -70,9 +70,24 @@ RUN = (
     Flag(
         ("--lr-schedule",),
         "lr_schedule",
-        "constant, or cosine: from --learning-rate down to 0.",
+        "constant; cosine: from --learning-rate down to 0; step: times --lr-gamma at each "
+        "--lr-milestones epoch.",
         T,
-        kwargs={"type": choice("constant", "cosine")},
+        kwargs={"type": choice("constant", "cosine", "step")},
+    ),
+    Flag(
+        ("--lr-milestones",),
+        "lr_milestones",
+        "--lr-schedule step: epochs where the rate drops, e.g. 30,60 (--compression adaptive steps "
+        "its bits there).",
+        T,
+    ),
+    Flag(
+        ("--lr-gamma",),
+        "lr_gamma",
+        "--lr-schedule step: the factor at each milestone.",
+        T,
+        kwargs={"type": float},
     ),
     Flag(("--seed",), "seed", "Seed of the model's weights and the data's order.", T, kwargs={"type": int}),
     Flag(("--max-batches",), "max_batches", "Stop after this many batches in all.", T, kwargs={"type": int}),
