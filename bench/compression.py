@@ -184,6 +184,48 @@ def codec_speed(t: torch.Tensor, repeats: int = 5) -> dict[str, float]:
     return out
 
 
+FIG9_MBPS = (1, 2, 5, 10, 20, 50)
+# papers/004 Fig. 9, as its text gives it (Sec. 4.3.1; the plot itself did not survive): ms at 50 Mbit/s.
+PAPER_FIG9 = {
+    "largest": "none ~1300 ms, compressed ~100 ms at 50 Mbit/s",
+    "smallest": "none 55 ms, 2-bit ~25 ms at 50 Mbit/s",
+}
+
+
+def fig9(
+    tensors: dict[str, torch.Tensor], rows: dict[str, dict[str, dict[str, int]]]
+) -> dict[str, dict[str, dict[int, float]]]:
+    """Fig. 9: transmission latency (ms) of the largest and smallest activation, uncompressed and k-bit,
+    from 1 to 50 Mbit/s: the whole message's bytes over the link (the emulated link's arithmetic,
+    ``LinkThrottle``: bytes / rate) plus the codec's compress and decompress time measured on one core."""
+    speed, big = codec_speed(tensors["smallest"]), codec_speed(tensors["largest"])
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for name in ("largest", "smallest"):
+        codec_s = (big if name == "largest" else speed) | {"none": 0.0}
+        print(
+            f"\nFig. 9 ({name}, {tuple(tensors[name].shape)}): latency in ms at each Mbit/s; "
+            f"paper: {PAPER_FIG9[name]}"
+        )
+        print(f"  {'':<8}" + "".join(f"{m:>9}" for m in FIG9_MBPS) + f"{'none/k at 50':>14}")
+        table: dict[str, dict[int, float]] = {}
+        for label, row, wire_id in (
+            ("none", "original", "none"),
+            ("2-bit", "2-bit comp.", "mbq2"),
+            ("3-bit", "3-bit comp.", "mbq3"),
+            ("4-bit", "4-bit comp.", "mbq4"),
+        ):
+            nbytes = rows[row][name]["message"]
+            table[label] = {m: 1e3 * (nbytes * 8 / (m * 1e6) + codec_s[wire_id]) for m in FIG9_MBPS}
+            gain = table["none"][50] / table[label][50]
+            print(
+                f"  {label:<8}" + "".join(f"{table[label][m]:>9.1f}" for m in FIG9_MBPS) + f"{gain:>13.1f}x"
+            )
+        best = max(table["none"][m] / table["2-bit"][m] for m in FIG9_MBPS)
+        print(f"  {name} cut by 2-bit: to 1/{best:.1f} at best (paper: up to 1/13)")
+        out[name] = table
+    return out
+
+
 def train(
     link: float, compression: str, *, epochs: int, batches: int | None, replica_share: float = 0.25
 ) -> Any:
@@ -229,6 +271,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=120, help="batches of the speed runs")
     parser.add_argument("--json", default=None)
     parser.add_argument(
+        "--parts",
+        default=None,
+        help="only these parts, comma-separated: fig9 (latency 1-50 Mbit/s), table4 (quantizers), "
+        "fig11 (adaptive vs fixed accuracy); default: Table 3, codec speed and the training runs",
+    )
+    parser.add_argument(
         "--slow-link",
         type=int,
         default=0,
@@ -240,6 +288,12 @@ def main() -> None:
     results: dict[str, Any] = {}
     if args.slow_link:
         results["slow_link"] = slow_link(8, args.slow_link)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+        return
+
+    if args.parts:
+        extra_parts(args, results)
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2, default=str))
         return
@@ -333,6 +387,14 @@ def main() -> None:
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+
+def extra_parts(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """``--parts``: issue 54's experiments (Fig. 9, Table 4, Figs. 10-11), each beside the paper's."""
+    parts = args.parts.split(",")
+    if "fig9" in parts:
+        tensors = activations()
+        results["fig9"] = fig9(tensors, table3(tensors))
 
 
 if __name__ == "__main__":

@@ -228,6 +228,10 @@ class CentralConfig(BrokerAccess):
     # iterations are real training) and the fastest measured is kept (splitfed.trial); False: the
     # estimate's N throughout, as the paper.
     splitfed_trial: bool = Field(True, description="split-federated: try N around the estimate's")
+    # The server-side models (one per device) run in parallel on this many threads, each device's
+    # mini-batches still one at a time in arrival order (PiPar Fig. 3(c); splitfed.server); 1: one after
+    # another on the central node's thread (Fig. 3(b)); 0: from the cores and torch's threads.
+    splitfed_server_threads: int = Field(0, ge=0, description="split-federated: server-side threads")
     # Data-parallel training (--mode allreduce): the collective (ft-tree: papers/001's fault-tolerant tree;
     # tree, ring; ps-sync, ps-async: the parameter server on the central node; direct: all-to-all), the
     # timeout of its backup path (None: adaptive, from each link's measured round trips, at least

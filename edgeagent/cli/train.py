@@ -203,6 +203,7 @@ _CENTRAL_KEYS = (
     "exhaustive_iterations",
     "splitfed_similar",
     "splitfed_trial",
+    "splitfed_server_threads",
     "collective",
     "allreduce_timeout",
     "allreduce_timeout_floor",

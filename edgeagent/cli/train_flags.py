@@ -308,6 +308,13 @@ SPLITFED = (
         "epoch tries the estimate's N and smaller ones per device and keeps the fastest measured.",
     ),
     Flag(
+        ("--splitfed-server-threads",),
+        "splitfed_server_threads",
+        "Threads the server-side models run on at once, each device's mini-batches in arrival order; "
+        "1: one after another; 0: the cores over torch's threads.",
+        kwargs={"type": click.IntRange(min=0)},
+    ),
+    Flag(
         ("--exhaustive-max-n",),
         "exhaustive_max_n",
         "--splitfed-plan exhaustive: the largest N tried.",
