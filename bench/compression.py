@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -226,6 +227,189 @@ def fig9(
     return out
 
 
+# papers/004 Table 4: test accuracy (%) per forward bit width, CIFAR10 (MobileNetV2) and HAR (simple CNN).
+PAPER_TABLE4 = {
+    "none": {2: (85.72, 97.47), 3: (85.72, 97.47), 4: (85.72, 97.47)},
+    "mbq": {2: (85.23, 94.93), 3: (85.09, 96.04), 4: (85.57, 96.79)},
+    "lsq": {2: (84.66, 80.85), 3: (84.38, 78.67), 4: (83.77, 94.30)},
+    "amsgrad": {2: (81.67, 92.84), 3: (82.01, 87.02), 4: (77.93, 93.90)},
+}
+TABLE4_SETS = {"cifar-shaped": "synthetic:2048:3x32x32:10", "digits": "digits"}
+CUTS = (2, 4)  # the cnn's three devices: layers [0, 2), [2, 4), [4, 8), cut after its first two poolings
+
+
+def _sq8(g: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    codec = get_codec("sq8")
+    return codec.decompress(codec.compress(g, generator=gen))
+
+
+class _Cuts:
+    """The two cuts of :func:`simulated_accuracy`: what crosses each, forward and backward."""
+
+    def __init__(self, method: str, bits: int, seed: int) -> None:
+        from edgeagent.compression import CodecState
+        from edgeagent.compression.baselines import AmsgradMbq, LsqQuantizer
+
+        self.method, self.bits = method, bits
+        self.states = [CodecState() for _ in CUTS]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.quantizers: list[torch.nn.Module] = []
+        if method == "lsq":
+            self.quantizers = [LsqQuantizer(bits) for _ in CUTS]
+        elif method == "amsgrad":
+            self.quantizers = [AmsgradMbq(bits) for _ in CUTS]
+        # LSQ's step trains with the model's SGD ("updated by its gradients"); ALQ's alphas by AMSGrad.
+        self.steps = [p for q in self.quantizers if isinstance(q, LsqQuantizer) for p in q.parameters()]
+        alphas = [q.alpha for q in self.quantizers if isinstance(q, AmsgradMbq)]
+        self.ams = torch.optim.Adam(alphas, lr=1e-3, amsgrad=True) if alphas else None
+
+    def train(self, i: int, x: torch.Tensor, epoch: int) -> torch.Tensor:
+        if self.method == "none":
+            return x
+        if self.method == "mbq":
+            codec = get_codec(f"mbq{self.bits}")
+            self.states[i].start_epoch(epoch)
+            y = x + (codec.decompress(codec.compress(x.detach(), state=self.states[i])) - x).detach()
+        else:
+            y = self.quantizers[i](x)
+        if y.requires_grad:
+            y.register_hook(lambda g: _sq8(g, self.gen))
+        return y
+
+    @torch.no_grad()
+    def evaluate(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        if self.method == "none":
+            return x
+        if self.method == "mbq":
+            codec = get_codec(f"mbq{self.bits}")
+            return codec.decompress(codec.compress(x))
+        q = self.quantizers[i]
+        q.eval()
+        y = q(x)
+        q.train()
+        return y
+
+
+def simulated_accuracy(
+    dataset: str, method: str, bits: int, *, epochs: int, seed: int = 0, lr: float = 0.02
+) -> list[float]:
+    """Test accuracy per epoch of the cnn trained in one process as three devices: at each cut the
+    activation goes through ``method``'s forward quantizer (``mbq``: ours, the runtime's codec with its
+    state; ``lsq``, ``amsgrad``: compression.baselines; ``none``) and the gradient coming back through
+    the 8-bit stochastic codec (none for ``none``), as in Table 4 (forward k bits, backward 8)."""
+    from edgeagent.data import batch_indices, load_dataset
+    from edgeagent.models import build_layers, num_layers
+
+    torch.manual_seed(seed)
+    data = load_dataset(dataset, seed=seed)
+    spec = ModelSpec("cnn", tuple(data.x_train.shape[1:]), 10, ())
+    bounds = (0, *CUTS, num_layers(spec))
+    parts = [torch.nn.Sequential(*build_layers(spec, a, b, seed=seed)) for a, b in itertools.pairwise(bounds)]
+    cuts = _Cuts(method, bits, seed)
+    params = [p for part in parts for p in part.parameters()]
+    opt = torch.optim.SGD(params + cuts.steps, lr=lr, momentum=0.9, weight_decay=4e-5)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[2 * epochs // 3], gamma=0.1)
+    accuracy = []
+    for epoch in range(epochs):
+        for idx in batch_indices(len(data.x_train), 32, epoch=epoch, seed=seed):
+            x = data.x_train[idx]
+            for i, part in enumerate(parts):
+                x = part(x)
+                x = cuts.train(i, x, epoch) if i < len(CUTS) else x
+            loss = torch.nn.functional.cross_entropy(x, data.y_train[idx])
+            opt.zero_grad(set_to_none=True)
+            if cuts.ams is not None:
+                cuts.ams.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if cuts.ams is not None:
+                cuts.ams.step()
+        sched.step()
+        with torch.no_grad():
+            x = data.x_test
+            for i, part in enumerate(parts):
+                x = part(x)
+                x = cuts.evaluate(i, x) if i < len(CUTS) else x
+            accuracy.append(float((x.argmax(1) == data.y_test).float().mean()))
+    return accuracy
+
+
+def table4(epochs: int) -> dict[str, Any]:
+    """Table 4: ours (MBQ) against LSQ and AMSGrad-MBQ, k = 2, 3, 4 forward bits, 8-bit gradients."""
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {}
+    print(
+        f"\nTable 4: final test accuracy (%) after {epochs} epochs, the cnn as three devices (cuts after "
+        f"layers {CUTS}), batch 32,\n  lr 0.02 /10 at 2/3 of the run; one process (the paper: three "
+        "processes on one CPU, 200 epochs). Sets: the\n  synthetic CIFAR-shaped set for CIFAR10 "
+        "(MobileNetV2 in the paper), digits for HAR (the paper's simple CNN on small data)"
+    )
+    print(
+        f"  {'method':<10}"
+        + "".join(f"{f'{k}b ' + n:>16}" for k in (2, 3, 4) for n in TABLE4_SETS)
+        + "   paper"
+    )
+    none = {n: simulated_accuracy(d, "none", 32, epochs=epochs)[-1] for n, d in TABLE4_SETS.items()}
+    out["none"] = none
+    print(f"  {'none':<10}" + "".join(f"{100 * none[n]:>16.2f}" for _ in (2, 3, 4) for n in TABLE4_SETS)
+          + f"   {PAPER_TABLE4['none'][2]}")  # fmt: skip
+    for method in ("mbq", "lsq", "amsgrad"):
+        row = {
+            f"{k}:{n}": simulated_accuracy(d, method, k, epochs=epochs)[-1]
+            for k in (2, 3, 4)
+            for n, d in TABLE4_SETS.items()
+        }
+        out[method] = row
+        paper = " ".join(f"{c}/{h}" for c, h in PAPER_TABLE4[method].values())
+        print(
+            f"  {method:<10}" + "".join(f"{100 * v:>16.2f}" for v in row.values()) + f"   {paper}", flush=True
+        )
+    return out
+
+
+FIG11_SETS = {"cifar-shaped": ("synthetic:2048:3x32x32:10", "Fig. 11"), "digits": ("digits", "Fig. 10")}
+PAPER_FIG11 = {
+    "Fig. 11": "CIFAR10: adaptive even above no compression",
+    "Fig. 10": "HAR: every compressed scheme below no compression",
+}
+
+
+def fig11(epochs: int, sets: list[str]) -> dict[str, Any]:
+    """Figs. 10-11: test accuracy per epoch of whole runs (3 devices, the pipeline, the cnn) without
+    compression, with fixed 2/3/4-bit activations (8-bit gradients) and with ``--compression adaptive``
+    on a step learning rate: its bits step at the rate's milestones (2 -> 3 -> 4 forward, 8 -> 4 back)."""
+    milestones = (epochs // 3, 2 * epochs // 3)
+    out: dict[str, Any] = {}
+    for name in sets:
+        dataset, figure = FIG11_SETS[name]
+        print(
+            f"\n{figure} on {name} ({dataset}): test accuracy per epoch, 3 devices, cnn, lr 0.05 x0.1 at "
+            f"epochs {list(milestones)} (adaptive: 2 bits to epoch {milestones[0]}, 3 to {milestones[1]}, "
+            f"then 4; gradients 8 -> 4 at {milestones[0]}); paper: {PAPER_FIG11[figure]} (200 epochs)"
+        )
+        rows = {}
+        for compression in ("none", "2", "3", "4", "adaptive"):
+            config = CentralConfig(
+                train=TrainConfig(
+                    model="cnn",
+                    dataset=dataset,
+                    epochs=epochs,
+                    lr_schedule="step",
+                    lr_milestones=milestones,
+                ),
+                progress=False,
+                compression=compression,
+            )
+            report = run_demo(config, workers=2, slowdowns=[], broker=None, show_progress=False)
+            rows[compression] = report.test_accuracy_per_epoch
+            cells = " ".join(f"{100 * a:5.1f}" for a in report.test_accuracy_per_epoch)
+            print(f"  {compression:<9}{cells}   final {100 * report.final_accuracy:.2f}", flush=True)
+        gap = 100 * (rows["adaptive"][-1] - rows["none"][-1])
+        print(f"  adaptive - none: {gap:+.2f} points at the end")
+        out[name] = rows
+    return out
+
+
 def train(
     link: float, compression: str, *, epochs: int, batches: int | None, replica_share: float = 0.25
 ) -> Any:
@@ -275,6 +459,11 @@ def main() -> None:
         default=None,
         help="only these parts, comma-separated: fig9 (latency 1-50 Mbit/s), table4 (quantizers), "
         "fig11 (adaptive vs fixed accuracy); default: Table 3, codec speed and the training runs",
+    )
+    parser.add_argument("--table4-epochs", type=int, default=6, help="table4: epochs per training")
+    parser.add_argument("--fig11-epochs", type=int, default=6, help="fig11: epochs per run")
+    parser.add_argument(
+        "--fig11-sets", default="cifar-shaped,digits", help="fig11: of " + ", ".join(FIG11_SETS)
     )
     parser.add_argument(
         "--slow-link",
@@ -395,6 +584,10 @@ def extra_parts(args: argparse.Namespace, results: dict[str, Any]) -> None:
     if "fig9" in parts:
         tensors = activations()
         results["fig9"] = fig9(tensors, table3(tensors))
+    if "table4" in parts:
+        results["table4"] = table4(args.table4_epochs)
+    if "fig11" in parts:
+        results["fig11"] = fig11(args.fig11_epochs, args.fig11_sets.split(","))
 
 
 if __name__ == "__main__":
