@@ -32,6 +32,20 @@ Parts:
   trained and timed; score T_opt / T_selected (eq. 28; paper: >= 0.96) and both searches' seconds.
 * ``hetero``: K = 2 at 4G, worker-1 2x slower again: ours (per-device (P_k, N_k)) against the best common
   (P, N) (``--splitfed-plan common``), per-epoch seconds.
+* ``batch`` (issue 54; PiPar Sec. 5.5, Fig. 10): K = 2 at the first of ``--links`` (4G), per-epoch seconds
+  of PiPar (ours), SFL (the best of P = 1, 2 at N = 1) and FL at each B of ``--batches`` (25, 50, 100).
+  Figures (2026-11-29, ``--parts batch --batches 25,50,100``, a loaded VM: load average 7-11), s per
+  epoch PiPar / SFL / FL: B = 25 9.53 / 21.65 / 18.59 (SFL/PiPar 2.27, FL/PiPar 1.95), B = 50 12.76 /
+  21.31 / 17.11 (1.67, 1.34), B = 100 15.46 / 23.91 / 16.44 (1.55, 1.06). As in the paper PiPar is the
+  fastest at every B; unlike it, ours does not get faster with B (the paper: intra-batch parallelism on
+  the Pis' cores; our devices' compute is emulated by sleeping in proportion to the rows, so a bigger
+  B saves only per-message costs, and PiPar's per-mini-batch ones grow with the N it picks).
+* ``bandwidth`` (issue 54; Sec. 5.6.3, Fig. 14): K = 2, one run of ours at each link; S = the profiling
+  wait + the selection; the overhead of selecting again every I minutes (S / I, the paper's ratio) for
+  I = 1-60; and the 4G plan kept after the link became WiFi against WiFi's own plan (what not selecting
+  again costs). The bandwidth does not change inside one of our runs: each change is a run of its own.
+* ``server`` (issue 54; Fig. 3(c) against 3(b)): K = 4 at WiFi, P = 1, N = 4, the server-side models on
+  2 threads against one after another (``--splitfed-server-threads``), torch at 1 thread per model.
 
 Figures (2-core development machine). Run 4 (2026-11-26, ``--parts time,score,hetero``, 2151 s) is the
 current code: ours's first epoch tries N (``splitfed/trial.py``). Run 3 (2026-11-25, 2583 s) had alike
