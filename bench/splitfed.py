@@ -37,9 +37,9 @@ Parts:
   Figures (2026-11-29, ``--parts batch --batches 25,50,100``, a loaded VM: load average 7-11), s per
   epoch PiPar / SFL / FL: B = 25 9.53 / 21.65 / 18.59 (SFL/PiPar 2.27, FL/PiPar 1.95), B = 50 12.76 /
   21.31 / 17.11 (1.67, 1.34), B = 100 15.46 / 23.91 / 16.44 (1.55, 1.06). As in the paper PiPar is the
-  fastest at every B; unlike it, ours does not get faster with B (the paper: intra-batch parallelism on
-  the Pis' cores; our devices' compute is emulated by sleeping in proportion to the rows, so a bigger
-  B saves only per-message costs, and PiPar's per-mini-batch ones grow with the N it picks).
+  fastest at every B; unlike it, the epoch does not get shorter with B here (the paper credits
+  intra-batch parallelism on the Pis' cores; our devices are emulated by sleeping 30x their measured
+  compute on one shared core, which no batch size parallelises). Not analysed further.
 * ``bandwidth`` (issue 54; Sec. 5.6.3, Fig. 14): K = 2, one run of ours at each link; S = the profiling
   wait + the selection; the overhead of selecting again every I minutes (S / I, the paper's ratio) for
   I = 1-60; and the 4G plan kept after the link became WiFi against WiFi's own plan (what not selecting
