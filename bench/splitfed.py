@@ -44,6 +44,11 @@ Parts:
   wait + the selection; the overhead of selecting again every I minutes (S / I, the paper's ratio) for
   I = 1-60; and the 4G plan kept after the link became WiFi against WiFi's own plan (what not selecting
   again costs). The bandwidth does not change inside one of our runs: each change is a run of its own.
+  Figures (2026-11-29, ``--parts bandwidth,server``, loaded VM): S = 6.74 / 7.45 / 5.37 s at 4G / 4G+ /
+  WiFi, almost all of it the profiling wait (the selection itself 0.08-0.20 s); overhead every 1 / 5 /
+  10 / 30 / 60 min 10.87 / 2.17 / 1.09 / 0.36 / 0.18 % (paper Fig. 14: up to 8.3 % at 1 min, under 1 %
+  from 10 min, 0.10-0.14 % at 60). The 4G plan (1, 22) kept at WiFi: 9.74 s per epoch against 5.73 s
+  with WiFi's own (1, 8): selecting again after the change pays 1.70x.
 * ``server`` (issue 54; Fig. 3(c) against 3(b)): K = 4 at WiFi, P = 1, N = 4, the server-side models on
   2 threads against one after another (``--splitfed-server-threads``), torch at 1 thread per model.
 
