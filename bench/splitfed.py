@@ -51,6 +51,7 @@ Parts:
   with WiFi's own (1, 8): selecting again after the change pays 1.70x.
 * ``server`` (issue 54; Fig. 3(c) against 3(b)): K = 4 at WiFi, P = 1, N = 4, the server-side models on
   2 threads against one after another (``--splitfed-server-threads``), torch at 1 thread per model.
+  Figures (2026-11-29, loaded VM): 8.64 s per epoch one after another, 8.02 s in parallel: 1.08x.
 
 Figures (2-core development machine). Run 4 (2026-11-26, ``--parts time,score,hetero``, 2151 s) is the
 current code: ours's first epoch tries N (``splitfed/trial.py``). Run 3 (2026-11-25, 2583 s) had alike
