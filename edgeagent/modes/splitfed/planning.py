@@ -128,8 +128,8 @@ class SplitFedPlanning:
             info.assumed = sorted(d for d in self.devices if costs is not None and d not in self.profiles)
             self.plan_info = info.to_dict()
         # PiPar Sec. 5.6.3 counts the profiling iteration in the selection's overhead: the wait for it here.
-        self.plan_info["profiling_seconds"] = time.perf_counter() - waited - self.plan_info.get(
-            "selection_seconds", 0.0
+        self.plan_info["profiling_seconds"] = (
+            time.perf_counter() - waited - self.plan_info.get("selection_seconds", 0.0)
         )
         if self._replans() and config.splitfed_trial:
             self.trial_schedules = self._trial_schedules()
