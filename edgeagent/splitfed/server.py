@@ -90,9 +90,11 @@ class ServerSteps:
         return self._pool is not None
 
     def submit(self, key: Hashable, work: Callable[[], None]) -> None:
-        """Run ``work`` after every earlier work of ``key`` (now, here, when sequential)."""
+        """Run ``work`` after every earlier work of ``key``. Sequential: now, here, and what it raises
+        reaches the caller (the node's handler, as before the pool); on the pool it is logged and
+        counted, and the other devices' work goes on."""
         if self._pool is None:
-            self._run(work)
+            work()
             return
         with self._lock:
             self._queues.setdefault(key, deque()).append(work)

@@ -92,7 +92,7 @@ def test_each_device_runs_in_arrival_order_while_devices_overlap() -> None:
     assert order == {"a": [0, 1, 2, 3, 4], "b": [0, 1, 2, 3, 4]}
 
 
-def test_sequential_runs_at_once_on_the_callers_thread_and_a_failure_stops_nothing() -> None:
+def test_sequential_runs_at_once_on_the_callers_thread_and_a_pool_failure_stops_nothing() -> None:
     steps = ServerSteps(1)
     assert not steps.parallel
     seen: list[str] = []
@@ -101,14 +101,14 @@ def test_sequential_runs_at_once_on_the_callers_thread_and_a_failure_stops_nothi
         raise RuntimeError("a bad mini-batch")
 
     steps.submit("a", lambda: seen.append(threading.current_thread().name))
-    steps.submit("a", bad)
-    steps.submit("a", lambda: seen.append("after"))
-    assert seen == [threading.current_thread().name, "after"] and steps.failures == 1
+    with pytest.raises(RuntimeError):  # sequential: the caller's, as before the pool
+        steps.submit("a", bad)
+    assert seen == [threading.current_thread().name]
     pool = ServerSteps(2)
     pool.submit("a", bad)
     pool.submit("a", lambda: seen.append("pool after"))
     pool.close()
-    assert seen[-1] == "pool after" and pool.failures == 1
+    assert seen == [threading.current_thread().name, "pool after"] and pool.failures == 1
     with pytest.raises(ValueError):
         ServerSteps(0)
 

@@ -245,7 +245,6 @@ class SplitFedRun(SplitFedPlanning):
         started = time.perf_counter()
         idle_before = self.central.times.idle
         self._round(epoch, participants, state, self.plan, schedules=self.trial_schedules)
-        self.steps.wait()  # every upload came after its last gradient: this returns at once
         self._average(
             epoch, participants, time.perf_counter() - started, self.central.times.idle - idle_before
         )
@@ -328,6 +327,7 @@ class SplitFedRun(SplitFedPlanning):
             f"epoch {epoch} did not end",
             fault=lambda: self._check(participants),
         )
+        self.steps.wait()  # every upload came after its last gradient: at once, unless one was left out
 
     def _check(self, participants: list[str]) -> None:
         """Leave out (this epoch) a device that went offline or silent; never a fault of the run."""
