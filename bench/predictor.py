@@ -160,6 +160,17 @@
    The workers' h, measured together on 2 cores, came out 3-4x their alone value (worker-7's 10x only
    2.7x theirs), so the first split gave the central node 10-12 of 21 layers; the default drift rule
    rescaled them as gross gaps at batch 10-13 and re-planned.
+6. **Fig. 8** (``--only fig8 [--fig8-set heldout-unseen]``): 2 to 14 adaptive samples (the paper's x axis;
+   part 1 stops at 8) on one held-out set, ``predictor.evaluate.sample_sweep``: the paper's update on the
+   10 representatives and then random sub-models past them (the paper fills D_hat so), against ours
+   (linear+k: a tiling into k ranges with h in one linear fit), both scored on the sub-models no k's
+   inputs hold (the paper: every sub-model outside D_hat; a cross-validation over its devices).
+   Figures (2026-11-29, the machine unseen in training, 4 configurations, 317 s on a loaded VM), within
+   ±5 / ±10 % at k = 2, 4, 6, 8, 10, 12, 14: the paper's update 66.5 / 91.7, 66.2 / 91.7, 68.4 / 92.1,
+   64.1 / 92.0, 68.3 / 92.1, 67.5 / 92.4, 64.3 / 91.1 %; ours 73.8 / 91.5, 80.6 / 93.4, 77.7 / 95.7, 78.5 /
+   95.7, 78.5 / 96.0, 78.4 / 95.7, 81.3 / 98.1 %. Paper: rising to ~90 / ~96 % by 8 samples, flat after.
+   Ours climbs to the paper's ±10 % figure by 6-8 samples and passes it at 14; the paper's update stays
+   flat (its first samples are the representatives h already holds) and far below its ±5 % figure.
 """
 
 from __future__ import annotations
@@ -182,7 +193,15 @@ from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.models import ModelSpec
 from edgeagent.ops.logs import setup_logging
 from edgeagent.predictor.collect import load_records
-from edgeagent.predictor.evaluate import LENGTHS, by_length, evaluate, fewer_windows, repeatability
+from edgeagent.predictor.evaluate import (
+    LENGTHS,
+    SWEEP_SAMPLES,
+    by_length,
+    evaluate,
+    fewer_windows,
+    repeatability,
+    sample_sweep,
+)
 from edgeagent.predictor.net import LatencyPredictor, Variant
 from edgeagent.predictor.store import load, samples_of, shipped_path
 from edgeagent.roles.central import RunReport
@@ -606,11 +625,42 @@ def deep(results: dict[str, Any], devices: int, epochs: int, repeat: int = 1) ->
     results["deep"] = out
 
 
+# Fig. 8 as read off the paper's text (Sec. 4.2.1): accuracy climbs with the samples, steady from 8 on at
+# about 90 % within ±5 % and 96 % within ±10 %.
+PAPER_FIG8 = "rises to ~90 % / ~96 % by 8 samples, flat to 14"
+
+
+def fig8(results: dict[str, Any], held: str) -> None:
+    """Fig. 8: 2 to 14 adaptive samples on one held-out set, the paper's update against ours."""
+    torch.set_num_threads(1)
+    ours, _ = load(shipped_path(SPEC))
+    name = f"mobilenetv2-digits-{held}.json"
+    records = load_records(DATA / name)
+    started = time.perf_counter()
+    sweep = sample_sweep(ours, records)
+    print(
+        f"\n6. Fig. 8: adaptive samples 2-14 on {name} ({len(records)} configurations; the shipped "
+        f"predictor; {time.perf_counter() - started:.0f} s)\n   predictor+k: the paper's update on the 10 "
+        "representatives, then random sub-models past them (as the paper fills D_hat); linear+k: ours,\n"
+        "   a tiling into k ranges and the representatives (h) in one linear fit. Scored on the sub-models "
+        "no k's inputs hold (the paper: those not in D_hat)."
+    )
+    print(f"   {'k':>3}{'predictor+k ±5%':>17}{'±10%':>7}{'linear+k ±5%':>15}{'±10%':>7}   paper (Fig. 8)")
+    for k, table in sweep.items():
+        (p5, p10), (l5, l10) = table["predictor"], table["linear"]
+        note = PAPER_FIG8 if k == SWEEP_SAMPLES[0] else ""
+        print(f"   {k:>3}{p5:>17.1%}{p10:>7.1%}{l5:>15.1%}{l10:>7.1%}   {note}")
+    results["fig8"] = {"set": name, "sweep": {str(k): v for k, v in sweep.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", choices=["accuracy", "runs", "drift", "slower", "deep"])
+    parser.add_argument("--only", choices=["accuracy", "runs", "drift", "slower", "deep", "fig8"])
+    parser.add_argument(
+        "--fig8-set", default="heldout-unseen", help="fig8: the held-out set (mobilenetv2-digits-SET.json)"
+    )
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--slower-epochs", type=int, default=3, help="epochs of part 4's runs")
     parser.add_argument("--deep-devices", type=int, default=8, choices=range(4, 13), metavar="4-12")
@@ -637,6 +687,8 @@ def main() -> None:
         slower(results, args.slower_epochs, args.repeat)
     if args.only in (None, "deep"):
         deep(results, args.deep_devices, args.deep_epochs, args.repeat)
+    if args.only in (None, "fig8"):
+        fig8(results, args.fig8_set)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
 

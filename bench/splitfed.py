@@ -32,6 +32,26 @@ Parts:
   trained and timed; score T_opt / T_selected (eq. 28; paper: >= 0.96) and both searches' seconds.
 * ``hetero``: K = 2 at 4G, worker-1 2x slower again: ours (per-device (P_k, N_k)) against the best common
   (P, N) (``--splitfed-plan common``), per-epoch seconds.
+* ``batch`` (issue 54; PiPar Sec. 5.5, Fig. 10): K = 2 at the first of ``--links`` (4G), per-epoch seconds
+  of PiPar (ours), SFL (the best of P = 1, 2 at N = 1) and FL at each B of ``--batches`` (25, 50, 100).
+  Figures (2026-11-29, ``--parts batch --batches 25,50,100``, a loaded VM: load average 7-11), s per
+  epoch PiPar / SFL / FL: B = 25 9.53 / 21.65 / 18.59 (SFL/PiPar 2.27, FL/PiPar 1.95), B = 50 12.76 /
+  21.31 / 17.11 (1.67, 1.34), B = 100 15.46 / 23.91 / 16.44 (1.55, 1.06). As in the paper PiPar is the
+  fastest at every B; unlike it, the epoch does not get shorter with B here (the paper credits
+  intra-batch parallelism on the Pis' cores; our devices are emulated by sleeping 30x their measured
+  compute on one shared core, which no batch size parallelises). Not analysed further.
+* ``bandwidth`` (issue 54; Sec. 5.6.3, Fig. 14): K = 2, one run of ours at each link; S = the profiling
+  wait + the selection; the overhead of selecting again every I minutes (S / I, the paper's ratio) for
+  I = 1-60; and the 4G plan kept after the link became WiFi against WiFi's own plan (what not selecting
+  again costs). The bandwidth does not change inside one of our runs: each change is a run of its own.
+  Figures (2026-11-29, ``--parts bandwidth,server``, loaded VM): S = 6.74 / 7.45 / 5.37 s at 4G / 4G+ /
+  WiFi, almost all of it the profiling wait (the selection itself 0.08-0.20 s); overhead every 1 / 5 /
+  10 / 30 / 60 min 10.87 / 2.17 / 1.09 / 0.36 / 0.18 % (paper Fig. 14: up to 8.3 % at 1 min, under 1 %
+  from 10 min, 0.10-0.14 % at 60). The 4G plan (1, 22) kept at WiFi: 9.74 s per epoch against 5.73 s
+  with WiFi's own (1, 8): selecting again after the change pays 1.70x.
+* ``server`` (issue 54; Fig. 3(c) against 3(b)): K = 4 at WiFi, P = 1, N = 4, the server-side models on
+  2 threads against one after another (``--splitfed-server-threads``), torch at 1 thread per model.
+  Figures (2026-11-29, loaded VM): 8.64 s per epoch one after another, 8.02 s in parallel: 1.08x.
 
 Figures (2-core development machine). Run 4 (2026-11-26, ``--parts time,score,hetero``, 2151 s) is the
 current code: ours's first epoch tries N (``splitfed/trial.py``). Run 3 (2026-11-25, 2583 s) had alike
@@ -348,12 +368,150 @@ def part_hetero(args: argparse.Namespace, folder: Path, results: dict[str, Any])
     results["hetero"] = {k: {"seconds": v[0], "plan": v[1]} for k, v in out.items()}
 
 
+def best_sfl_of(args: argparse.Namespace, data: list[str], link: tuple[float, float], batch: int) -> float:
+    """SFL at batch ``batch``: the best of P = 1 and 2 with N = 1 (the time part benchmarks every P < L;
+    VGG-5's best was 1 or 2 in every run of it)."""
+    return min(
+        epoch_seconds(
+            run(
+                args.broker,
+                data,
+                plan="fixed",
+                epochs=args.time_epochs,
+                slowdowns=[args.device_slowdown] * len(data),
+                link=link,
+                batch_size=batch,
+                split_point=p,
+                parallel_batches=1,
+            )
+        )
+        for p in (1, 2)
+    )
+
+
+def part_batch(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
+    """PiPar Sec. 5.5 (Fig. 10): per-epoch time of PiPar, SFL and FL as the batch size B changes."""
+    name = args.links.split(",")[0]
+    link = LINKS[name]
+    print(
+        f"\n== Sec. 5.5 (Fig. 10): per-epoch seconds against the batch size B, K = 2 at {name}, VGG-5 =="
+        "\n   paper (VGG-5, CIFAR-10, 100 devices): every method faster as B grows; PiPar the fastest at "
+        "every B and link"
+    )
+    print(f"{'B':>4} {'PiPar':>7} {'SFL':>7} {'FL':>7} {'SFL/PiPar':>9} {'FL/PiPar':>8}  PiPar's (P,N)")
+    data = shards(folder, 2, "iid", args.time_samples)
+    for batch in (int(b) for b in args.batches.split(",")):
+        row = {
+            label: run(
+                args.broker,
+                data,
+                plan=plan,
+                epochs=args.time_epochs,
+                slowdowns=[args.device_slowdown] * 2,
+                link=link,
+                batch_size=batch,
+            )
+            for label, plan in (("PiPar", "ours"), ("FL", "fl"))
+        }
+        t = {label: epoch_seconds(r) for label, r in row.items()}
+        t["SFL"] = best_sfl_of(args, data, link, batch)
+        print(
+            f"{batch:>4} {t['PiPar']:7.2f} {t['SFL']:7.2f} {t['FL']:7.2f} {t['SFL'] / t['PiPar']:9.2f} "
+            f"{t['FL'] / t['PiPar']:8.2f}  {plan_of(row['PiPar'])}",
+            flush=True,
+        )
+        results.setdefault("batch", []).append({"batch": batch, "link": name, "seconds": t})
+
+
+INTERVALS_MIN = (1, 5, 10, 30, 60)  # Fig. 14's x axis: the bandwidth changes every 1 to 60 minutes
+PAPER_FIG14 = {1: "up to 8.3 %", 10: "< 1 %", 60: "0.10-0.14 %"}
+
+
+def part_bandwidth(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
+    """PiPar Sec. 5.6.3 (Fig. 14): the overhead of selecting (P, N) again each time the bandwidth changes
+    (4G, 4G+, WiFi in turn), as a share of the training time between changes; and what keeping the old
+    plan after a change would cost."""
+    print(
+        "\n== Sec. 5.6.3 (Fig. 14): re-selection overhead when the bandwidth changes every I minutes, K = 2 "
+        "==\n   S = profiling + selection of one run at each link (ours: the profiling phase, the estimate "
+        "and the trial's pick; the\n   trial's iterations are training); overhead = S / I (paper: the "
+        "same ratio, its S 1.3-6.2 s for VGG-5)"
+    )
+    data = shards(folder, 2, "iid", args.time_samples)
+    slow = [args.device_slowdown] * 2
+    runs = {}
+    for name in LINKS:
+        report = run(
+            args.broker, data, plan="ours", epochs=args.time_epochs, slowdowns=slow, link=LINKS[name],
+            batch_size=args.batch_size,
+        )  # fmt: skip
+        planning = report["splitfed"]["planning"]
+        runs[name] = {
+            "seconds": epoch_seconds(report),
+            "select": planning["selection_seconds"] + planning.get("profiling_seconds", 0.0),
+            "plan": report["splitfed"]["plan"],
+        }
+        print(
+            f"   {name:>5}: S = {runs[name]['select']:.2f} s ({planning.get('profiling_seconds', 0.0):.2f} s "
+            f"profiling), epoch {runs[name]['seconds']:.2f} s, plan {plan_of(report)}",
+            flush=True,
+        )
+    s = statistics.mean(r["select"] for r in runs.values())
+    print(f"   {'I (min)':>8} {'overhead':>9}  paper (Fig. 14)")
+    for minutes in INTERVALS_MIN:
+        print(f"   {minutes:>8} {s / (60 * minutes):>9.2%}  {PAPER_FIG14.get(minutes, '')}")
+    # The bandwidth went from 4G to WiFi: the 4G plan kept, against the plan selected again at WiFi.
+    (p, n), *_ = runs["4G"]["plan"].values()
+    kept = run(
+        args.broker, data, plan="fixed", epochs=args.time_epochs, slowdowns=slow, link=LINKS["WiFi"],
+        batch_size=args.batch_size, split_point=p, parallel_batches=n,
+    )  # fmt: skip
+    stale = epoch_seconds(kept)
+    print(
+        f"   4G -> WiFi: the 4G plan ({p}, {n}) kept {stale:.2f} s per epoch, selected again "
+        f"{runs['WiFi']['seconds']:.2f} s ({stale / runs['WiFi']['seconds']:.2f}x)"
+    )
+    results["bandwidth"] = {"runs": runs, "select_mean": s, "kept_4g_plan_at_wifi": stale}
+
+
+def part_server(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
+    """PiPar Fig. 3(c) against 3(b): the server-side models on two threads against one after another."""
+    import torch
+
+    k = 4
+    print(
+        f"\n== Fig. 3(c) vs 3(b): server-side models in parallel (2 threads) vs one after another, K = {k}, "
+        "WiFi, P = 1 N = 4 ==\n   (the paper draws it, no figure; this machine's 2 cores are shared "
+        "with the workers' processes and torch runs 1 thread per model here)"
+    )
+    data = shards(folder, k, "iid", args.time_samples)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = {}
+    try:
+        for threads in (1, 2):
+            report = run(
+                args.broker, data, plan="fixed", epochs=args.time_epochs,
+                slowdowns=[args.device_slowdown] * k, link=LINKS["WiFi"], batch_size=args.batch_size,
+                split_point=1, parallel_batches=4,
+                splitfed_server_threads=threads,
+            )  # fmt: skip
+            out[threads] = epoch_seconds(report)
+    finally:
+        torch.set_num_threads(threads_before)
+    print(f"   sequential {out[1]:.2f} s, parallel {out[2]:.2f} s per epoch: {out[1] / out[2]:.2f}x")
+    results["server"] = out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--broker", default="mqtt://127.0.0.1:1883")
-    parser.add_argument("--parts", default="time,accuracy,score,hetero")
+    parser.add_argument(
+        "--parts", default="time,accuracy,score,hetero", help="also: batch, bandwidth, server (issue 54)"
+    )
+    parser.add_argument("--batches", default="25,50,100,200", help="batch: the batch sizes B")
     parser.add_argument("--device-slowdown", type=float, default=30.0)
     parser.add_argument("--batch-size", type=int, default=100, help="B (the paper's: 100)")
     parser.add_argument(
@@ -373,7 +531,15 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     results: dict[str, Any] = {}
     started = time.perf_counter()
-    parts = {"time": part_time, "accuracy": part_accuracy, "score": part_score, "hetero": part_hetero}
+    parts = {
+        "time": part_time,
+        "accuracy": part_accuracy,
+        "score": part_score,
+        "hetero": part_hetero,
+        "batch": part_batch,
+        "bandwidth": part_bandwidth,
+        "server": part_server,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-splitfed-") as folder:
         for name in args.parts.split(","):
             parts[name](args, Path(folder), results)

@@ -5,6 +5,7 @@ Command-line flags override the YAML values. Errors name the file, the key and w
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -74,8 +75,12 @@ class TrainConfig(_Frozen):
     eval_batch_size: int = Field(256, ge=1)
     # What a single device would train with: the pipeline compensates its staleness (``staleness``).
     learning_rate: float = Field(0.05, gt=0)
-    # constant, or cosine: from learning_rate down to 0 over the run's batches (pipeline.sgd.rate_factor).
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    # constant, or cosine: from learning_rate down to 0 over the run's batches (pipeline.sgd.rate_factor);
+    # step: times lr_gamma at the start of each epoch in lr_milestones (torch's MultiStepLR). A run with
+    # milestones takes AccEPT's adaptive bit widths from them (compression.schedule.stage_bits).
+    lr_schedule: Literal["constant", "cosine", "step"] = "constant"
+    lr_milestones: tuple[int, ...] = ()
+    lr_gamma: float = Field(0.1, gt=0, le=1)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(4e-5, ge=0)
     seed: int = 0
@@ -100,6 +105,21 @@ class TrainConfig(_Frozen):
     max_batches: int | None = Field(None, ge=1)
     # Pre-trained weights for continuous learning (a state_dict file of the whole model).
     init_weights: str | None = None
+
+    @model_validator(mode="after")
+    def _milestones(self) -> TrainConfig:
+        """``step`` needs milestones, increasing epochs inside the run; other schedules take none."""
+        ms = self.lr_milestones
+        if self.lr_schedule != "step":
+            if ms:
+                raise ValueError(f"lr_milestones {list(ms)} need lr_schedule: step (got {self.lr_schedule})")
+            return self
+        if not ms or ms[0] < 1 or ms[-1] >= self.epochs or any(b <= a for a, b in itertools.pairwise(ms)):
+            raise ValueError(
+                f"lr_schedule step needs lr_milestones: increasing epochs in 1..{self.epochs - 1} "
+                f"(epochs {self.epochs}), got {list(ms)}"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -208,6 +228,10 @@ class CentralConfig(BrokerAccess):
     # iterations are real training) and the fastest measured is kept (splitfed.trial); False: the
     # estimate's N throughout, as the paper.
     splitfed_trial: bool = Field(True, description="split-federated: try N around the estimate's")
+    # The server-side models (one per device) run in parallel on this many threads, each device's
+    # mini-batches still one at a time in arrival order (PiPar Fig. 3(c); splitfed.server); 1: one after
+    # another on the central node's thread (Fig. 3(b)); 0: from the cores and torch's threads.
+    splitfed_server_threads: int = Field(0, ge=0, description="split-federated: server-side threads")
     # Data-parallel training (--mode allreduce): the collective (ft-tree: papers/001's fault-tolerant tree;
     # tree, ring; ps-sync, ps-async: the parameter server on the central node; direct: all-to-all), the
     # timeout of its backup path (None: adaptive, from each link's measured round trips, at least

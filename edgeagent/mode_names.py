@@ -45,6 +45,7 @@ _SPLITFED_KEYS = (
     "exhaustive_iterations",
     "splitfed_similar",
     "splitfed_trial",
+    "splitfed_server_threads",
     "split",
 )
 _ALLREDUCE_KEYS = ("split", "collective", "allreduce_timeout", "allreduce_timeout_floor", "fail_links")

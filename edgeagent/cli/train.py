@@ -36,6 +36,15 @@ def _floats(text: str | None) -> list[float]:
         raise click.BadParameter(f"expected comma-separated numbers like 1,1,6; got {text!r}") from None
 
 
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"expected comma-separated epochs like 30,60; got {text!r}", param_hint=flag
+        ) from None
+
+
 CONFIG_OPTION: dict[str, Any] = CONFIG.kwargs | {"help": CONFIG.help}
 
 
@@ -156,6 +165,7 @@ _TRAIN_KEYS = (
     "batch_size",
     "learning_rate",
     "lr_schedule",
+    "lr_gamma",
     "momentum",
     "seed",
     "in_flight",
@@ -193,6 +203,7 @@ _CENTRAL_KEYS = (
     "exhaustive_iterations",
     "splitfed_similar",
     "splitfed_trial",
+    "splitfed_server_threads",
     "collective",
     "allreduce_timeout",
     "allreduce_timeout_floor",
@@ -248,6 +259,8 @@ def _central_overrides(kw: dict[str, Any]) -> dict[str, Any]:
     train = {k: kw[k] for k in _TRAIN_KEYS if kw.get(k) is not None}
     if kw.get("model_option"):
         train["model_options"] = _model_options(kw["model_option"])
+    if kw.get("lr_milestones"):
+        train["lr_milestones"] = _ints(kw["lr_milestones"], "--lr-milestones")
     central = {k: kw[k] for k in _CENTRAL_KEYS if kw.get(k) is not None}
     if kw.get("slowdown_changes"):
         central["slowdown_changes"] = list(kw["slowdown_changes"])

@@ -70,9 +70,24 @@ RUN = (
     Flag(
         ("--lr-schedule",),
         "lr_schedule",
-        "constant, or cosine: from --learning-rate down to 0.",
+        "constant; cosine: from --learning-rate down to 0; step: times --lr-gamma at each "
+        "--lr-milestones epoch.",
         T,
-        kwargs={"type": choice("constant", "cosine")},
+        kwargs={"type": choice("constant", "cosine", "step")},
+    ),
+    Flag(
+        ("--lr-milestones",),
+        "lr_milestones",
+        "--lr-schedule step: epochs where the rate drops, e.g. 30,60 (--compression adaptive steps "
+        "its bits there).",
+        T,
+    ),
+    Flag(
+        ("--lr-gamma",),
+        "lr_gamma",
+        "--lr-schedule step: the factor at each milestone.",
+        T,
+        kwargs={"type": float},
     ),
     Flag(("--seed",), "seed", "Seed of the model's weights and the data's order.", T, kwargs={"type": int}),
     Flag(("--max-batches",), "max_batches", "Stop after this many batches in all.", T, kwargs={"type": int}),
@@ -291,6 +306,13 @@ SPLITFED = (
         "splitfed_trial",
         "--splitfed-plan ours: the first "
         "epoch tries the estimate's N and smaller ones per device and keeps the fastest measured.",
+    ),
+    Flag(
+        ("--splitfed-server-threads",),
+        "splitfed_server_threads",
+        "Threads the server-side models run on at once, each device's mini-batches in arrival order; "
+        "1: one after another; 0: the cores over torch's threads.",
+        kwargs={"type": click.IntRange(min=0)},
     ),
     Flag(
         ("--exhaustive-max-n",),

@@ -28,6 +28,7 @@ from edgeagent.compression.multibit import MultiBitQuantizer
 from edgeagent.compression.schedule import (
     NO_COMPRESSION,
     BitSchedule,
+    adaptive_for,
     adaptive_schedule,
     auto_bits,
     link_bits,
@@ -46,6 +47,7 @@ __all__ = [
     "MultiBitQuantizer",
     "Role",
     "StochasticQuantizer",
+    "adaptive_for",
     "adaptive_schedule",
     "auto_bits",
     "from_wire",

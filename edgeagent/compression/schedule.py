@@ -150,6 +150,13 @@ def adaptive_schedule(epochs: int) -> BitSchedule:
     )
 
 
+def adaptive_for(epochs: int, milestones: Sequence[int] = ()) -> BitSchedule:
+    """``--compression adaptive`` for a run: the paper's rule on the run's learning-rate milestones
+    (:meth:`BitSchedule.from_lr_milestones`: +1 forward bit at each, gradients 8 -> 4 at the first) when
+    its schedule has them, else :func:`adaptive_schedule`'s fractions of ``epochs``."""
+    return BitSchedule.from_lr_milestones(milestones) if milestones else adaptive_schedule(epochs)
+
+
 def link_bits(bandwidth_bytes_per_s: float, tensor_bytes: int, compute_seconds: float) -> tuple[int, int]:
     """``auto`` compression of one link: (activation bits, gradient bits).
 
@@ -169,11 +176,13 @@ def stage_bits(
     epochs: int,
     links: Sequence[tuple[float, int]] = (),
     compute_seconds: float = 0.0,
+    milestones: Sequence[int] = (),
 ) -> tuple[list[int], list[int]]:
     """Bit widths per stage (forward: its activations; backward: its gradients; 32 = none).
 
-    ``mode``: ``none``, ``2``/``3``/``4`` (fixed, 8-bit gradients), ``adaptive`` (the paper's schedule
-    over ``epochs``) or ``auto``: per link ``k`` (``links[k]`` = bandwidth in bytes/s and the bytes of the
+    ``mode``: ``none``, ``2``/``3``/``4`` (fixed, 8-bit gradients), ``adaptive`` (the paper's schedule:
+    on the learning rate's ``milestones`` where the run has them, else over ``epochs``) or ``auto``: per
+    link ``k`` (``links[k]`` = bandwidth in bytes/s and the bytes of the
     activation crossing it), the widest widths whose transfers hide behind ``compute_seconds``.
     """
     none = [NO_COMPRESSION] * stages
@@ -182,7 +191,7 @@ def stage_bits(
     if mode in ("2", "3", "4"):
         return [int(mode)] * stages, [8] * stages
     if mode == "adaptive":
-        schedule = adaptive_schedule(epochs)
+        schedule = adaptive_for(epochs, milestones)
         return [schedule.forward_bits(epoch)] * stages, [schedule.backward_bits(epoch)] * stages
     if mode != "auto":
         raise ConfigError(f"compression {mode!r}: expected none, 2, 3, 4, adaptive or auto")

@@ -37,9 +37,14 @@ class SgdOptions(Protocol):
     def weight_decay(self) -> float: ...
 
 
-def rate_factor(schedule: str, step: int, total: int) -> float:
+def rate_factor(
+    schedule: str, step: int, total: int, steps: tuple[int, ...] = (), gamma: float = 0.1
+) -> float:
     """The learning rate of update ``step`` (0-based) of ``total``, as a share of the set one: ``constant``
-    1; ``cosine`` ``(1 + cos(pi * step / total)) / 2`` (SGDR without restarts: from the set rate to 0)."""
+    1; ``cosine`` ``(1 + cos(pi * step / total)) / 2`` (SGDR without restarts: from the set rate to 0);
+    ``step`` ``gamma ** (milestone updates in steps reached)`` (torch's MultiStepLR, per update)."""
+    if schedule == "step":
+        return float(gamma ** sum(1 for s in steps if s <= step))
     if schedule == "constant" or total <= 0:
         return 1.0
     return 0.5 * (1.0 + math.cos(math.pi * min(max(step, 0), total) / total))

@@ -124,7 +124,10 @@ class Stage:
         self.audit_copy: int | None = None
 
     def _rate_factor(self, step: int) -> float:
-        return rate_factor(self.options.lr_schedule, step, self.options.total_batches)
+        options = self.options
+        return rate_factor(
+            options.lr_schedule, step, options.total_batches, options.lr_steps, options.lr_gamma
+        )
 
     def set_delay(self, delay: int) -> None:
         """This stage is ``delay`` updates stale (``staleness.stage_delay``): its step rule follows; the

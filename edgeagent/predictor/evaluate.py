@@ -23,6 +23,7 @@ its own 21 single layers too (exact by construction).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -294,15 +295,59 @@ def fewer_windows(predictor: LatencyPredictor, held_out: Sequence[Mapping[str, A
     return scores
 
 
+SWEEP_SAMPLES = (2, 4, 6, 8, 10, 12, 14)  # Fig. 8's x axis: 2 to 14 adaptive samples
+
+
+def sample_sweep(
+    predictor: LatencyPredictor,
+    held_out: Sequence[Mapping[str, Any]],
+    counts: Sequence[int] = SWEEP_SAMPLES,
+    *,
+    adapt_steps: int = 300,
+    seed: int = 0,
+) -> dict[int, dict[str, tuple[float, float]]]:
+    """Fig. 8 (papers/004 Sec. 4.2.1): per count ``k`` of adaptive samples, the shares within ±5 % / ±10 %
+    of the paper's update (``predictor+k``: the representatives first, then, past them, sub-models drawn
+    at random, as the paper fills up ``D_hat``) and of ours (``linear+k``: the linear fit on a tiling into
+    ``k`` ranges). Both are scored on the same sub-models for every ``k``: those no ``k``'s inputs hold."""
+    if not held_out:
+        return {}
+    n = predictor.num_layers
+    reps, _ = _inputs(predictor, held_out)
+    spec = ModelSpec.from_dict(held_out[0]["model"])
+    tilings = {k: model_tiling(spec, predictor.layer_flops, k) for k in counts}
+    out: dict[int, Scores] = {k: Scores() for k in counts}
+    for record in held_out:
+        times = _times(record)
+        ranges = sorted(times)
+        h = record_h(record)
+        others = [r for r in ranges if r not in reps and r[1] - r[0] > 1]
+        extra = random.Random(f"{seed}:{record['config'].get('name', '?')}").sample(
+            others, max(0, max(counts) - len(reps))
+        )
+        picked = {k: [*reps[:k], *extra[: max(0, k - len(reps))]] for k in counts}
+        test = scored(ranges, n, [*reps, *extra], list(tilings.values()))
+        measured = [times[r] for r in test]
+        predicted = dict(zip(ranges, predictor.predict(ranges, h), strict=True))
+        for k in counts:
+            samples = [Sample(a, b, h, times[(a, b)]) for a, b in picked[k]]
+            out[k].add("predictor", predictor.adapt(samples, steps=adapt_steps).predict(test, h), measured)
+            guessed = _guesses("linear", predicted, n, tilings[k], reps, times, test)
+            out[k].add("linear", guessed, measured)
+    return {k: scores.mean() for k, scores in out.items()}
+
+
 __all__ = [
     "ADAPT_SAMPLES",
     "BOUNDS",
     "LENGTHS",
+    "SWEEP_SAMPLES",
     "Scores",
     "by_length",
     "evaluate",
     "fewer_windows",
     "reference_record",
     "repeatability",
+    "sample_sweep",
     "scored",
 ]

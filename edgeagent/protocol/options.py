@@ -12,8 +12,15 @@ from typing import Literal
 
 Staleness = Literal["none", "aggregate", "predict", "nesterov", "lookahead", "2bw"]
 """How a stage compensates its delay (:mod:`edgeagent.pipeline.staleness` holds the rules)."""
-LrSchedule = Literal["constant", "cosine"]
-"""The learning rate over the run (:func:`edgeagent.pipeline.sgd.rate_factor`)."""
+LrSchedule = Literal["constant", "cosine", "step"]
+"""The learning rate over the run (:func:`edgeagent.pipeline.sgd.rate_factor`); ``step``: times
+``lr_gamma`` at each of ``lr_steps`` (the epochs of ``TrainConfig.lr_milestones`` in updates)."""
+
+
+def milestone_steps(milestones: tuple[int, ...], batches_per_epoch: int) -> tuple[int, ...]:
+    """The updates where a ``step`` schedule's milestone epochs begin (epoch ``m`` starts at update
+    ``m * batches_per_epoch``, 0-based)."""
+    return tuple(m * batches_per_epoch for m in milestones)
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,10 @@ class TrainOptions:
     # node's; 0: constant).
     lr_schedule: LrSchedule = "constant"
     total_batches: int = 0
+    # ``step``: the updates at which the rate is multiplied by ``lr_gamma`` (the central node's, from the
+    # milestone epochs and its batches per epoch; a step is counted once it is reached).
+    lr_steps: tuple[int, ...] = ()
+    lr_gamma: float = 0.1
     # The synchronous schedule (``--schedule sync``): every batch is this many micro-batches, numbered
     # ``batch * micro_batches + j`` on the wire, whose gradients make one update; 0: the asynchronous one.
     micro_batches: int = 0

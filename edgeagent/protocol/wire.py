@@ -324,6 +324,15 @@ class _Checker:
         (item,) = typing.get_args(tp)
         return [self.check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
 
+    def _tuple(self, tp: Any, value: Any, where: str) -> tuple[Any, ...]:
+        """``tuple[X, ...]`` only (a record's frozen sequence), sent as a list."""
+        args = typing.get_args(tp)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise ProtocolError(f"{where}: no decoder for {tp}")
+        if not isinstance(value, (list, tuple)):
+            raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+        return tuple(self.check(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+
     def _dict(self, tp: Any, value: Any, where: str) -> dict[Any, Any]:
         if not isinstance(value, dict):
             raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
@@ -340,6 +349,7 @@ _BY_ORIGIN: dict[Any, _Method] = {
     types.UnionType: _Checker._union,
     Literal: _Checker._literal,
     list: _Checker._list,
+    tuple: _Checker._tuple,
     dict: _Checker._dict,
 }
 _BY_TYPE: dict[Any, _Method] = {

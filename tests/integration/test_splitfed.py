@@ -132,6 +132,34 @@ def test_two_devices_reach_fl_accuracy_and_never_send_raw_inputs(mosquitto_url: 
         assert tuple(msg.x.shape[1:]) == (128,)  # the output of layer 1 (P = 2), never the 1x8x8 inputs
 
 
+def test_server_side_models_in_parallel_give_the_sequential_global_model(
+    mosquitto_url: str, tmp_path: Path
+) -> None:
+    """PiPar Fig. 3(c) against 3(b): the two devices' server-side models on two threads at once, then one
+    after another on the central node's thread; each device's mini-batches run in arrival order either
+    way, so the global model after FedAvg is the same to the bit."""
+    paths = shards(tmp_path)
+    weights, losses = [], []
+    for threads in (2, 1):
+        report, node = run(
+            mosquitto_url,
+            paths,
+            epochs=1,
+            splitfed_plan="fixed",
+            split_point=1,
+            parallel_batches=2,
+            splitfed_server_threads=threads,
+        )
+        assert isinstance(node.active, SplitFedRun)
+        assert report.splitfed["server_threads"] == threads
+        weights.append(node.active.collect_weights())
+        losses.append(report.test_loss_per_epoch)
+    assert losses[0] == losses[1]
+    assert weights[0].keys() == weights[1].keys()
+    for k, v in weights[0].items():
+        assert torch.equal(v, weights[1][k]), k
+
+
 def test_the_exhaustive_search_trains_every_pair_for_real_and_takes_the_fastest(
     mosquitto_url: str, tmp_path: Path
 ) -> None:

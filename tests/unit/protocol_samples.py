@@ -74,7 +74,14 @@ HAND_SAMPLES: dict[Kind, Message] = {
         committed_backward_id=9,
         status=1,
         options=TrainOptions(
-            learning_rate=0.05, momentum=0.9, weight_decay=1e-4, staleness="none", aggregation_interval=2
+            learning_rate=0.05,
+            momentum=0.9,
+            weight_decay=1e-4,
+            staleness="none",
+            aggregation_interval=2,
+            lr_schedule="step",
+            lr_steps=(60, 120),
+            lr_gamma=0.5,
         ),
         epochs=2,
         batches_per_epoch=30,
@@ -181,6 +188,8 @@ def _auto_value(tp: Any) -> Any:
     if origin is list:
         (item,) = typing.get_args(tp)
         return [_auto_value(item), _auto_value(item)]
+    if origin is tuple:  # tuple[X, ...] (TrainOptions.lr_steps)
+        return (_auto_value(typing.get_args(tp)[0]), 7)
     if origin is dict:
         key_t, val_t = typing.get_args(tp)
         return {_auto_value(key_t): _auto_value(val_t)}

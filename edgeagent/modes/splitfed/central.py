@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ from edgeagent.roles.central.lifecycle import RunLifecycle
 from edgeagent.roles.central.report import RunReport
 from edgeagent.splitfed.cost import DeviceCosts
 from edgeagent.splitfed.fedavg import fedavg, layer_range, shift, state_checksum
+from edgeagent.splitfed.server import ServerSteps, auto_threads, server_step
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,11 +71,15 @@ class ServerSide:
     optimizer: SGD
     sample_shape: tuple[int, ...]  # one row of layer split - 1's output
     done: dict[int, int] = field(default_factory=dict)  # iteration -> mini-batches back-propagated
+    received: dict[int, int] = field(default_factory=dict)  # iteration -> mini-batches taken (queued or done)
     compute: float = 0.0
     last_heard: float = field(default_factory=time.monotonic)
     iteration_seconds: float = 0.0  # the longest gap between two of its activations (its deadline's unit)
     started: float = field(default_factory=time.monotonic)  # when its round was sent
     schedule: tuple[int, ...] = ()  # N of each iteration from the first (SplitRound.schedule)
+    # Its gradients' codec, with a random stream of its own: a device's stochastic rounding does not
+    # depend on when the others' mini-batches came (nor on which thread ran them).
+    codecs: StageCodecs = field(default_factory=StageCodecs)
 
     def parallel_at(self, iteration: int) -> int:
         return scheduled_parallel(self.schedule, self.parallel, iteration)
@@ -122,6 +128,12 @@ class SplitFedRun(SplitFedPlanning):
         self.loss_sum = 0.0
         self.loss_count = 0
         self.epochs: list[dict[str, Any]] = []
+        # The server-side models' mini-batches: in parallel across devices (Fig. 3(c)) or one after another.
+        threads = self.config.splitfed_server_threads or auto_threads(len(self.devices))
+        self.steps = ServerSteps(threads)
+        self.tally = threading.Lock()  # the run's counters, which the server-side threads add to
+        self.last_loss = 0.0  # the latest server-side mini-batch's
+        self.reported = 0  # iterations the progress hooks were told of (on this node's thread only)
 
     # -- the CentralRun interface ---------------------------------------------------------------
 
@@ -160,6 +172,12 @@ class SplitFedRun(SplitFedPlanning):
             self._assign(d)
         self._plan()
         report = self.life.report(self.config.splitfed_plan)
+        try:
+            return self._train(report)
+        finally:
+            self.steps.close()
+
+    def _train(self, report: RunReport) -> RunReport:
         first = self._resume(report)
         started = time.perf_counter()
         for epoch in range(first, self.train.epochs):
@@ -186,6 +204,7 @@ class SplitFedRun(SplitFedPlanning):
             "epochs": self.epochs,
             "plan": {d: list(pn) for d, pn in self.plan.items()},
             "planning": self.plan_info,
+            "server_threads": self.steps.threads,
         }
         return report
 
@@ -278,6 +297,12 @@ class SplitFedRun(SplitFedPlanning):
                 SGD(server.parameters(), self.options),
                 self.shapes[split - 1],
                 schedule=tuple((schedules or {}).get(d, ())),
+                codecs=StageCodecs(
+                    backward_bits=self.codecs.backward_bits,
+                    generator=torch.Generator().manual_seed(
+                        (self.train.seed * 1_000_003 + (epoch + 2) * 1009 + self.devices.index(d)) % 2**63
+                    ),
+                ),
             )
             sent = layer_range(state, 0, split)
             self.sent_checksums[d] = state_checksum(sent)
@@ -302,6 +327,7 @@ class SplitFedRun(SplitFedPlanning):
             f"epoch {epoch} did not end",
             fault=lambda: self._check(participants),
         )
+        self.steps.wait()  # every upload came after its last gradient: at once, unless one was left out
 
     def _check(self, participants: list[str]) -> None:
         """Leave out (this epoch) a device that went offline or silent; never a fault of the run."""
@@ -417,7 +443,7 @@ class SplitFedRun(SplitFedPlanning):
             or int(msg.y.max()) >= self.spec.num_classes
         ):
             problem = "non-finite activation or labels out of range"
-        elif not 0 <= msg.micro < parallel or server.done.get(msg.iteration, 0) >= parallel:
+        elif not 0 <= msg.micro < parallel or server.received.get(msg.iteration, 0) >= parallel:
             problem = f"mini-batch {msg.micro} of iteration {msg.iteration} is not expected"
         if problem is not None:
             self.central.discard(item, problem)
@@ -425,40 +451,51 @@ class SplitFedRun(SplitFedPlanning):
         now = time.monotonic()
         server.iteration_seconds = (
             max(server.iteration_seconds, now - server.last_heard)
-            if server.done
+            if server.received
             else server.iteration_seconds
         )
         server.last_heard = now
+        server.received[msg.iteration] = server.received.get(msg.iteration, 0) + 1
+        self.steps.submit(item.sender, lambda: self._server_step(item.sender, server, msg, x, parallel))
+        self._progress()
+
+    def _progress(self) -> None:
+        """Tell the progress hooks of the iterations done, on this node's thread (never a server-side
+        thread's: a hook may block, and the other devices' mini-batches must go on meanwhile)."""
+        with self.tally:
+            iterations, loss = self.iterations, self.last_loss
+        if iterations != self.reported:
+            self.reported = iterations
+            self.life.progress({"batch": iterations, "total": self._total(), "loss": loss})
+
+    def _server_step(
+        self, device: str, server: ServerSide, msg: SplitActivation, x: torch.Tensor, parallel: int
+    ) -> None:
+        """One mini-batch on ``device``'s server-side model and its gradient sent back; on a server-side
+        thread when they run in parallel (:class:`ServerSteps`: never two of one device's at once)."""
         started = time.perf_counter()
-        leaf = x.detach().requires_grad_(True)
-        out = server.model(leaf)
-        loss = nn.functional.cross_entropy(out, msg.y)
-        (loss / parallel).backward()
-        loss = loss.detach()
-        assert leaf.grad is not None
-        grad = leaf.grad
-        done = server.done.get(msg.iteration, 0) + 1
-        server.done[msg.iteration] = done
-        if done == parallel:
-            server.optimizer.step()
-            server.optimizer.zero_grad(set_to_none=True)
-            self.iterations += 1
-            self.life.progress({"batch": self.iterations, "total": self._total(), "loss": float(loss)})
+        done = server.done.get(msg.iteration, 0)
+        result = server_step(server.model, server.optimizer, x, msg.y, parallel, done)
+        server.done[msg.iteration] = done + 1
         seconds = time.perf_counter() - started
         server.compute += seconds
-        self.central.times.compute += seconds  # the central node's own account (the report's devices)
-        self.loss_sum += float(loss)
-        self.loss_count += 1
+        with self.tally:
+            if result.updated:
+                self.iterations += 1
+                self.last_loss = result.loss
+            self.central.times.compute += seconds  # the central node's own account (the report's devices)
+            self.loss_sum += result.loss
+            self.loss_count += 1
         self.central.send(
-            self.central.topics.device(Family.SPLIT_GRADIENTS, item.sender),
+            self.central.topics.device(Family.SPLIT_GRADIENTS, device),
             SplitGradient(
                 run_id=self.central.run_id,
                 epoch=msg.epoch,
                 iteration=msg.iteration,
                 micro=msg.micro,
-                g=self.codecs.gradient(grad),
-                loss=float(loss),
-                correct=int((out.argmax(1) == msg.y).sum()),
+                g=server.codecs.gradient(result.grad),
+                loss=result.loss,
+                correct=result.correct,
             ),
         )
 
@@ -485,12 +522,13 @@ class SplitFedRun(SplitFedPlanning):
             return
         server.last_heard = time.monotonic()
         self.device_seconds[item.sender] = server.last_heard - server.started
-        if server.split >= self.layers:
-            self.iterations += msg.iterations
-            self.loss_sum += msg.loss_sum
-            self.loss_count += msg.iterations
+        with self.tally:  # FL's device: the server-side threads may be adding the others' meanwhile
+            if server.split >= self.layers:
+                self.iterations += msg.iterations
+                self.loss_sum += msg.loss_sum
+                self.loss_count += msg.iterations
+            loss = self.loss_sum / self.loss_count if self.loss_count else 0.0
         self.updates[item.sender] = msg
-        loss = self.loss_sum / self.loss_count if self.loss_count else 0.0
         self.life.progress({"batch": self.iterations, "total": self._total(), "loss": loss})
 
     def _on_profile(self, item: Inbound) -> None:

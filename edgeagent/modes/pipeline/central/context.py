@@ -46,7 +46,7 @@ from edgeagent.protocol.messages import (
     Ready,
     Weights,
 )
-from edgeagent.protocol.options import TrainOptions
+from edgeagent.protocol.options import TrainOptions, milestone_steps
 from edgeagent.protocol.topics import Family
 from edgeagent.replication.store import WeightStore, snapshots_kept
 from edgeagent.replication.switch import Switch
@@ -147,7 +147,11 @@ class RunState:
         self.batch_deadline = config.batch_timeout  # from the measured step: see refresh_deadline
         self.known_caps: dict[str, float] = {}  # the latest measured capacity of every device
         self.options = TrainOptions.of(self.train)
-        self.options = dataclasses.replace(self.options, total_batches=self.total)
+        self.options = dataclasses.replace(
+            self.options,
+            total_batches=self.total,
+            lr_steps=milestone_steps(self.train.lr_milestones, self.per_epoch),
+        )
         if self.train.schedule == "sync":
             # One micro-batch per stage unless set, never more than the batch has rows.
             micro = min(self.train.micro_batches or len(self.worker_list), self.train.batch_size)

@@ -192,7 +192,15 @@ class Planning:
             sizes = [state.profile.output_bytes[state.points[k + 1] - 1] for k in range(n - 1)]
             links = [(lk.bandwidth, size) for lk, size in zip(state.links, sizes, strict=False)]
         mode, epochs = state.config.compression, state.train.epochs
-        return stage_bits(mode, n, epoch=epoch, epochs=epochs, links=links, compute_seconds=step)
+        return stage_bits(
+            mode,
+            n,
+            epoch=epoch,
+            epochs=epochs,
+            links=links,
+            compute_seconds=step,
+            milestones=state.train.lr_milestones,
+        )
 
     def apply_compression(self, epoch: int) -> None:
         """Tell every stage its codecs when they change (start, epoch, new split, new links)."""
