@@ -281,6 +281,15 @@ class CentralConfig(BrokerAccess):
     # a dead worker's layers and nothing is re-split (papers/002), the baseline.
     recovery: Literal["ftpipehd", "respipe"] = "ftpipehd"
     chain_every: int = Field(50, ge=0, description="batches between chain replications (0: off)")
+    # ResPipe's period T in seconds instead (papers/002 Sec. 4.2: "every T time units", T = 30 s in its
+    # testbed): the central node turns it into batches (replication.period), from the planned step at
+    # the start and the measured commit rate at every re-split and recovery. None: chain_every.
+    chain_seconds: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds between chain replications (ResPipe's T), instead of chain_every",
+    )
     global_every: int = Field(100, ge=0, description="batches between global replications (0: off)")
     replicas: int = Field(1, ge=1, description="chain successors that hold a replica (ResPipe's z)")
     # How replicas cross an emulated slow uplink (--link-mbps): in its idle time, at most this share of
@@ -320,6 +329,16 @@ class CentralConfig(BrokerAccess):
         if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "false", "no"):
             return None
         return value
+
+    @model_validator(mode="after")
+    def _one_period(self) -> CentralConfig:
+        """The chain replication period is in batches or in seconds, not both."""
+        if self.chain_seconds is not None and "chain_every" in self.model_fields_set:
+            raise ValueError(
+                f"chain_every ({self.chain_every} batches) and chain_seconds ({self.chain_seconds} s) are "
+                "both set: the period T is one of the two"
+            )
+        return self
 
     @model_validator(mode="after")
     def _mode_keys(self) -> CentralConfig:

@@ -183,6 +183,7 @@ _CENTRAL_KEYS = (
     "compression",
     "recovery",
     "chain_every",
+    "chain_seconds",
     "global_every",
     "replicas",
     "replica_share",

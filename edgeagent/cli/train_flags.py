@@ -186,6 +186,13 @@ RECOVERY = (
         kwargs={"type": int},
     ),
     Flag(
+        ("--chain-seconds",),
+        "chain_seconds",
+        "Seconds between chain replications (ResPipe's T, 30 in its testbed), instead of --chain-every: "
+        "turned into batches from the planned step, then the measured rate at every re-split and recovery.",
+        kwargs={"type": click.FloatRange(min=0, min_open=True), "metavar": "T"},
+    ),
+    Flag(
         ("--global-every",),
         "global_every",
         "Batches between global replications (0: off).",

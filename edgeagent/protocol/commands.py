@@ -124,7 +124,36 @@ class Reshare(Command):
             raise ProtocolError("reshare names no groups")
 
 
+@dataclasses.dataclass(frozen=True)
+class SetReplication(Command):
+    """Inside plan ``plan_id``, from ``from_batch`` batches done on, chain replicas every ``chain_every``
+    batches (counted from ``from_batch``): ResPipe's period T in seconds at the rate the central node
+    measured (:func:`edgeagent.replication.period.retune`)."""
+
+    NAME = "replication"
+    plan_id: int
+    from_batch: int
+    chain_every: int
+
+    def __post_init__(self) -> None:
+        if self.from_batch < 0 or self.chain_every < 1:
+            raise ProtocolError(
+                f"replication needs from_batch >= 0 and chain_every >= 1, got {self.from_batch} and "
+                f"{self.chain_every}"
+            )
+
+
 COMMAND_TYPES: dict[str, type[Command]] = {
     cls.NAME: cls
-    for cls in (Stop, Collect, Ping, MeasureLink, Emulate, Characterise, SetCompression, Reshare)
+    for cls in (
+        Stop,
+        Collect,
+        Ping,
+        MeasureLink,
+        Emulate,
+        Characterise,
+        SetCompression,
+        Reshare,
+        SetReplication,
+    )
 }

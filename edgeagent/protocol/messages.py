@@ -556,6 +556,9 @@ class Repartition(Message):
     # Batches in flight from stage 0 under the new plan (the number of stages unless --in-flight says);
     # 0 = unchanged. A plan with more stages than the first one pipelines deeper.
     in_flight: int = 0
+    # Batches between chain replications under the new plan (CentralConfig.chain_seconds: ResPipe's T in
+    # seconds at the measured rate); 0 = unchanged.
+    chain_every: int = 0
 
     def __post_init__(self) -> None:
         check_groups(self.groups, self.shares, self.worker_list)

@@ -20,6 +20,7 @@ import torch
 from edgeagent.cli.demo import LocalWorkers
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.modes import mode
+from edgeagent.replication.period import RATE_WINDOW
 from edgeagent.roles.central import Central, RunReport
 from tests.helpers import LocalCluster
 
@@ -129,6 +130,29 @@ def test_sigkill_one_worker_recovers_and_matches_the_fault_free_accuracy(amqtt_u
         clean.final_accuracy,
         faulty.final_accuracy,
     )
+
+
+def test_a_period_in_seconds_is_retuned_to_the_measured_rate_and_the_recovery_uses_it(amqtt_url: str) -> None:
+    """--chain-seconds (ResPipe's T): the first period comes from the central node's profile, which leaves
+    the links out (a tiny MLP: hundreds of batches for 0.05 s); once the plan has committed RATE_WINDOW
+    batches it is retuned to the measured rate from a batch past every stage, and the fault rolls back to
+    a point of the retuned period (never re-split, no global replicas: the chain replicas alone)."""
+    report = run(
+        amqtt_url,
+        kills={"worker-1": 120},
+        partition="uniform",
+        global_every=0,
+        chain_seconds=0.05,
+    )
+    first, *_ = report.chain_periods
+    bound = 3  # batches in flight: the number of stages
+    assert first["batch"] == RATE_WINDOW and first["from_batch"] == RATE_WINDOW + 2 * bound + 8
+    assert report.partitions[0]["chain_every"] > first["chain_every"] >= 1, (report.partitions, first)
+    (rec,) = report.recoveries
+    assert rec["batch"] == 120 and rec["lost"] == ["worker-1"]
+    back = rec["rolled_back_to"]
+    assert back >= first["from_batch"] and (back - first["from_batch"]) % first["chain_every"] == 0, rec
+    assert len(report.test_accuracy_per_epoch) == 3  # the run went on to its end
 
 
 def test_no_update_is_lost_or_applied_twice(amqtt_url: str, tmp_path: Path) -> None:

@@ -25,6 +25,9 @@ class RunReport:
     train_seconds: float = 0.0
     partitions: list[dict[str, Any]] = field(default_factory=list)
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    # --chain-seconds (ResPipe's T in seconds): every retune of the chain period to the measured rate,
+    # {"batch", "from_batch", "chain_every", "batch_seconds"}; a plan's own period is in its partition entry.
+    chain_periods: list[dict[str, Any]] = field(default_factory=list)
     # Hybrid stages: a replica of a replicated stage died and the others took its rows (no rollback).
     failovers: list[dict[str, Any]] = field(default_factory=list)
     mode: str = "pipeline"

@@ -35,6 +35,7 @@ from edgeagent.planner.policy import RepartitionPolicy
 from edgeagent.planner.profiler import LayerProfile, profile_layers
 from edgeagent.planner.recovery import Stalls
 from edgeagent.predictor.tracker import DeviceTimes
+from edgeagent.protocol.commands import SetReplication
 from edgeagent.protocol.identity import PlanView
 from edgeagent.protocol.messages import (
     Announce,
@@ -48,6 +49,14 @@ from edgeagent.protocol.messages import (
 )
 from edgeagent.protocol.options import TrainOptions, milestone_steps
 from edgeagent.protocol.topics import Family
+from edgeagent.replication.period import (
+    RATE_WINDOW,
+    ChainPoints,
+    chain_period,
+    measured_batch_seconds,
+    planned_batch_seconds,
+    retune,
+)
 from edgeagent.replication.store import WeightStore, snapshots_kept
 from edgeagent.replication.switch import Switch
 from edgeagent.roles.central.report import RunReport
@@ -132,6 +141,11 @@ class RunState:
         total = self.per_epoch * self.train.epochs
         self.total = min(total, self.train.max_batches) if self.train.max_batches else total
         self.store = WeightStore(config.device_id, keep=snapshots_kept(0.0))  # see Setup.subscribe_stage
+        # Batches between chain replications under the current plan: chain_every, or chain_seconds turned
+        # into batches (replication.period; set by begin(), refreshed at every switch: period_for_plan).
+        self.chain_every = config.chain_every
+        self.chain = ChainPoints(config.chain_every)  # the points of the current plan (stage 0's too)
+        self.chain_since = 0  # the batch the current plan's first commit follows (the rate window's start)
         self.checkpointed = -1  # the version of the last checkpoint written (Checkpoints._maybe_checkpoint)
         self.inbox = Inbox()
         self.status = 0  # Table I: 1 while recovering from a fault
@@ -209,6 +223,9 @@ class RunState:
         if resume is not None and len(resume["points"]) == len(self.worker_list) + 1:
             self.points = list(resume["points"])
         self.report = self._new_report()
+        self.chain_every = self.period_for_plan()
+        self.chain = ChainPoints(self.chain_every)
+        self.chain_since = self.start_version
         self.initial, self.initial_momentum = self._start_weights()
         stage = build_stage(
             self.spec,
@@ -257,6 +274,74 @@ class RunState:
         """The run's ``replica_share`` if one of its workers paces its uplink, else 0: replicas go at once
         and every store keeps the paper's few snapshots (paced replicas lag, so stores keep more)."""
         return self.config.replica_share if any(self.paces(d) for d in self.worker_list[1:]) else 0.0
+
+    def new_plan_period(self, version: int) -> None:
+        """A new plan goes on from ``version``: its period (:meth:`period_for_plan`), which its order
+        carries, counted from 0 as every stage's."""
+        self.chain_every = self.period_for_plan()
+        self.chain = ChainPoints(self.chain_every)
+        self.chain_since = version
+
+    def retune_chain(self, done: int) -> None:
+        """ResPipe's T in seconds, once a plan has committed :data:`RATE_WINDOW` batches: the period at
+        the rate measured under it, to every stage from a batch none has finished (``replication``)."""
+        seconds = self.config.chain_seconds
+        if seconds is None or done != self.chain_since + RATE_WINDOW:
+            return
+        recent = self.report.timeline[-RATE_WINDOW:]  # under this plan only
+        per_batch = measured_batch_seconds([float(e["t"]) for e in recent])
+        # Past every batch a stage may have finished (in flight, twice over) and the command's way there.
+        margin = 2 * self.bound() + 8
+        points = retune(self.chain, seconds, per_batch, done, margin)
+        if points is None or per_batch is None:
+            return
+        self.chain, self.chain_every = points, points.every
+        self.send(
+            self.topics.fixed(Family.COMMAND),
+            SetReplication(
+                run_id=self.run_id, plan_id=self.plan_id, from_batch=points.start, chain_every=points.every
+            ),
+        )
+        log.info(
+            "chain replication every %d batches from batch %d (T = %g s at %.4f s per batch measured)",
+            points.every,
+            points.start,
+            seconds,
+            per_batch,
+        )
+        entry = {
+            "batch": done,
+            "from_batch": points.start,
+            "chain_every": points.every,
+            "batch_seconds": per_batch,
+        }
+        self.report.chain_periods.append(entry)
+        self.event("chain_period", **entry)
+
+    def period_for_plan(self) -> int:
+        """Batches between chain replications for the plan about to be sent: ``chain_every``, or ResPipe's
+        T in seconds (``chain_seconds``) at the measured time per committed batch, or before any was
+        committed at the planned step (the slowest stage of the split on the central node's profile, the
+        workers taken as equal to it)."""
+        seconds = self.config.chain_seconds
+        if seconds is None:
+            return self.config.chain_every
+        recent = self.report.timeline[-(RATE_WINDOW + 1) :]
+        per_batch = measured_batch_seconds([float(e["t"]) for e in recent])
+        if per_batch is None:
+            layers = self.profile.seconds
+            stages = [sum(layers[a:b]) for a, b in zip(self.points, self.points[1:], strict=False)]
+            if stages:
+                stages[0] *= self.config.slowdown
+            per_batch = planned_batch_seconds(stages)
+        period = chain_period(self.config.chain_every, seconds, per_batch, current=self.chain_every)
+        log.info(
+            "chain replication every %d batches (T = %g s at %s s per batch)",
+            period,
+            seconds,
+            f"{per_batch:.4f}" if per_batch is not None else "an unknown",
+        )
+        return period
 
     def plan_view(self) -> PlanView:
         """Who holds each stage now: stage outputs are taken only from them (protocol/identity.py)."""

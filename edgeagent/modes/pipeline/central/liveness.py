@@ -155,7 +155,7 @@ class Liveness:
         """Bytes a device sends before it says "built" on the split ``points``: the chain and global
         replicas (weights and momentum) of the largest stage."""
         state = self.state
-        copies = int(state.config.chain_every > 0) + int(state.config.global_every > 0)
+        copies = int(state.chain_every > 0) + int(state.config.global_every > 0)
         params = state.param_bytes
         stages = [sum(params[points[k] : points[k + 1]]) for k in range(len(points) - 1)]
         return copies * 2 * max(stages, default=0)
@@ -176,7 +176,7 @@ class Liveness:
         """Seconds the chain and global replicas of the largest stage (weights and momentum: 2 x 2 x its
         parameter bytes) occupy the slowest measured link, doubled for protocol overhead and jitter."""
         state = self.state
-        if not state.links or not (state.config.chain_every or state.config.global_every):
+        if not state.links or not (state.chain_every or state.config.global_every):
             return 0.0
         slowest = self._slowest_link().bandwidth
         params = state.param_bytes

@@ -261,6 +261,7 @@ class Planning:
             "points": list(state.points),
             "plan_id": state.plan_id,
             "reason": reason,
+            "chain_every": state.chain_every,  # batches between chain replications under this plan
         }
         if predicted is not None:
             entry["predicted_step"] = predicted

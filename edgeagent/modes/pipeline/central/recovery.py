@@ -223,6 +223,7 @@ class Recovery:
                 "points": outcome.points,
                 "plan_id": state.plan_id,
                 "reason": reason,
+                "chain_every": state.chain_every,
             }
         )
         log.warning(

@@ -82,7 +82,7 @@ class Setup:
                 in_flight=state.bound(),
                 weights=layer_slice(weights, points[index], points[index + 1]),
                 momentum_buffers=layer_slice(momentum, points[index], points[index + 1]),
-                chain_every=state.config.chain_every,
+                chain_every=state.chain_every,
                 global_every=state.config.global_every,
                 replicas=state.config.replicas,
                 replica_share=state.replica_share(),

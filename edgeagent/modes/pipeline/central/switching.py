@@ -90,6 +90,8 @@ class Switching:
         everyone = [d for d in new_groups.devices if d != state.device_id]
         # Plan ids are never reused: a switch that a fault interrupted must not lend its replies to the next.
         state.plan_counter = max(state.plan_counter, state.plan_id) + 1
+        # ResPipe's T in seconds: the new plan's period from the rate measured under the old one.
+        state.new_plan_period(version)
         order = Repartition(
             run_id=state.run_id,
             plan_id=state.plan_counter,
@@ -104,6 +106,7 @@ class Switching:
             groups=members,
             shares=shares,
             in_flight=state.train.in_flight or len(new_list),
+            chain_every=state.chain_every,
         )
         # Devices of the old plan that the new one leaves out hear of it too: they serve their layers
         # until the commit (hybrid stages: a helper that is no longer needed).

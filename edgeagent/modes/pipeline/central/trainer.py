@@ -468,11 +468,11 @@ class Trainer:
     def _after_batch(self, done: int, loss: float, correct: int) -> None:
         """``done`` batches are committed: replicate, tell the user, apply slowdown changes, plan."""
         state = self.state
-        if any(
-            every and done % every == 0 for every in (state.config.chain_every, state.config.global_every)
-        ):
+        every = state.config.global_every
+        if state.chain.due(done) or (every and done % every == 0):
             state.store.snapshot(state.stage)  # stage 0's own weights at this replication point
             self.checkpoints.maybe_checkpoint(done)  # the workers' replicas of it may all be in already
+        state.retune_chain(done)
         state.notify(batch=done, total=state.total, loss=loss, correct=correct)
         while state.changes and state.changes[0][1] <= done:
             device, at, factor = state.changes.pop(0)

@@ -12,7 +12,15 @@ from typing import TypeVar
 
 from edgeagent.compression.stage import NONE
 from edgeagent.modes.pipeline.worker.host import SessionHost
-from edgeagent.protocol.commands import Collect, Command, MeasureLink, Ping, SetCompression, Stop
+from edgeagent.protocol.commands import (
+    Collect,
+    Command,
+    MeasureLink,
+    Ping,
+    SetCompression,
+    SetReplication,
+    Stop,
+)
 from edgeagent.protocol.messages import Message, Ready, Weights
 from edgeagent.protocol.topics import Family
 from edgeagent.runtime.role import Handler, Inbound
@@ -33,6 +41,7 @@ class RunCommands:
             Stop: self.on_stop,
             Collect: self.on_collect,
             SetCompression: self.on_set_compression,
+            SetReplication: self.on_set_replication,
             Ping: self.on_ping,
             MeasureLink: self.on_measure_link,
         }
@@ -82,6 +91,15 @@ class RunCommands:
         worker = self.session.worker
         if msg is not None and msg.source == worker.device_id:
             worker.measure_link(self.session.run.run_id, msg.target)
+
+    def on_set_replication(self, item: Inbound) -> None:
+        """ResPipe's T retuned to the measured rate: chain replicas every ``chain_every`` batches from
+        ``from_batch`` on (another plan's command is stale: the plan's order carries its own period)."""
+        msg, run = self.command(item, SetReplication), self.session.run
+        if msg is None or msg.plan_id != run.plan_id:
+            return
+        run.chain_every = msg.chain_every
+        run.chain_points = run.chain_points.then(msg.chain_every, msg.from_batch)
 
     def on_set_compression(self, item: Inbound) -> None:
         msg, run = self.command(item, SetCompression), self.session.run

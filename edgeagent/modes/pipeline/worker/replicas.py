@@ -37,7 +37,7 @@ class Replicas:
         """Replicate if batch ``batch_id`` was the last one before a replication point."""
         run, worker = self.run, self.worker
         done = batch_id + 1
-        chain = run.chain_every > 0 and done % run.chain_every == 0
+        chain = run.chain_points.due(done)
         full = run.global_every > 0 and done % run.global_every == 0
         if not (chain or full):
             return

@@ -21,6 +21,7 @@ from edgeagent.pipeline.stage import Stage
 from edgeagent.protocol.limits import TensorMeta
 from edgeagent.protocol.messages import Activation, Gradient
 from edgeagent.protocol.options import TrainOptions
+from edgeagent.replication.period import ChainPoints
 from edgeagent.replication.switch import Switch
 
 
@@ -62,6 +63,9 @@ class Run:
     samples: int = 0  # training samples through this stage in the run (all plans)
     switch: Switch | None = None
     chain_every: int = 50
+    # When this stage sends chain replicas (replication.period): every chain_every batches, retuned by the
+    # central node's "replication" command (--chain-seconds). Set from chain_every when the run starts.
+    chain_points: ChainPoints = field(init=False)
     global_every: int = 100
     replicas: int = 1
     replica_share: float = 0.0  # Assign.replica_share
@@ -72,6 +76,9 @@ class Run:
     sample: TensorMeta | None = None  # one sample of this stage's input (see stage_input)
     layer_shapes: list[list[int]] = field(default_factory=list)  # Assign.layer_shapes
     layer_dtypes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.chain_points = ChainPoints(self.chain_every)
 
     @property
     def stage(self) -> Stage:
@@ -173,6 +180,8 @@ class Run:
         )
         self.index, self.switch = switch.plan.stage, None
         self.in_flight = order.in_flight or self.in_flight
+        self.chain_every = order.chain_every or self.chain_every
+        self.chain_points = ChainPoints(self.chain_every)
         self.runner = StageRunner(stage, self.index, codecs=self.codecs)  # a new stage, a new data path
         self.forwards.clear()
         self.backwards.clear()
