@@ -11,8 +11,9 @@ import torch
 
 from edgeagent.compression import Compressed, CompressionError
 from edgeagent.compression.stage import StageCodecs, restore
-from edgeagent.config import WorkerConfig, parse_send_nan
+from edgeagent.config import WorkerConfig
 from edgeagent.errors import ConfigError
+from edgeagent.injected import parse_send_nan
 from edgeagent.models import ModelSpec
 from edgeagent.modes.allreduce.messages import AllreduceDone, AllreduceMsg, AllreduceStep
 from edgeagent.modes.pipeline.worker.run import Run

@@ -23,8 +23,9 @@ from typing import Any, Literal
 import torch
 
 from edgeagent import __version__
-from edgeagent.config import WorkerConfig, parse_send_nan
+from edgeagent.config import WorkerConfig
 from edgeagent.errors import ConfigError, EdgeAgentError
+from edgeagent.injected import parse_send_nan
 from edgeagent.ops.profiles import DeviceProfile
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.predictor.measure import Characterisation

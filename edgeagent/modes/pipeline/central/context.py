@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from edgeagent.compression.stage import StageCodecs
-from edgeagent.config import CentralConfig, parse_slowdown_change
+from edgeagent.config import CentralConfig
 from edgeagent.data import Dataset, batches_per_epoch
+from edgeagent.injected import parse_slowdown_change
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.groups import Groups
