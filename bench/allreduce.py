@@ -2,6 +2,7 @@
 
     python bench/allreduce.py tables [--sizes 7,15,31] [--timeouts 0.5,1,adaptive] [--segment 5]
     python bench/allreduce.py fig13 [--workers 7] [--epochs 3]
+    python bench/allreduce.py gloo [--workers 7] [--steps 40] [--repeats 3]
     python bench/allreduce.py all
 
 Every run is ``--mode allreduce`` as a user starts it: a private Mosquitto on a free port, the central node
@@ -23,6 +24,13 @@ floor 20 ms); goal: one failed link costs less than 0.5 s.
 ``--workers`` devices (and ft-tree with ``--compression 8``): final test accuracy and training time, and
 torch.distributed's allreduce over gloo (TCP) on the same number of processes with the same model, shards
 and batches as the reference a user would otherwise pick (median step time, and our ft-tree's over it).
+
+``gloo`` (issue 54): only the step-time comparison of ``fig13``, ``--repeats`` rounds, each of
+``--steps`` steps of ``ft-tree-thesis`` (the paper's exchange: one message per subtree sum and per mean),
+``ft-tree`` (the same algorithm with its data by chunks of 512 KiB, pipelined down the tree;
+``edgeagent/allreduce/chunks.py``) and the gloo reference, one after the other in each round; the medians
+over rounds of each one's median step, and the ratios. The thesis gives no such figure (its baselines are
+its own parameter servers and ring); gloo is what a user would otherwise pick.
 
 Time: ``tables`` with 7, 15, 31 devices and three timeouts is nine runs (~15-25 min on 2 cores; 31 torch
 processes start in about a minute); ``fig13`` about 3 minutes.
@@ -258,16 +266,51 @@ def fig13(workers: int, epochs: int) -> None:
     )
 
 
+def gloo_compare(workers: int, steps: int, repeats: int) -> None:
+    names = ("ft-tree-thesis", "ft-tree")
+    medians: dict[str, list[float]] = {name: [] for name in (*names, "gloo")}
+    for r in range(repeats):
+        broker = Broker()
+        try:
+            for name in names:
+                its = run(broker.url, workers, steps, collective=name).allreduce["iterations"]
+                medians[name].append(statistics.median(it["collective_seconds"] for it in its[WARMUP:]))
+        finally:
+            broker.stop()
+        medians["gloo"].append(gloo(workers, steps)[0])
+        row = ", ".join(f"{k} {v[-1]:.4f} s" for k, v in medians.items())
+        print(f"  round {r + 1}: {row}", flush=True)
+    m = {k: statistics.median(v) for k, v in medians.items()}
+    print(
+        f"\nAllreduce step, {workers} processes, {steps} steps (median step per run, median of {repeats} "
+        "runs), 784-512-10 MLP (407,050 floats), batch 100 per device"
+    )
+    print(f"ft-tree, the paper's exchange (one message per sum): {m['ft-tree-thesis']:.4f} s")
+    print(f"ft-tree, by chunks of 512 KiB (pipelined):           {m['ft-tree']:.4f} s")
+    print(f"torch.distributed all_reduce over gloo (TCP):          {m['gloo']:.4f} s")
+    ratios = {k: [a / g for a, g in zip(medians[k], medians["gloo"], strict=True)] for k in names}
+    print(
+        f"ft-tree over MQTT / gloo: {m['ft-tree'] / m['gloo']:.1f}x (the paper's exchange "
+        f"{m['ft-tree-thesis'] / m['gloo']:.1f}x; goal of issue 54: at most 1.5x); per round "
+        + ", ".join(f"{r:.2f}x" for r in ratios["ft-tree"])
+        + " (the paper's exchange "
+        + ", ".join(f"{r:.2f}x" for r in ratios["ft-tree-thesis"])
+        + ")"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=("tables", "fig13", "all"))
+    parser.add_argument("what", choices=("tables", "fig13", "gloo", "all"))
     parser.add_argument("--sizes", default="7,15,31")
     parser.add_argument("--timeouts", default="0.5,1,adaptive")
     parser.add_argument("--segment", type=int, default=5)
     parser.add_argument("--workers", type=int, default=7)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     os.environ.setdefault("EDGEAGENT_WORKER_LOG_LEVEL", "ERROR")
     if args.what in ("tables", "all"):
@@ -276,6 +319,8 @@ def main() -> None:
         tables(sizes, timeouts, args.segment)
     if args.what in ("fig13", "all"):
         fig13(args.workers, args.epochs)
+    if args.what == "gloo":
+        gloo_compare(args.workers, args.steps, args.repeats)
 
 
 if __name__ == "__main__":

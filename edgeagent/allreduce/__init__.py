@@ -2,7 +2,9 @@
 (papers/001) and its baselines, as pure state machines (:mod:`edgeagent.allreduce.base`).
 
 ``make_collective`` builds one device's part of one step by name: ``ft-tree`` (the thesis's algorithm
-with our proactive broadcast rule), ``ft-tree-thesis`` (Algorithms 1 and 2 as written), ``tree`` and
+with our proactive broadcast rule, its data exchanged by chunks of
+:data:`~edgeagent.allreduce.chunks.CHUNK_FLOATS`, pipelined down the tree), ``ft-tree-thesis``
+(Algorithms 1 and 2 as written, one message per sum and per mean: the paper's exchange), ``tree`` and
 ``ring``. The parameter-server baselines (``ps-sync``, ``ps-async``) run on the central node and are not
 collectives.
 
@@ -26,6 +28,7 @@ Note for the mode that drives them (what :mod:`edgeagent.allreduce.base` does no
 from __future__ import annotations
 
 from edgeagent.allreduce.base import Collective, LinkTimeouts
+from edgeagent.allreduce.chunks import CHUNK_FLOATS
 from edgeagent.allreduce.ft_tree import FtTreeAllreduce
 from edgeagent.allreduce.ring import RingAllreduce
 from edgeagent.allreduce.tree import TreeAllreduce
@@ -37,7 +40,7 @@ COLLECTIVES = ("ft-tree", "ft-tree-thesis", "tree", "ring")
 def make_collective(name: str, rank: int, size: int, step: int, timeouts: LinkTimeouts) -> Collective:
     """One device's part (``rank`` of ``size``) in allreduce ``step`` with the collective ``name``."""
     if name == "ft-tree":
-        return FtTreeAllreduce(rank, size, step, timeouts, variant="proactive")
+        return FtTreeAllreduce(rank, size, step, timeouts, variant="proactive", chunk_floats=CHUNK_FLOATS)
     if name == "ft-tree-thesis":
         return FtTreeAllreduce(rank, size, step, timeouts, variant="thesis")
     if name == "tree":

@@ -13,7 +13,8 @@ Note: a message's ``kind`` is one of :data:`REDUCE_KINDS` / :data:`BROADCAST_KIN
 reduce and three broadcast messages, Algorithms 1 and 2) or a baseline's own kinds; the wire message in
 :mod:`edgeagent.protocol` carries it as a string, with ``step``, ``origin`` (whose data), ``target`` (the
 node a meta message is about), ``contributors`` (the ranks summed into ``data``: what makes "no
-contribution lost or counted twice" checkable) and the ``data`` tensor (absent in metadata messages).
+contribution lost or counted twice" checkable) and the ``data`` tensor (absent in metadata messages);
+the ft-tree's data messages also carry ``chunk`` of ``chunks`` (:mod:`edgeagent.allreduce.chunks`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class CollectiveMsg:
     target: int | None = None  # the node a metadata message is about
     contributors: tuple[int, ...] = ()  # ranks whose gradients are summed in ``data``
     data: torch.Tensor | None = None  # flat float32; None for metadata
+    chunk: int = 0  # which chunk of the vector ``data`` is (the ft-tree's exchange by chunks)
+    chunks: int = 1  # of how many (1: the whole vector)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,15 @@ Note: what the thesis leaves implicit, and what we decided:
   confirmed at once (``meta_reduce_received`` means "I received it", line 13), so a watcher's timeout
   covers the link and not the parent's compute time: a slow parent does not trip spurious relays.
 
+Chunks (issue 54; :mod:`edgeagent.allreduce.chunks`): with ``chunk_floats`` set, every data message
+carries one chunk of the vector and the algorithm's data events run per chunk: a node sends chunk k of
+its sum up once every child's chunk k is in (a parent adds chunk k while chunk k+1 is on the wire), and
+forwards chunk k of the mean to its children as it arrives. Its metadata stays per step: a child's sum
+counts as received (``meta_reduce_received``) once all its chunks are in, ``meta_reduce_sent`` follows the
+last chunk sent up, ``meta_bcast_received`` / ``meta_bcast_sent`` follow the whole mean, a request is
+answered and a late neighbour served with every chunk, and each chunk is deduplicated by its own
+contributors. ``chunk_floats=None`` is the paper's exchange: one message per sum and per mean.
+
 Variants: ``"thesis"`` is the above, as written. ``"proactive"`` (the default, ``--collective ft-tree``)
 adds one rule: a backup node that learnt in the reduce that ``k``'s main link is down (its data timeout
 for ``k`` fired) sends ``k`` the mean as soon as it holds it, instead of waiting for
@@ -52,11 +61,12 @@ a link that fails only after the reduce is still caught by the thesis's broadcas
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import torch
 
-from edgeagent.allreduce import topology
+from edgeagent.allreduce import chunks, topology
 from edgeagent.allreduce.base import CollectiveMsg, LinkTimeouts, Send
 from edgeagent.allreduce.step import StepCollective
 from edgeagent.errors import ConfigError
@@ -73,20 +83,34 @@ class FtTreeAllreduce(StepCollective):
     label = "ft-tree"
 
     def __init__(
-        self, rank: int, size: int, step: int, timeouts: LinkTimeouts, *, variant: Variant = "proactive"
+        self,
+        rank: int,
+        size: int,
+        step: int,
+        timeouts: LinkTimeouts,
+        *,
+        variant: Variant = "proactive",
+        chunk_floats: int | None = None,
     ) -> None:
         if variant not in VARIANTS:
             raise ConfigError(f"ft-tree variant {variant!r} is not one of {', '.join(VARIANTS)}")
+        if chunk_floats is not None and chunk_floats < 1:
+            raise ConfigError(f"ft-tree chunk_floats must be >= 1 or None, got {chunk_floats}")
         super().__init__(rank, size, step, timeouts, max_early=_MAX_EARLY)
         self.node = topology.node(rank, size)
         self.variant: Variant = variant
+        self.chunk_floats = chunk_floats
         self._sum: torch.Tensor | None = None
-        self._contrib: set[int] = set()
-        self._children_in: set[int] = set()
+        self._bounds: list[tuple[int, int]] = []  # each chunk's [lo, hi), once started
+        self._parts: list[chunks.ChunkSum] = []  # each chunk's running sum
+        self._contrib: set[int] = set()  # all ranks once this node holds the mean
+        self._received: dict[int, set[int]] = {}  # child -> chunks of its sum received (any path)
         self._confirmed: set[int] = set()  # children whose sum we told their watchers about
-        self._sent_up = False
-        self._up: CollectiveMsg | None = None  # the sum we sent up, to answer requests with
+        self._up: dict[int, CollectiveMsg] = {}  # chunk -> what we sent up, to answer requests with
+        self._sent_up = False  # every chunk went up
         self._requests: list[int] = []  # meta_reduce_request before we sent our sum
+        self._mean_buf: torch.Tensor | None = None  # the mean, filled chunk by chunk
+        self._mean_have: set[int] = set()
         self._reduce_seen: set[int] = set()  # watched nodes whose sum their parent confirmed
         self._reduce_deadline: dict[int, float] = {}
         self._suspect: set[int] = set()  # watched nodes whose parent link failed in the reduce
@@ -101,13 +125,19 @@ class FtTreeAllreduce(StepCollective):
 
     def start(self, grad: torch.Tensor, now: float) -> list[Send]:
         self._sum = self._begin(grad).clone()
-        self._contrib = {self.rank}
-        return self._replay_early(self._maybe_send_up(now), now)
+        numel = self._sum.numel()
+        self._bounds = chunks.bounds(numel, chunks.count(numel, self.chunk_floats))
+        self._parts = [
+            chunks.ChunkSum(self._sum[lo:hi], self.rank, self.node.children) for lo, hi in self._bounds
+        ]
+        self._mean_buf = torch.empty_like(self._sum)
+        return self._replay_early(self._advance(now), now)
 
     def receive(self, msg: CollectiveMsg, now: float) -> list[Send]:
         if msg.step != self.step:
             return []
         if not self._started and msg.kind in ("data_reduce", "data_bcast"):
+            self._max_early = _MAX_EARLY * min(max(1, msg.chunks), chunks.MAX_CHUNKS)
             return self._ack_early(msg) if self._keep_early(msg) else []
         handler = _HANDLERS.get(msg.kind)
         if handler is None:
@@ -142,25 +172,44 @@ class FtTreeAllreduce(StepCollective):
         return self._mean is not None and self.next_deadline() is None and not self._bcast_owed
 
     def contributors(self) -> tuple[int, ...]:
-        """The ranks summed so far on this node (all ranks once it holds the mean)."""
-        return tuple(sorted(self._contrib))
+        """The ranks summed so far on this node, in every chunk (all ranks once it holds the mean)."""
+        if self._mean is not None:
+            return tuple(sorted(self._contrib))
+        if not self._parts:
+            return ()
+        return tuple(sorted(set.intersection(*(p.contrib for p in self._parts))))
 
     # --- reduce (Algorithm 1) ----------------------------------------------------------------------
 
-    def _maybe_send_up(self, now: float) -> list[Send]:
-        if self._sent_up or not set(self.node.children) <= self._children_in:
-            return []
+    def _advance(self, now: float) -> list[Send]:
+        """Send up (the root: turn into the mean) every chunk whose children are all in; once every
+        chunk went up, tell the backups (lines 6-9)."""
+        out: list[Send] = []
+        if self._sent_up:
+            return out
+        parent = self.node.parent
+        root = parent is None
+        for k, part in enumerate(self._parts):
+            if not part.complete or k in self._up or (root and k in self._mean_have):
+                continue
+            if parent is None:
+                if part.contrib != set(range(self.size)):
+                    raise AssertionError(f"root has contributors {sorted(part.contrib)} of {self.size}")
+                out += self._mean_chunk(k, part.data / self.size)
+                continue
+            up = self._data(parent, "data_reduce", part.data, part.contrib, k)
+            self._up[k] = up.msg
+            out.append(up)
+        if root:
+            if len(self._mean_have) == len(self._parts):
+                self._sent_up = True
+                out += self._on_mean(now)
+            return out
+        if len(self._up) < len(self._parts):
+            return out
         self._sent_up = True
-        assert self._sum is not None
-        if self.node.parent is None:  # the root: every contributor is in
-            if self._contrib != set(range(self.size)):
-                raise AssertionError(f"root has contributors {sorted(self._contrib)} of {self.size}")
-            return self._on_mean(self._sum / self.size, now)
-        up = self._data(self.node.parent, "data_reduce", self.rank, self._sum, target=self.node.parent)
-        self._up = up.msg
-        out = [up]
         for b in self.node.backups:  # lines 8-9
-            out.append(self._send(b, "meta_reduce_sent", target=self.node.parent))
+            out.append(self._send(b, "meta_reduce_sent", target=parent))
         requests, self._requests = self._requests, []
         for j in requests:
             out += self._answer_request(j)
@@ -168,20 +217,22 @@ class FtTreeAllreduce(StepCollective):
 
     def _on_data_reduce(self, msg: CollectiveMsg, now: float) -> list[Send]:
         origin = msg.sender if msg.origin is None else msg.origin
-        contrib = set(msg.contributors)
-        if origin not in self.node.children or not self._fits(msg) or not contrib:
+        if origin not in self.node.children or not self._fits(msg) or not msg.contributors:
             self.rejected += 1
             return []
-        if contrib <= self._contrib:  # line 11: already counted
-            return []
-        if contrib & self._contrib:
+        assert msg.data is not None
+        verdict = self._parts[msg.chunk].offer(origin, frozenset(msg.contributors), msg.data)  # lines 11-12
+        if verdict == "bad":
             self.rejected += 1
             return []
-        assert self._sum is not None and msg.data is not None
-        self._sum += msg.data  # line 12
-        self._contrib |= contrib
-        self._children_in.add(origin)
-        return self._confirm(origin) + self._maybe_send_up(now)
+        if verdict == "dup":
+            return []
+        return self._received_chunk(origin, msg.chunk, len(self._parts)) + self._advance(now)
+
+    def _received_chunk(self, origin: int, chunk: int, count: int) -> list[Send]:
+        got = self._received.setdefault(origin, set())
+        got.add(chunk)
+        return self._confirm(origin) if len(got) >= count else []
 
     def _confirm(self, origin: int) -> list[Send]:
         if origin in self._confirmed:
@@ -192,13 +243,13 @@ class FtTreeAllreduce(StepCollective):
 
     def _ack_early(self, msg: CollectiveMsg) -> list[Send]:
         # A child's sum that arrives while this node still computes its own gradient is confirmed at
-        # once: the watchers' timeouts then cover the link, not this node's compute time.
+        # once (all its chunks): the watchers' timeouts then cover the link, not this node's compute time.
         origin = msg.sender if msg.origin is None else msg.origin
         if msg.kind != "data_reduce" or origin not in self.node.children or msg.data is None:
             return []
-        if not msg.contributors:
+        if not msg.contributors or not 0 <= msg.chunk < msg.chunks <= chunks.MAX_CHUNKS:
             return []
-        return self._confirm(origin)
+        return self._received_chunk(origin, msg.chunk, msg.chunks)
 
     def _on_meta_reduce_received(self, msg: CollectiveMsg, now: float) -> list[Send]:
         if msg.target is not None:  # lines 15-16
@@ -222,13 +273,12 @@ class FtTreeAllreduce(StepCollective):
         return self._answer_request(msg.sender)
 
     def _answer_request(self, j: int) -> list[Send]:
-        if self._up is None or self._mean is not None:  # with the mean, the root has our sum
+        if not self._up or self._mean is not None:  # with the mean, the root has our sum
             return []
-        up = self._up
-        msg = CollectiveMsg(
-            "data_reduce_request", self.step, self.rank, self.rank, up.target, up.contributors, up.data
-        )
-        return [Send(j, msg)]
+        return [
+            Send(j, dataclasses.replace(up, kind="data_reduce_request", origin=self.rank))
+            for _, up in sorted(self._up.items())
+        ]
 
     def _on_data_reduce_request(self, msg: CollectiveMsg, now: float) -> list[Send]:
         j = msg.sender  # lines 22-23
@@ -238,28 +288,49 @@ class FtTreeAllreduce(StepCollective):
             return []
         self._suspect.add(j)
         relay = CollectiveMsg(
-            "data_reduce", self.step, self.rank, origin=j, contributors=msg.contributors, data=msg.data
+            "data_reduce",
+            self.step,
+            self.rank,
+            origin=j,
+            contributors=msg.contributors,
+            data=msg.data,
+            chunk=msg.chunk,
+            chunks=msg.chunks,
         )
         return [Send(k, relay)]
 
     # --- broadcast (Algorithm 2) -------------------------------------------------------------------
 
     def _on_data_bcast(self, msg: CollectiveMsg, now: float) -> list[Send]:
-        if self._mean is not None:  # line 6
+        if self._mean is not None or msg.chunk in self._mean_have:  # line 6
             return []
         if not self._fits(msg) or set(msg.contributors) != set(range(self.size)):
             self.rejected += 1
             return []
         assert msg.data is not None
-        self._contrib = set(msg.contributors)
-        return self._on_mean(msg.data.clone(), now)
+        out = self._mean_chunk(msg.chunk, msg.data)
+        if len(self._mean_have) == len(self._parts):
+            self._contrib = set(msg.contributors)
+            out += self._on_mean(now)
+        return out
 
-    def _on_mean(self, mean: torch.Tensor, now: float) -> list[Send]:
-        self._mean = mean
+    def _mean_chunk(self, k: int, data: torch.Tensor) -> list[Send]:
+        """Chunk ``k`` of the mean is here: keep it and send it on to the children (line 10, per chunk)."""
+        assert self._mean_buf is not None
+        lo, hi = self._bounds[k]
+        chunk = self._mean_buf[lo:hi]
+        chunk.copy_(data)
+        self._mean_have.add(k)
+        everyone = set(range(self.size))
+        return [self._data(ch, "data_bcast", chunk, everyone, k) for ch in self.node.children]
+
+    def _on_mean(self, now: float) -> list[Send]:
+        """Every chunk of the mean is here (and went on to the children): Algorithm 2's metadata."""
+        self._mean = self._mean_buf
+        self._contrib = set(range(self.size))
         self._reduce_deadline.clear()
         out = [self._send(b, "meta_bcast_received") for b in self.node.backups]  # lines 7-8
-        for ch in self.node.children:  # lines 9-12
-            out.append(self._data(ch, "data_bcast", self.rank, mean))
+        for ch in self.node.children:  # lines 11-12 (the data went out chunk by chunk)
             for x in (*(c for c in self.node.children if c != ch), self.node.brother):
                 if x is not None:
                     out.append(self._send(x, "meta_bcast_sent", target=ch))
@@ -300,7 +371,11 @@ class FtTreeAllreduce(StepCollective):
         self._bcast_served.add(k)
         self._bcast_deadline.pop(k, None)
         self._check_linger()
-        return [self._data(k, "data_bcast", self.rank, self._mean)]
+        everyone = set(range(self.size))
+        return [
+            self._data(k, "data_bcast", self._mean[lo:hi], everyone, c)
+            for c, (lo, hi) in enumerate(self._bounds)
+        ]
 
     def _settled(self, k: int) -> bool:
         return k in self._bcast_seen or k in self._bcast_served
@@ -313,16 +388,31 @@ class FtTreeAllreduce(StepCollective):
 
     def _fits(self, msg: CollectiveMsg) -> bool:
         # before start (a relay for a neighbour) the shape is not known here: the parent checks it
-        return msg.data is not None and (self._sum is None or msg.data.shape == self._sum.shape)
+        if msg.data is None or not 0 <= msg.chunk < msg.chunks <= chunks.MAX_CHUNKS:
+            return False
+        if self._sum is None:
+            return True
+        if msg.chunks != len(self._bounds):
+            return False
+        lo, hi = self._bounds[msg.chunk]
+        return msg.data.shape == (hi - lo,)
 
     def _send(self, to: int, kind: str, *, target: int | None = None) -> Send:
         return Send(to, CollectiveMsg(kind, self.step, self.rank, target=target))
 
-    def _data(
-        self, to: int, kind: str, origin: int, data: torch.Tensor, *, target: int | None = None
-    ) -> Send:
-        contrib = tuple(sorted(self._contrib))
-        msg = CollectiveMsg(kind, self.step, self.rank, origin, target, contrib, data)
+    def _data(self, to: int, kind: str, data: torch.Tensor, contrib: set[int], chunk: int) -> Send:
+        target = to if kind == "data_reduce" else None
+        msg = CollectiveMsg(
+            kind,
+            self.step,
+            self.rank,
+            self.rank,
+            target,
+            tuple(sorted(contrib)),
+            data,
+            chunk,
+            len(self._bounds),
+        )
         return Send(to, msg)
 
 

@@ -104,6 +104,8 @@ HAND_SAMPLES: dict[Kind, Message] = {
         ts=12.5,
         echo=12.25,
         echo_delay=0.125,
+        chunk=1,
+        chunks=4,
     ),
     AllreduceKind.ALLREDUCE_STEP: AllreduceStep(
         run_id="run-1", step=7, attempt=1, members=["w1", "w2"], epoch=1, collect=True, weights=torch.ones(4)

@@ -25,6 +25,9 @@ class AllreduceKind(Kind):
     ALLREDUCE_DONE = "allreduce_done"
 
 
+MAX_CHUNKS = 1024
+"""Chunks at most of one vector (:data:`edgeagent.allreduce.chunks.MAX_CHUNKS`; torch-only imports here)."""
+
 MAX_ALLREDUCE_MEMBERS = 4096
 """Ranks at most in one allreduce step (checked on decode: a contributor list cannot be made huge)."""
 
@@ -42,7 +45,8 @@ class AllreduceMsg(Message):
     ``attempt`` tells a step run again over other members (a device died) from the first try; ``ts`` and
     ``echo`` are the sender's clock and the last ``ts`` it received from the receiver, ``echo_delay`` how
     long it held that one: the receiver's round trip on this link is ``now - echo - echo_delay`` (TCP's
-    timestamps option, RFC 7323), what adaptive timeouts are made of.
+    timestamps option, RFC 7323), what adaptive timeouts are made of. ``chunk`` of ``chunks``: which part
+    of the vector ``data`` is (the ft-tree exchanges its data by chunks, :mod:`edgeagent.allreduce.chunks`).
     """
 
     KIND = AllreduceKind.ALLREDUCE
@@ -58,10 +62,15 @@ class AllreduceMsg(Message):
     ts: float = 0.0
     echo: float = -1.0  # -1: nothing to echo yet
     echo_delay: float = 0.0
+    chunk: int = 0  # the ft-tree's data by chunks: which chunk of the vector ``data`` is
+    chunks: int = 1  # of how many (1: the whole vector)
 
     def __post_init__(self) -> None:
         if self.step < 0 or self.attempt < 0:
             raise ProtocolError(f"allreduce message with step {self.step}, attempt {self.attempt}")
+        if not (0 <= self.chunk < MAX_CHUNKS and 1 <= self.chunks <= MAX_CHUNKS):
+            # chunk < chunks is the collective's check (a message it drops and counts as rejected)
+            raise ProtocolError(f"allreduce chunk {self.chunk} of {self.chunks}: at most {MAX_CHUNKS} chunks")
         if not 1 <= len(self.kind) <= 32:
             raise ProtocolError(f"allreduce message kind of {len(self.kind)} characters (1-32)")
         for what, rank in (("sender", self.sender), ("origin", self.origin), ("target", self.target)):

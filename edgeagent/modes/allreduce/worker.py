@@ -366,6 +366,8 @@ class AllreduceSession:
             ts=now,
             echo=echo,
             echo_delay=echo_delay,
+            chunk=m.chunk,
+            chunks=m.chunks,
         )
         self.worker.send(self.worker.topics.link(me, peer), msg)
 
@@ -434,6 +436,8 @@ class AllreduceSession:
             target=None if msg.target < 0 else msg.target,
             contributors=tuple(msg.contributors),
             data=data,
+            chunk=msg.chunk,
+            chunks=msg.chunks,
         )
         now = time.monotonic()
         self._send(active, active.collective.receive(cmsg, now))
