@@ -256,6 +256,10 @@ class CentralConfig(BrokerAccess):
     # Replication (papers/000 Sec. III-E) and recovery (Sec. III-F). respipe: the next worker takes over
     # a dead worker's layers and nothing is re-split (papers/002), the baseline.
     recovery: Literal["ftpipehd", "respipe"] = "ftpipehd"
+    # After one dead worker: resume (its layers from its newest replica, only its lost batches replayed
+    # from its neighbours' logs, nobody else goes back) or rollback (every stage back to that replica's
+    # version, every batch since replayed: the behaviour before 2026-11-29, the baseline).
+    recovery_mode: Literal["resume", "rollback"] = "resume"
     chain_every: int = Field(50, ge=0, description="batches between chain replications (0: off)")
     global_every: int = Field(100, ge=0, description="batches between global replications (0: off)")
     replicas: int = Field(1, ge=1, description="chain successors that hold a replica (ResPipe's z)")

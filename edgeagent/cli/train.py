@@ -172,6 +172,7 @@ _CENTRAL_KEYS = (
     "prometheus_port",
     "compression",
     "recovery",
+    "recovery_mode",
     "chain_every",
     "global_every",
     "replicas",

@@ -83,6 +83,10 @@ class WeightStore:
         for old in sorted(versions)[: -self.keep]:
             del versions[old]
 
+    def put(self, device: str, snap: Snapshot) -> None:
+        """Keep a snapshot of ``device`` made here (a dead stage brought forward without a rollback)."""
+        self._put(device, snap)
+
     def snapshot(self, stage: Stage) -> Snapshot:
         """Keep this device's own weights and momentum at the stage's current version."""
         layers = range(stage.module.start, stage.module.end)
@@ -121,9 +125,10 @@ class WeightStore:
         spec: ModelSpec,
         seed: int,
     ) -> tuple[Tensors, Tensors]:
-        """Weights and momentum of ``layers`` of ``of_device`` at ``version`` (-1: live; 0 without a
-        snapshot of it: the seeded start)."""
-        if version == -1:
+        """Weights and momentum of ``layers`` of ``of_device`` at ``version`` (-1: live; the live stage's own
+        version: live too, the same weights as its snapshot would hold; 0 without a snapshot of it: the
+        seeded start)."""
+        if version == -1 or (live is not None and of_device == self.device_id and version == live.version):
             if live is None or of_device != self.device_id:
                 raise TrainingError(f"{self.device_id} has no live weights of {of_device}")
             return live.export(layers)

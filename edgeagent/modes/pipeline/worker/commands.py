@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from edgeagent.compression.stage import NONE
 from edgeagent.modes.pipeline.worker.host import SessionHost
-from edgeagent.protocol.commands import Collect, Command, MeasureLink, Ping, SetCompression, Stop
+from edgeagent.protocol.commands import Collect, Command, MeasureLink, Ping, Resend, SetCompression, Stop
 from edgeagent.protocol.messages import Message, Ready, Weights
 from edgeagent.protocol.topics import Family
 from edgeagent.runtime.role import Handler, Inbound
@@ -34,6 +34,7 @@ class RunCommands:
             Collect: self.on_collect,
             SetCompression: self.on_set_compression,
             Ping: self.on_ping,
+            Resend: self.on_resend,
             MeasureLink: self.on_measure_link,
         }
 
@@ -76,6 +77,28 @@ class RunCommands:
                 holdings=self.session.replicas.store.holdings(),
             ),
         )
+
+    def on_resend(self, item: Inbound) -> None:
+        """A recovery without a rollback replays the dead stage before this one from the gradients this
+        stage sent it: finish what can run here (the dead stage's last outputs), send them again, and say
+        which version that left the stage at (pipeline/catchup.py)."""
+        msg, session = self.command(item, Resend), self.session
+        run, worker = session.run, session.worker
+        if msg is None or msg.device != worker.device_id or msg.plan_id != run.plan_id:
+            return
+        while session.has_work():
+            session.step()
+        topic = worker.topics.gradients(run.index, worker.device_id)
+        sent = run.runner.sent_gradients
+        for batch_id in sorted(b for b in sent if b >= msg.since):
+            worker.send(topic, sent[batch_id])
+        worker.send(
+            worker.topics.device(Family.REPLY, worker.device_id),
+            Ready(
+                run_id=run.run_id, plan_id=run.plan_id, device_id=worker.device_id, stage=run.index,
+                parameters=0, phase="resent", version=run.stage.version,
+            ),
+        )  # fmt: skip
 
     def on_measure_link(self, item: Inbound) -> None:
         msg = self.command(item, MeasureLink)

@@ -173,7 +173,8 @@ class Run:
         )
         self.index, self.switch = switch.plan.stage, None
         self.in_flight = order.in_flight or self.in_flight
-        self.runner = StageRunner(stage, self.index, codecs=self.codecs)  # a new stage, a new data path
+        # A new stage, a new data path (its log starts empty: the old layout's batches cannot be replayed).
+        self.runner = StageRunner(stage, self.index, codecs=self.codecs, log_keep=self.runner.log_keep)
         self.forwards.clear()
         self.backwards.clear()
         self.evals.clear()
