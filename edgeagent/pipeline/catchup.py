@@ -72,6 +72,7 @@ class Pieces:
     momentum: dict[str, torch.Tensor] = field(default_factory=dict)
     gradients: dict[int, Gradient] = field(default_factory=dict)
     version: int | None = None  # the successor's version once it resent
+    topics: list[str] = field(default_factory=list)  # what the central node listens to meanwhile
 
     def accept_weights(self, msg: Weights) -> bool:
         """The replica, fetched; False when ``msg`` is something else."""

@@ -4,10 +4,11 @@ goes back (the rule: :mod:`edgeagent.pipeline.catchup`; why and when: docs/desig
 The central node replays the dead stage's lost batches itself, as its stage 0 holds half of what they
 need (the activations it sent the dead stage 1) and it is where the run is coordinated:
 
-1. It fetches the dead stage's replica at the recovery point's version ``v`` (from the chain successor
-   that holds it, or from its own global replica) and asks the stage after the dead one (``Resend``) to
-   finish what it holds and send again the gradients it sent the dead stage for batches ``v`` on; that
-   stage then says ``Ready(phase="resent")`` with its version ``c``.
+1. It asks the stage after the dead one (``Resend``, with the probe when the fault named the dead
+   device) to finish what it holds and send again the gradients it sent the dead stage; that stage then
+   says ``Ready(phase="resent")`` with its version ``c``. Once the probe has found the recovery point's
+   version ``v``, it fetches the dead stage's replica of ``v`` (from the chain successor that holds it,
+   or from its own global replica).
 2. It replays batches ``v .. c-1`` on the replica (:func:`~edgeagent.pipeline.catchup.catch_up`) and
    finishes the batches from its own committed id on with the input gradients that yields: stage 0
    reaches ``c`` too, committing them as if the dead stage had sent their gradients.
@@ -64,46 +65,80 @@ def eligible(state: RunState, dead: set[str], point: RecoveryPoint) -> str | Non
     return None
 
 
-def bring_forward(
-    state: RunState, device: str, point: RecoveryPoint, finish: Finish, committed: int, timeout: float
-) -> int | None:
-    """Bring dead stage 1 (``device``) forward from ``point`` (see the module doc); return the version
-    every stage is at afterwards (training resumes there), or None when a piece did not come (roll back)."""
-    points, workers = state.points, state.worker_list
-    successor = workers[2]
-    layers = list(range(points[1], points[2]))
-    pieces = Pieces(device, point.sources[1], successor, point.version, state.plan_id, layers)
-    if pieces.holder == state.device_id:
-        pieces.weights, pieces.momentum = state.store.get(
-            device, point.version, layers, live=None, spec=state.spec, seed=state.train.seed
-        )
-    topics = state.topics
-    listening = [topics.stage_filter(Family.GRADIENTS, 2)]
-    if pieces.holder != state.device_id:
-        listening.append(topics.device(Family.REPLICA, pieces.holder))
-    for pattern in listening:
-        state.listen(pattern)
+def ask_early(state: RunState, dead: list[str]) -> Pieces | None:
+    """At the fault's detection, before the probe: when the fault names stage 1's device alone (its last
+    will, its missed heartbeats), ask its successor to resend at once (everything it kept, the recovery
+    point is not known yet), so that its answer travels with the probe's instead of after it. None when
+    no catch-up can follow."""
+    workers = state.worker_list
+    sent = state.runner.sent_activations
+    if state.config.recovery_mode != "resume" or len(workers) < 3 or dead != [workers[1]] or not sent:
+        return None
+    return _ask(state, workers[1], min(sent))
+
+
+def _ask(state: RunState, device: str, since: int) -> Pieces:
+    """Collect what the successor of dead stage 1 resends from batch ``since`` on (until :func:`release`)."""
+    layers = list(range(state.points[1], state.points[2]))
+    pieces = Pieces(device, "", state.worker_list[2], since, state.plan_id, layers)
+    pieces.topics.append(state.topics.stage_filter(Family.GRADIENTS, 2))
+    state.listen(pieces.topics[0])
     state.catchup = pieces
+    state.send(
+        state.topics.fixed(Family.COMMAND),
+        Resend(run_id=state.run_id, device=pieces.successor, plan_id=state.plan_id, since=since),
+    )
+    return pieces
+
+
+def release(state: RunState, pieces: Pieces | None) -> None:
+    """Stop collecting for a catch-up."""
+    if pieces is None:
+        return
+    state.catchup = None
+    for pattern in pieces.topics:
+        state.stop_listening(pattern)
+    pieces.topics.clear()
+
+
+def bring_forward(
+    state: RunState,
+    asked: Pieces | None,
+    device: str,
+    point: RecoveryPoint,
+    finish: Finish,
+    committed: int,
+    timeout: float,
+) -> int | None:
+    """Bring dead stage 1 (``device``) forward from ``point`` (see the module doc; ``asked``: what
+    :func:`ask_early` started); return the version every stage is at afterwards (training resumes there),
+    or None when a piece did not come (roll back)."""
+    pieces = asked
+    if pieces is None or pieces.dead != device or pieces.since > point.version:
+        release(state, pieces)
+        pieces = _ask(state, device, point.version)
     try:
-        if pieces.holder != state.device_id:
+        pieces.since, pieces.holder = point.version, point.sources[1]
+        pieces.gradients = {b: g for b, g in pieces.gradients.items() if b >= point.version}
+        if pieces.holder == state.device_id:
+            pieces.weights, pieces.momentum = state.store.get(
+                device, point.version, pieces.layers, live=None, spec=state.spec, seed=state.train.seed
+            )
+        else:
+            pieces.topics.append(state.topics.device(Family.REPLICA, pieces.holder))
+            state.listen(pieces.topics[-1])
             state.send(
-                topics.device(Family.REQUEST, state.device_id),
+                state.topics.device(Family.REQUEST, state.device_id),
                 FetchRequest(
                     run_id=state.run_id, plan_id=state.plan_id, requester=state.device_id,
-                    owner=pieces.holder, layers=layers, version=point.version, of_device=device,
+                    owner=pieces.holder, layers=pieces.layers, version=point.version, of_device=device,
                 ),
             )  # fmt: skip
-        state.send(
-            topics.fixed(Family.COMMAND),
-            Resend(run_id=state.run_id, device=successor, plan_id=state.plan_id, since=point.version),
-        )
         late = state.node.wait_until(
             lambda: pieces.complete, timeout, "the catch-up's pieces", poll=0.01, expired=lambda why: why
         )
     finally:
-        state.catchup = None
-        for pattern in listening:
-            state.stop_listening(pattern)
+        release(state, pieces)
     if late is not None or pieces.version is None or pieces.weights is None:
         log.warning("recovery without a rollback: %s never came; rolling back", _missing(pieces))
         return None

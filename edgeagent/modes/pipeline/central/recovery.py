@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeagent.errors import TrainingError
-from edgeagent.modes.pipeline.central.catchup import Finish, bring_forward, eligible
+from edgeagent.modes.pipeline.central.catchup import Finish, ask_early, bring_forward, eligible, release
 from edgeagent.modes.pipeline.central.context import Fault, RunState
 from edgeagent.modes.pipeline.central.liveness import Liveness
 from edgeagent.modes.pipeline.central.planning import Planning
@@ -83,14 +83,21 @@ class Recovery:
         fault_batch = committed_b + 1
         log.warning("fault at batch %d: %s; probing the workers", fault_batch, fault.reason)
         state.event("fault", batch=fault_batch, reason=fault.reason, devices=fault.dead)
-        outcome = self._plan_recovery(*self._probe_devices())
+        asked = ask_early(self.state, list(fault.dead)) if finish is not None else None
+        try:
+            outcome = self._plan_recovery(*self._probe_devices())
+        except BaseException:
+            release(state, asked)
+            raise
         point = outcome.point
         version, sources = point.version, list(point.sources)
         why = eligible(state, outcome.missing, point) if outcome.case == 3 else f"case {outcome.case}"
+        if why is not None or finish is None:
+            release(state, asked)
         if why is None and finish is not None:
             (dead,) = outcome.missing
             wait = max(2.0, 2 * self.liveness.probe_window())
-            caught_up = bring_forward(state, dead, point, finish, committed_b, wait)
+            caught_up = bring_forward(state, asked, dead, point, finish, committed_b, wait)
             if caught_up is not None:
                 # Every stage is at ``caught_up``: each serves its own layers live, the central node the dead
                 # stage's brought forward.
