@@ -18,7 +18,8 @@ with SIGKILL when batch 205 starts its backward pass. Four arms, each a whole ru
   split is never re-partitioned: it keeps the initial split FTPipeHD also starts from (equal devices,
   PipeDream's); at the fault the next worker takes over the dead worker's layers (``respipe_points``),
   nothing else moves. It replicates to the next worker only (chain replication, no global one), as
-  in the paper's comparison.
+  in the paper's comparison. Its lost batches are replayed as ``ftpipehd``'s (the default
+  ``recovery_mode``, "resume"), so the arms differ in the split after the fault only.
 * ``respipe@oracle``: the same ResPipe, from the DP split fed the true slowdowns at batch 0 (partition
   "oracle", also never re-split), so that its pace before the fault matches FTPipeHD's re-split
   pipeline as in the paper's Fig. 6 (both about 2.1 s a batch before the fault). This is the
