@@ -3,8 +3,10 @@
 Every stage snapshots its weights and momentum when the batch at a replication point finishes its
 backward pass (version = batches done), keeps the latest few, and sends a copy to its chain
 successor(s) and, at global points, to the central node. Because every stage snapshots after the same
-batch, snapshots of one version form a consistent model: recovery rolls every stage back to one
-version and replays the batches after it, so no update is lost or applied twice.
+batch, snapshots of one version form a consistent model: a rollback takes every stage back to one
+version and replays the batches after it, so no update is lost or applied twice. Without a rollback
+only a dead stage goes back to its snapshot and is brought forward to the others' version
+(pipeline/catchup.py); the central node then keeps it here as that device's snapshot of that version.
 
 Version 0 is the seeded initial model, which any device can rebuild from the spec without a replica.
 """

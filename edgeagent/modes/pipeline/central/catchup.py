@@ -17,7 +17,7 @@ need (the activations it sent the dead stage 1) and it is where the run is coord
    ones. Training resumes at batch ``c``; no batch goes through the pipeline twice.
 
 Only where the central node holds the dead stage's inputs: one dead worker, at stage 1, with a stage
-after it, in a plain pipeline (no hybrid groups, no sync schedule, no aggregation or 2BW window, whose
+after it, in the pipeline mode (no hybrid stages, no sync schedule, no aggregation or 2BW window, whose
 state no replica holds). Anything else, or a piece that does not come within the wait, is a rollback.
 """
 
@@ -55,8 +55,8 @@ def eligible(state: RunState, dead: set[str], point: RecoveryPoint) -> str | Non
     index = state.worker_list.index(device) if device in state.worker_list else -1
     if index != 1 or len(state.worker_list) < 3:
         return f"the dead stage is {index} of {len(state.worker_list)}: only stage 1 with a stage after it"
-    if any(len(g) > 1 for g in state.groups.members) or options.micro_batches:
-        return "hybrid stages or the sync schedule"
+    if state.config.mode != "pipeline" or options.micro_batches:
+        return f"--mode {state.config.mode} or the sync schedule"
     if options.staleness in ("aggregate", "2bw"):
         return f"--staleness {options.staleness} (its window is in no replica)"
     sent = state.runner.sent_activations  # consecutive batch ids: the oldest are dropped first
