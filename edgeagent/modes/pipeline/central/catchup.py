@@ -16,9 +16,10 @@ need (the activations it sent the dead stage 1) and it is where the run is coord
    switch re-splits at version ``c``: every device serves its own layers live, the central node the dead
    ones. Training resumes at batch ``c``; no batch goes through the pipeline twice.
 
-Only where the central node holds the dead stage's inputs: one dead worker, at stage 1, with a stage
-after it, in the pipeline mode (no hybrid stages, no sync schedule, no aggregation or 2BW window, whose
-state no replica holds). Anything else, or a piece that does not come within the wait, is a rollback.
+Only where the central node holds the dead stage's inputs and its successor is the last stage: one dead
+worker, stage 1 of 3 (the paper's scenario), in the pipeline mode (no hybrid stages, no sync schedule,
+no aggregation or 2BW window, whose state no replica holds). Anything else, or a piece that does not
+come within the wait, is a rollback.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def eligible(state: RunState, dead: set[str], point: RecoveryPoint) -> str | Non
         return f"{len(dead)} devices lost"
     (device,) = dead
     index = state.worker_list.index(device) if device in state.worker_list else -1
-    if index != 1 or len(state.worker_list) < 3:
-        return f"the dead stage is {index} of {len(state.worker_list)}: only stage 1 with a stage after it"
+    if index != 1 or len(state.worker_list) != 3:
+        # A stage after the successor could apply updates the successor has not: no version would be
+        # every survivor's. Three stages (the paper's scenario) only.
+        return f"the dead stage is {index} of {len(state.worker_list)}: only stage 1 of 3"
     if state.config.mode != "pipeline" or options.micro_batches:
         return f"--mode {state.config.mode} or the sync schedule"
     if options.staleness in ("aggregate", "2bw"):

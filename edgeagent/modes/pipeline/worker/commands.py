@@ -80,12 +80,16 @@ class RunCommands:
 
     def on_resend(self, item: Inbound) -> None:
         """A recovery without a rollback replays the dead stage before this one from the gradients this
-        stage sent it: finish what can run here (the dead stage's last outputs), send them again, and say
-        which version that left the stage at (pipeline/catchup.py)."""
+        stage sent it: send them again and say which version this stage is at (pipeline/catchup.py). The
+        last stage drops the dead stage's outputs still queued here (training resumes at its version, so
+        they are computed again; computing them now would only make the replay longer); another stage
+        finishes what can run first."""
         msg, session = self.command(item, Resend), self.session
         run, worker = session.run, session.worker
         if msg is None or msg.device != worker.device_id or msg.plan_id != run.plan_id:
             return
+        if run.is_last:
+            run.forwards.clear()
         while session.has_work():
             session.step()
         topic = worker.topics.gradients(run.index, worker.device_id)
