@@ -52,7 +52,8 @@ class Ping(Command):
 
 @dataclasses.dataclass(frozen=True)
 class Resend(Command):
-    """``device`` finishes the batches it has, sends again the gradients it sent for batches ``since`` on
+    """``device`` (the last stage: it drops the queued outputs of the dead stage before it, else it finishes
+    the batches it has) sends again the gradients it sent for batches ``since`` on
     (plan ``plan_id``), then says ``Ready(phase="resent")`` with its version: a recovery without a
     rollback replays a dead stage's lost batches from them (modes/pipeline/central/catchup.py)."""
 

@@ -5,10 +5,10 @@ The central node replays the dead stage's lost batches itself, as its stage 0 ho
 need (the activations it sent the dead stage 1) and it is where the run is coordinated:
 
 1. It asks the stage after the dead one (``Resend``, with the probe when the fault named the dead
-   device) to finish what it holds and send again the gradients it sent the dead stage; that stage then
-   says ``Ready(phase="resent")`` with its version ``c``. Once the probe has found the recovery point's
-   version ``v``, it fetches the dead stage's replica of ``v`` (from the chain successor that holds it,
-   or from its own global replica).
+   device) to drop the dead stage's outputs still queued and send again the gradients it sent the dead
+   stage; that stage then says ``Ready(phase="resent")`` with its version ``c``. Once the probe has
+   found the recovery point's version ``v``, it fetches the dead stage's replica of ``v`` (from the
+   chain successor that holds it, or from its own global replica).
 2. It replays batches ``v .. c-1`` on the replica (:func:`~edgeagent.pipeline.catchup.catch_up`) and
    finishes the batches from its own committed id on with the input gradients that yields: stage 0
    reaches ``c`` too, committing them as if the dead stage had sent their gradients.
