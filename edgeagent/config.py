@@ -281,6 +281,10 @@ class CentralConfig(BrokerAccess):
     # Replication (papers/000 Sec. III-E) and recovery (Sec. III-F). respipe: the next worker takes over
     # a dead worker's layers and nothing is re-split (papers/002), the baseline.
     recovery: Literal["ftpipehd", "respipe"] = "ftpipehd"
+    # After one dead worker: resume (its layers from its newest replica, only its lost batches replayed
+    # from its neighbours' logs, nobody else goes back) or rollback (every stage back to that replica's
+    # version, every batch since replayed: the behaviour before 2026-11-29, the baseline).
+    recovery_mode: Literal["resume", "rollback"] = "resume"
     chain_every: int = Field(50, ge=0, description="batches between chain replications (0: off)")
     # ResPipe's period T in seconds instead (papers/002 Sec. 4.2: "every T time units", T = 30 s in its
     # testbed): the central node turns it into batches (replication.period), from the planned step at

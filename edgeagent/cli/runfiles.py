@@ -113,7 +113,13 @@ def finish_report(report: Any, path: str | None) -> None:
         console.print(
             f"  recovery (case {rec['case']}) at batch {rec['batch']}: lost {rec['lost'] or 'none'}, "
             f"restarted {rec['restarted'] or 'none'}; {rec['resumed_at'] - rec['detected_at']:.2f} s after "
-            f"detection; rolled back to batch {rec['rolled_back_to']} ({rec['batches_replayed']} replayed)"
+            f"detection; "
+            + (
+                f"no rollback: the dead stage's layers from their replica of batch {rec['rolled_back_to']}, "
+                f"{rec['batches_replayed']} of its batches replayed, resumed at {rec.get('resumed_from')}"
+                if rec.get("recovery_mode") == "resume"
+                else f"rolled back to batch {rec['rolled_back_to']} ({rec['batches_replayed']} replayed)"
+            )
         )
     if path:
         # A disk that refuses it ends the command with one line (StorageError: path, size, free space).

@@ -182,6 +182,7 @@ _CENTRAL_KEYS = (
     "prometheus_port",
     "compression",
     "recovery",
+    "recovery_mode",
     "chain_every",
     "chain_seconds",
     "global_every",

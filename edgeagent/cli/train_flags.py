@@ -444,6 +444,13 @@ LAB = (
         kwargs={"type": choice("ftpipehd", "respipe")},
     ),
     Flag(
+        ("--recovery-mode",),
+        "recovery_mode",
+        "resume (a dead worker's layers from its replica, only its lost batches replayed) or rollback "
+        "(every stage back to the replica's version, every batch since replayed).",
+        kwargs={"type": choice("resume", "rollback")},
+    ),
+    Flag(
         ("--pipelined-rate/--no-pipelined-rate",),
         "pipelined_rate",
         "The rate patch of earlier versions: "

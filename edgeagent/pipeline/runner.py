@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,6 +25,18 @@ from edgeagent.protocol.limits import TensorMeta, activation_problem, gradient_p
 from edgeagent.protocol.messages import Activation, ActivationMode, EvalResult, Gradient
 
 STAGE_TIME_WINDOW = 10  # batches in the moving window of step times (a device that slows down shows)
+
+
+MAX_LOGGED = 256  # messages of each kind: a long period (--chain-seconds) falls back to a rollback
+
+
+def log_bound(chain_every: int, in_flight: int) -> int:
+    """The messages of each kind a stage keeps for a recovery without a rollback
+    (:attr:`StageRunner.log_keep`): two chain intervals and the batches in flight cover the batches since
+    the newest replica of the stage after or before it, and since the one before that (a replica still on
+    its way at the fault), at most :data:`MAX_LOGGED` (memory: a recovery whose log does not reach back to
+    the replica rolls back instead). 0 without chain replication: nothing to replay from."""
+    return min(MAX_LOGGED, 2 * chain_every + max(1, in_flight)) if chain_every > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,13 @@ class StageRunner:
     # Emulated compute (forward + backward) of the latest batches, and of the batch in progress.
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=STAGE_TIME_WINDOW))
     step_seconds: float = 0.0
+    # The training messages this stage sent, by batch id, the newest ``log_keep`` of each kind (0: none
+    # kept): a recovery without a rollback replays a dead neighbour's lost batches from them
+    # (modes/pipeline/central/catchup.py). The messages are the encoded ones, so a replay sees exactly
+    # the tensors the dead stage saw.
+    log_keep: int = 0
+    sent_activations: dict[int, Activation] = field(default_factory=dict)
+    sent_gradients: dict[int, Gradient] = field(default_factory=dict)
 
     @property
     def is_last(self) -> bool:
@@ -126,7 +146,7 @@ class StageRunner:
         if train:
             self.outputs[batch_id] = (tuple(out.shape), out.dtype)
         x = self.codecs.activation(out, epoch=epoch, train=train)
-        return Activation(
+        msg = Activation(
             run_id=run_id,
             plan_id=plan_id,
             stage=self.index,
@@ -138,6 +158,16 @@ class StageRunner:
             rows=rows or [],
             total=total if rows else 0,
         )
+        if train:
+            self._log(self.sent_activations, batch_id, msg)
+        return msg
+
+    def _log(self, log: dict[int, Any], batch_id: int, msg: Any) -> None:
+        if self.log_keep <= 0:
+            return
+        log[batch_id] = msg
+        while len(log) > self.log_keep:
+            del log[min(log)]
 
     def gradient(
         self,
@@ -155,7 +185,7 @@ class StageRunner:
         the stage times of the stages after it (for the central node's capacity estimate); ``piece``,
         a hybrid member's rows of the batch (see :class:`GradientPiece`)."""
         g = self.codecs.gradient(grad)
-        return Gradient(
+        msg = Gradient(
             run_id=run_id,
             plan_id=plan_id,
             stage=self.index,
@@ -170,6 +200,8 @@ class StageRunner:
             row_correct=piece.row_correct if piece else [],
             device_times=piece.device_times if piece else {},
         )
+        self._log(self.sent_gradients, batch_id, msg)
+        return msg
 
     def result(
         self,
@@ -200,4 +232,4 @@ class StageRunner:
         self.outputs.pop(batch_id, None)
 
 
-__all__ = ["STAGE_TIME_WINDOW", "GradientPiece", "StageRunner"]
+__all__ = ["STAGE_TIME_WINDOW", "GradientPiece", "StageRunner", "log_bound"]

@@ -51,6 +51,19 @@ class Ping(Command):
 
 
 @dataclasses.dataclass(frozen=True)
+class Resend(Command):
+    """``device`` (the last stage: it drops the queued outputs of the dead stage before it, else it finishes
+    the batches it has) sends again the gradients it sent for batches ``since`` on
+    (plan ``plan_id``), then says ``Ready(phase="resent")`` with its version: a recovery without a
+    rollback replays a dead stage's lost batches from them (modes/pipeline/central/catchup.py)."""
+
+    NAME = "resend"
+    device: str
+    plan_id: int
+    since: int
+
+
+@dataclasses.dataclass(frozen=True)
 class MeasureLink(Command):
     """``source`` measures its link to ``target`` through the broker and reports it."""
 
@@ -149,6 +162,7 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         Stop,
         Collect,
         Ping,
+        Resend,
         MeasureLink,
         Emulate,
         Characterise,

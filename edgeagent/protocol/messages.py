@@ -71,7 +71,7 @@ StatusState = Literal["online", "idle", "training", "error", "left", "offline"]
 """``Status.state``: ``left`` is a clean exit, ``offline`` the last will."""
 ActivationMode = Literal["train", "eval"]
 """``Activation.mode``: a training batch (its gradient comes back) or an evaluation batch."""
-ReadyPhase = Literal["built", "fetched", "alive"]
+ReadyPhase = Literal["built", "fetched", "alive", "resent"]
 """``Ready.phase``: ``fetched``: has every layer of a new plan; ``built``: the stage runs; ``alive``: the
 answer to a ping (with the weight versions it holds)."""
 WeightsPurpose = Literal["collect", "chain", "global", "redistribute"]
@@ -307,6 +307,7 @@ class Ready(Message):
     phase: ReadyPhase = "built"
     # For "alive": weight versions this device can serve, per device whose weights they are.
     holdings: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    version: int = -1  # for "resent": the stage's version (updates applied) after the gradients resent
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 Every stage snapshots its weights and momentum when the batch at a replication point finishes its
 backward pass (version = batches done), keeps the latest few, and sends a copy to its chain
 successor(s) and, at global points, to the central node. Because every stage snapshots after the same
-batch, snapshots of one version form a consistent model: recovery rolls every stage back to one
-version and replays the batches after it, so no update is lost or applied twice.
+batch, snapshots of one version form a consistent model: a rollback takes every stage back to one
+version and replays the batches after it, so no update is lost or applied twice. Without a rollback
+only a dead stage goes back to its snapshot and is brought forward to the others' version
+(pipeline/catchup.py); the central node then keeps it here as that device's snapshot of that version.
 
 Version 0 is the seeded initial model, which any device can rebuild from the spec without a replica.
 """
@@ -83,6 +85,10 @@ class WeightStore:
         for old in sorted(versions)[: -self.keep]:
             del versions[old]
 
+    def put(self, device: str, snap: Snapshot) -> None:
+        """Keep a snapshot of ``device`` made here (a dead stage brought forward without a rollback)."""
+        self._put(device, snap)
+
     def snapshot(self, stage: Stage) -> Snapshot:
         """Keep this device's own weights and momentum at the stage's current version."""
         layers = range(stage.module.start, stage.module.end)
@@ -121,9 +127,10 @@ class WeightStore:
         spec: ModelSpec,
         seed: int,
     ) -> tuple[Tensors, Tensors]:
-        """Weights and momentum of ``layers`` of ``of_device`` at ``version`` (-1: live; 0 without a
-        snapshot of it: the seeded start)."""
-        if version == -1:
+        """Weights and momentum of ``layers`` of ``of_device`` at ``version`` (-1: live; the live stage's own
+        version: live too, the same weights as its snapshot would hold; 0 without a snapshot of it: the
+        seeded start)."""
+        if version == -1 or (live is not None and of_device == self.device_id and version == live.version):
             if live is None or of_device != self.device_id:
                 raise TrainingError(f"{self.device_id} has no live weights of {of_device}")
             return live.export(layers)

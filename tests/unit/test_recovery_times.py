@@ -84,3 +84,22 @@ def test_fault_batch_never_redone() -> None:
 )
 def test_missing_or_untimed(report: dict[str, Any]) -> None:
     assert recovery_times(report) is None
+
+
+def test_without_a_rollback_the_loss_runs_to_the_first_batch_after_the_resume() -> None:
+    """--recovery-mode resume: the catch-up commits the fault batch 10 and 11 (in flight at the fault)
+    between detection and resume; training resumes at 12, done 3 steps (the refill) after the resume."""
+    timeline = [{"batch": b, "t": STEP * (b + 1), "loss": 1.0} for b in range(10)]
+    last = timeline[-1]["t"]
+    detected, resumed = last + 1.5, last + 3.5
+    timeline += [{"batch": 10, "t": last + 2.5, "loss": 1.0}, {"batch": 11, "t": last + 2.6, "loss": 1.0}]
+    timeline += [{"batch": b, "t": resumed + STEP * (b - 9), "loss": 1.0} for b in range(12, 16)]
+    recovery = {
+        "case": 3, "batch": 10, "last_progress_at": last, "detected_at": detected, "resumed_at": resumed,
+        "rolled_back_to": 8, "batches_replayed": 2, "resumed_from": 12, "recovery_mode": "resume",
+    }  # fmt: skip
+    times = recovery_times({"timeline": timeline, "recoveries": [recovery]})
+    assert times is not None and times.redone_batch == 12
+    assert times.replay == pytest.approx(3 * STEP)
+    # Without the fault batch 12 would have been done three STEPs after the last progress.
+    assert times.lost == pytest.approx(1.5 + 2.0 + 3 * STEP - 3 * STEP)

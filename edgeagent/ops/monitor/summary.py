@@ -42,6 +42,8 @@ def _summary(name: str, d: Mapping[str, Any]) -> str | None:
         if restarted:
             text += f", restarted {', '.join(restarted)}"
         back = _int(d, "rolled_back_to")
+        if back is not None and d.get("recovery_mode") == "resume":
+            return text + f", no rollback: its layers from {back}, resumed at {_int(d, 'resumed_from')}"
         return text + (f", rolled back to {back}" if back is not None else "")
     if name == "failover":
         devices = ", ".join(_strs(d.get("devices"))) or "?"

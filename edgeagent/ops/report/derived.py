@@ -25,10 +25,12 @@ class RecoveryTimes:
     * :attr:`detection`: the last progress before the fault (batch ``committed`` done) -> detection.
     * :attr:`recovery`: detection -> training resumes (probe, new split, weight moves, commit). This is
       what FTPipeHD's Table III "recover overhead" counts (papers/000 Sec. IV-E: 2.24 s; ResPipe 0.13 s).
-    * :attr:`lost`: how much later the fault batch ``batch`` is done than in a fault-free run at the
-      pre-fault pace: from the last progress until ``batch`` is completed again (detection, recovery,
-      pipeline refill and the replay of the rolled-back batches) minus the ``batch - committed``
-      batches (normally one) that would have followed the last progress without the fault. Replayed
+    * :attr:`lost`: how much later the training is back where it was than in a fault-free run at the
+      pre-fault pace: from the last progress until the first batch from ``batch`` on is completed after
+      the resume (``redone_batch``: ``batch`` itself after a rollback, detection, recovery, pipeline
+      refill and the replay of the rolled-back batches; the batch training resumes at when the dead
+      stage was brought forward without one, its catch-up counted) minus the ``redone_batch -
+      committed`` batches that would have followed the last progress without the fault. Replayed
       batches are redone work, so they count as lost.
     """
 
@@ -39,7 +41,8 @@ class RecoveryTimes:
     resumed: float
     replayed: int
     pace: float | None  # seconds per batch over the PACE_WINDOW batches up to ``committed``
-    redone: float | None  # when ``batch`` was completed after the resume (None: never)
+    redone: float | None  # when ``redone_batch`` was completed after the resume (None: never)
+    redone_batch: int | None = None  # the first batch from ``batch`` on completed after it (None: ``batch``)
 
     @property
     def detection(self) -> float:
@@ -51,14 +54,15 @@ class RecoveryTimes:
 
     @property
     def replay(self) -> float | None:
-        """Training resumes -> the fault batch is done again (pipeline refill and replayed batches)."""
+        """Training resumes -> ``redone_batch`` is done (pipeline refill and replayed batches)."""
         return None if self.redone is None else self.redone - self.resumed
 
     @property
     def lost(self) -> float | None:
         if self.redone is None or self.pace is None:
             return None
-        return self.redone - self.last_progress - (self.batch - self.committed) * self.pace
+        done = self.batch if self.redone_batch is None else self.redone_batch
+        return self.redone - self.last_progress - (done - self.committed) * self.pace
 
 
 def recovery_times(
@@ -82,7 +86,7 @@ def recovery_times(
         k = min(window, len(before) - 1)
         pace = (before[-1].t - before[-1 - k].t) / k
     committed = before[-1].batch if before else batch - 1
-    redone = next((s.t for s in steps if s.t > resumed and s.batch == batch), None)
+    after = next((s for s in steps if s.t > resumed and s.batch >= batch), None)
     return RecoveryTimes(
         batch=batch,
         committed=committed,
@@ -91,7 +95,8 @@ def recovery_times(
         resumed=resumed,
         replayed=rec.replayed if rec.replayed is not None else 0,
         pace=pace,
-        redone=redone,
+        redone=None if after is None else after.t,
+        redone_batch=None if after is None else after.batch,
     )
 
 

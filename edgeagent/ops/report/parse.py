@@ -73,6 +73,7 @@ class _Recovery:
     points: list[int] | None
     workers: list[str] | None
     central: bool  # a central node resumed from a checkpoint (no timing of its own)
+    rollback: bool = True  # every stage went back (False: only the dead one, --recovery-mode resume)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ def _recoveries(report: Mapping[str, Any]) -> list[_Recovery]:
                 points=points,
                 workers=_strings(rec.get("workers")),
                 central=central,
+                rollback=rec.get("recovery_mode", "rollback") != "resume",
             )
         )
     return out

@@ -363,7 +363,12 @@ def _recovery_title(n: int, r: _Recovery) -> str:
         parts.append(f"detected {_seconds(r.detected - r.last_progress)} after the last progress")
     if r.resumed is not None and r.detected is not None:
         parts.append(f"resumed {_seconds(r.resumed - r.detected)} after detection")
-    if r.rolled_back_to is not None:
+    if r.rolled_back_to is not None and not r.rollback:
+        replayed = f", {r.replayed} of its batches replayed on them alone" if r.replayed is not None else ""
+        parts.append(
+            f"no rollback: the dead stage's layers from their replica of batch {r.rolled_back_to}{replayed}"
+        )
+    elif r.rolled_back_to is not None:
         replayed = f", {r.replayed} replayed" if r.replayed is not None else ""
         parts.append(f"rolled back to batch {r.rolled_back_to}{replayed}")
     return "\n".join([head, *textwrap.wrap("; ".join(parts), 90)])

@@ -26,8 +26,9 @@ from edgeagent.data import Dataset, batches_per_epoch
 from edgeagent.injected import parse_slowdown_change
 from edgeagent.models import ModelSpec, build_model
 from edgeagent.pipeline.build import build_stage
+from edgeagent.pipeline.catchup import Pieces
 from edgeagent.pipeline.groups import Groups
-from edgeagent.pipeline.runner import STAGE_TIME_WINDOW, StageRunner
+from edgeagent.pipeline.runner import STAGE_TIME_WINDOW, StageRunner, log_bound
 from edgeagent.pipeline.stage import Stage
 from edgeagent.pipeline.step import StageStep
 from edgeagent.planner.deadlines import Deadlines
@@ -187,6 +188,7 @@ class RunState:
         self.bits: tuple[list[int], list[int]] | None = None
         self.joiners: list[str] = []
         self.switch: Switch | None = None
+        self.catchup: Pieces | None = None  # what a recovery without a rollback collects (central/catchup.py)
         self.links: list[Link] = []  # measured once the workers are built (setup)
         # Every device's measured uplink, the last stage's to the central node included (not a link of
         # the pipeline's DP, but what its replicas, fetched layers and heartbeats cross): the waits'.
@@ -239,7 +241,10 @@ class RunState:
             version=self.start_version,
             in_flight=self.bound(),
         )
-        self.runner = StageRunner(stage, 0, codecs=self.codecs)  # stage 0's data path (pipeline/runner.py)
+        # Stage 0's data path (pipeline/runner.py); it keeps what it sent for a recovery without a rollback.
+        without_rollback = self.config.recovery_mode == "resume"
+        keep = log_bound(self.chain_every, self.bound()) if without_rollback else 0
+        self.runner = StageRunner(stage, 0, codecs=self.codecs, log_keep=keep)
 
     # -- what every part of the run uses -------------------------------------------------------
 

@@ -72,6 +72,8 @@ class Handlers:
         assert isinstance(msg, Gradient)
         if not self._ours(msg) or msg.plan_id != state.plan_id:
             return  # a stale gradient of an earlier run or plan
+        if state.catchup is not None and state.catchup.accept_gradient(msg, successor_stage=2):
+            return  # the stage after a dead one resent it (central/catchup.py)
         grad, problem = state.runner.take_gradient(msg)
         if grad is None:
             state.node.discard(item, problem or "")
@@ -108,6 +110,9 @@ class Handlers:
             return
         if msg.phase == "alive":
             self.state.inbox.alive[msg.device_id] = msg
+        elif msg.phase == "resent":
+            if self.state.catchup is not None:
+                self.state.catchup.resent(msg)
         else:
             self.state.inbox.ready.setdefault(msg.plan_id, {})[msg.device_id] = msg.phase
 
@@ -146,6 +151,8 @@ class Handlers:
         if msg.purpose == "redistribute":
             if state.switch is not None:
                 state.switch.accept(msg)
+            elif state.catchup is not None:
+                state.catchup.accept_weights(msg)
         elif msg.purpose == "collect":
             problem = self._collect_problem(msg)
             if problem is not None:

@@ -1,5 +1,7 @@
-"""Fault tolerance (papers/000 Sec. III-F): probe the devices, pick the recovery case and the version to
-roll back to (planner/recovery.py), re-split over the survivors, roll every stage back, replay."""
+"""Fault tolerance (papers/000 Sec. III-F): probe the devices, pick the recovery case and the newest version
+every stage can be restored to (planner/recovery.py), then either bring the dead stage forward to where
+the others are (``--recovery-mode resume``, central/catchup.py) or roll every stage back and replay; then
+re-split over the survivors."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgeagent.errors import TrainingError
+from edgeagent.modes.pipeline.central.catchup import Finish, ask_early, bring_forward, eligible, release
 from edgeagent.modes.pipeline.central.context import Fault, RunState
 from edgeagent.modes.pipeline.central.liveness import Liveness
 from edgeagent.modes.pipeline.central.planning import Planning
@@ -55,36 +58,69 @@ class Recovery:
         self.planning = planning
         self.liveness = liveness
         self.switching = switching
+        self.committed = -1  # the training loop's committed id during a recovery
 
-    def recover_until_done(self, fault: Fault, committed_b: int) -> int:
-        """Recover (at most ``MAX_FAULTS_IN_A_ROW`` faults in a row); return the new committed id."""
+    def recover_until_done(self, fault: Fault, committed_b: int, finish: Finish | None = None) -> int:
+        """Recover (at most ``MAX_FAULTS_IN_A_ROW`` faults in a row); return the new committed id.
+        ``finish``: the training loop's backward of its oldest batch in flight, for the batches a dead
+        stage brought forward owed their gradients (without it every recovery rolls back)."""
         for _ in range(MAX_FAULTS_IN_A_ROW):
-            result = self._recover(fault, committed_b)
+            self.committed = committed_b
+            result = self._recover(fault, committed_b, finish)
+            committed_b = self.committed  # a catch-up commits batches; they stay if its switch then fails
             if not isinstance(result, Fault):
                 return result
             log.warning("another fault during the recovery: %s", result.reason)
             fault = result
         raise TrainingError(f"gave up after {MAX_FAULTS_IN_A_ROW} faults in a row; the last: {fault.reason}")
 
-    def _recover(self, fault: Fault, committed_b: int) -> int | Fault:
-        """Probe, pick survivors and a recovery point, re-split, roll back; return the new committed id."""
+    def _recover(self, fault: Fault, committed_b: int, finish: Finish | None) -> int | Fault:
+        """Probe, pick survivors and a recovery point, bring the dead stage forward or roll back, re-split;
+        return the new committed id."""
         state = self.state
-        detected = state.clock()
+        detected, last_progress = state.clock(), state.last_progress
         state.status = 1  # set once: later timers of the same fault do not start another recovery
         fault_batch = committed_b + 1
         log.warning("fault at batch %d: %s; probing the workers", fault_batch, fault.reason)
         state.event("fault", batch=fault_batch, reason=fault.reason, devices=fault.dead)
-        outcome = self._plan_recovery(*self._probe_devices())
+        asked = ask_early(self.state, list(fault.dead)) if finish is not None else None
+        try:
+            outcome = self._plan_recovery(*self._probe_devices())
+        except BaseException:
+            release(state, asked)
+            raise
         point = outcome.point
+        version, sources = point.version, list(point.sources)
+        why = eligible(state, outcome.missing, point) if outcome.case == 3 else f"case {outcome.case}"
+        if why is not None or finish is None:
+            release(state, asked)
+        if why is None and finish is not None:
+            (dead,) = outcome.missing
+            wait = max(2.0, 2 * self.liveness.probe_window())
+            caught_up = bring_forward(state, asked, dead, point, finish, committed_b, wait)
+            if caught_up is not None:
+                # Every stage is at ``caught_up``: each serves its own layers live, the central node the dead
+                # stage's brought forward.
+                version, self.committed = caught_up, caught_up - 1
+                sources = [state.device_id if i == 1 else d for i, d in enumerate(state.worker_list)]
+            else:
+                why = "a piece of the catch-up did not come"
+        elif why is None:
+            why = "no training loop to finish the batches"
         for device in outcome.restarted:
             # Case 2: it came back with its id. Send it the Table I state (status 1); it builds a fresh
             # stage, then fetches its replica in the switch below.
             state.inbox.ready.get(state.plan_id, {}).pop(device, None)
             self.setup.assign(device, committed=point.version - 1, status=1)
             state.workers[device] = self.setup.worker_from(device)
+        how = (
+            f"rolled back to version {point.version}"
+            if why is not None
+            else f"brought {sorted(outcome.missing)} from version {point.version} to {version}, no rollback"
+        )
         reason = (
             f"recovery case {outcome.case}: lost {sorted(outcome.missing)}, restarted "
-            f"{sorted(outcome.restarted)}; rolled back to version {point.version}"
+            f"{sorted(outcome.restarted)}; {how}"
         )
         new_links = self.planning.links_for(outcome.workers)
         # A restarted device builds an empty stage (status 1: no replicas before "built").
@@ -93,9 +129,9 @@ class Recovery:
             state.plan_id, "built", outcome.restarted, timeout=built
         ) or self.switching.switch_to(
             outcome.points,
-            version=point.version,
+            version=version,
             workers=outcome.workers,
-            sources=list(point.sources),
+            sources=sources,
             recovery=True,
             reason=reason,
         )
@@ -110,8 +146,8 @@ class Recovery:
         state.inbox.results.clear()
         self.liveness.refresh_deadline()
         state.status = 0
-        self._record_recovery(fault, outcome, fault_batch, detected, reason)
-        return point.version - 1
+        self._record_recovery(fault, outcome, fault_batch, (last_progress, detected), reason, (version, why))
+        return version - 1
 
     def _probe_devices(self) -> tuple[set[str], list[str]]:
         """Ping the run's devices and ask every idle one to announce itself; return (alive, idle).
@@ -194,10 +230,20 @@ class Recovery:
         return Outcome(case, restarted, missing, point, holdings, new_list, points)
 
     def _record_recovery(
-        self, fault: Fault, outcome: Outcome, fault_batch: int, detected: float, reason: str
+        self,
+        fault: Fault,
+        outcome: Outcome,
+        fault_batch: int,
+        times: tuple[float, float],
+        reason: str,
+        resumed_from: tuple[int, str | None],
     ) -> None:
+        """``times``: the last progress before the fault and its detection; ``resumed_from``: the version
+        training resumes at and why it is a rollback (None: the dead stage was brought forward)."""
         state = self.state
         resumed = state.clock()
+        last_progress, detected = times
+        version, rollback = resumed_from
         point = outcome.point
         record: dict[str, Any] = {
             "case": outcome.case,
@@ -205,11 +251,19 @@ class Recovery:
             "lost": sorted(outcome.missing),
             "restarted": sorted(outcome.restarted),
             "batch": fault_batch,
-            "last_progress_at": round(state.last_progress, 4),
+            "last_progress_at": round(last_progress, 4),
             "detected_at": round(detected, 4),
             "resumed_at": round(resumed, 4),
+            # The version the lost layers restart from (every stage's in a rollback, the dead one's else).
             "rolled_back_to": point.version,
+            # Batches whose updates were applied and are computed again: by every stage in a rollback; without
+            # one by the dead stage alone (the updates it lost), on its layers alone.
             "batches_replayed": fault_batch - point.version,
+            # Where training resumes: the recovery point in a rollback; without one, past the batches that
+            # were in flight at the fault and that the catch-up finished too (``resumed_from - batch``).
+            "resumed_from": version,
+            "recovery_mode": "rollback" if rollback is not None else "resume",
+            "rollback_reason": rollback or "",
             # Which weight versions each live device could serve (its own and the replicas it held).
             "holdings": outcome.holdings,
             "points": outcome.points,
@@ -219,7 +273,7 @@ class Recovery:
         state.report.recoveries.append(record)
         state.report.partitions.append(
             {
-                "batch": point.version,
+                "batch": version,
                 "points": outcome.points,
                 "plan_id": state.plan_id,
                 "reason": reason,
@@ -227,11 +281,11 @@ class Recovery:
             }
         )
         log.warning(
-            "recovered (case %d) in %.2f s after detection: stages %s on %s, replaying from batch %d",
+            "recovered (case %d) in %.2f s after detection: stages %s on %s, training from batch %d",
             outcome.case,
             resumed - detected,
             outcome.points,
             outcome.workers,
-            point.version,
+            version,
         )
         state.event("recovery", **record)

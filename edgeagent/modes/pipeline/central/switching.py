@@ -161,7 +161,7 @@ class Switching:
             return fault
         state.send(state.topics.fixed(Family.COMMIT), Commit(run_id=state.run_id, plan_id=order.plan_id))
         built = switch.build(state.spec, state.train.seed, state.options)
-        state.runner = StageRunner(built, 0, codecs=state.codecs)
+        state.runner = StageRunner(built, 0, codecs=state.codecs, log_keep=state.runner.log_keep)
         for holder in switch.plan.fetch:
             state.stop_listening(state.topics.device(Family.REPLICA, holder))
         state.switch = None

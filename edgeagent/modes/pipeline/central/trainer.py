@@ -180,7 +180,9 @@ class Trainer:
                         lr = state.train.learning_rate
                         raise DivergedError(diverged_into_nonfinite(loop.committed, high, lr, stalled))
                     raise TrainingError(stalled)
-                loop.committed = self.recovery.recover_until_done(fault, loop.committed)
+                loop.committed = self.recovery.recover_until_done(
+                    fault, loop.committed, finish=lambda grad: self._backward(loop, grad)
+                )
                 loop.next_f = loop.committed + 1
                 loop.reset_micro()
                 loop.pending = None

@@ -17,6 +17,7 @@ from edgeagent.protocol.commands import (
     Command,
     MeasureLink,
     Ping,
+    Resend,
     SetCompression,
     SetReplication,
     Stop,
@@ -43,6 +44,7 @@ class RunCommands:
             SetCompression: self.on_set_compression,
             SetReplication: self.on_set_replication,
             Ping: self.on_ping,
+            Resend: self.on_resend,
             MeasureLink: self.on_measure_link,
         }
 
@@ -85,6 +87,32 @@ class RunCommands:
                 holdings=self.session.replicas.store.holdings(),
             ),
         )
+
+    def on_resend(self, item: Inbound) -> None:
+        """A recovery without a rollback replays the dead stage before this one from the gradients this
+        stage sent it: send them again and say which version this stage is at (pipeline/catchup.py). The
+        last stage drops the dead stage's outputs still queued here (training resumes at its version, so
+        they are computed again; computing them now would only make the replay longer); another stage
+        finishes what can run first."""
+        msg, session = self.command(item, Resend), self.session
+        run, worker = session.run, session.worker
+        if msg is None or msg.device != worker.device_id or msg.plan_id != run.plan_id:
+            return
+        if run.is_last:
+            run.forwards.clear()
+        while session.has_work():
+            session.step()
+        topic = worker.topics.gradients(run.index, worker.device_id)
+        sent = run.runner.sent_gradients
+        for batch_id in sorted(b for b in sent if b >= msg.since):
+            worker.send(topic, sent[batch_id])
+        worker.send(
+            worker.topics.device(Family.REPLY, worker.device_id),
+            Ready(
+                run_id=run.run_id, plan_id=run.plan_id, device_id=worker.device_id, stage=run.index,
+                parameters=0, phase="resent", version=run.stage.version,
+            ),
+        )  # fmt: skip
 
     def on_measure_link(self, item: Inbound) -> None:
         msg = self.command(item, MeasureLink)

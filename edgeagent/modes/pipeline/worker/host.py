@@ -39,6 +39,14 @@ class SessionHost(Protocol):
         """Listen to the current stage's topics (after its plan or its group changed)."""
         ...
 
+    def has_work(self) -> bool:
+        """Whether a training or evaluation pass can run now."""
+        ...
+
+    def step(self) -> None:
+        """Run the next pass (1F1B's order)."""
+        ...
+
 
 class HybridHost(SessionHost, Protocol):
     """A hybrid stage member's session as its collaborators see it: also its group and its rows."""

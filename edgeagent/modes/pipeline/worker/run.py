@@ -15,7 +15,7 @@ import torch
 
 from edgeagent.compression.stage import StageCodecs
 from edgeagent.models import ModelSpec
-from edgeagent.pipeline.runner import StageRunner
+from edgeagent.pipeline.runner import StageRunner, log_bound
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
 from edgeagent.pipeline.stage import Stage
 from edgeagent.protocol.limits import TensorMeta
@@ -182,7 +182,9 @@ class Run:
         self.in_flight = order.in_flight or self.in_flight
         self.chain_every = order.chain_every or self.chain_every
         self.chain_points = ChainPoints(self.chain_every)
-        self.runner = StageRunner(stage, self.index, codecs=self.codecs)  # a new stage, a new data path
+        # A new stage, a new data path (its log starts empty: the old layout's batches cannot be replayed).
+        keep = log_bound(self.chain_every, self.in_flight) if self.runner.log_keep else 0
+        self.runner = StageRunner(stage, self.index, codecs=self.codecs, log_keep=keep)
         self.forwards.clear()
         self.backwards.clear()
         self.evals.clear()

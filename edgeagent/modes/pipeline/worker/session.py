@@ -26,7 +26,7 @@ from edgeagent.modes.pipeline.worker.replicas import Replicas
 from edgeagent.modes.pipeline.worker.run import Run, stage_input
 from edgeagent.pipeline.build import build_stage
 from edgeagent.pipeline.divergence import loss_not_finite
-from edgeagent.pipeline.runner import StageRunner
+from edgeagent.pipeline.runner import StageRunner, log_bound
 from edgeagent.pipeline.step import StageStep
 from edgeagent.protocol.identity import PlanView
 from edgeagent.protocol.messages import Activation, Assign, Gradient, Message, Status
@@ -112,7 +112,7 @@ class PipelineSession:
             list(msg.points),
             list(msg.worker_list),
             index,
-            StageRunner(stage, index),
+            StageRunner(stage, index, log_keep=log_bound(msg.chain_every, msg.in_flight or len(msg.points))),
             next_forward=start_id,
             next_backward=start_id,
             chain_every=msg.chain_every,

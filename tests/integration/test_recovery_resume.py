@@ -1,0 +1,64 @@
+"""Recovery without a rollback (``--recovery-mode resume``) with real processes, a real SIGKILL and a real
+broker: the dead stage's layers come from its replica and only its lost batches are replayed, on its
+layers alone, from what its neighbours sent it; no other stage goes back.
+
+Deterministic: worker-1 (stage 1) kills itself with SIGKILL when batch 60 starts its backward pass there;
+its chain replica is of batch 50 (``chain_every`` 50).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from edgeagent.config import TrainConfig
+from edgeagent.roles.central import RunReport
+from tests.helpers import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+
+def run(broker: str, *, kills: dict[str, int | str] | None = None, save: Path, **central: Any) -> RunReport:
+    train = TrainConfig(epochs=2, in_flight=1, staleness="none")
+    cluster = LocalCluster(
+        broker,
+        workers=2,
+        worker_options={"kills": kills},
+        train=train,
+        save_model=str(save),
+        restart_window=0.0,  # the killed worker stays dead: recover without waiting for it
+        **central,
+    )
+    return cluster.run()
+
+
+def test_the_dead_stage_is_brought_forward_without_a_rollback_and_ends_with_the_fault_free_weights(
+    amqtt_url: str, tmp_path: Path
+) -> None:
+    """With one batch in flight and plain SGD (no staleness) the split does not change the arithmetic,
+    so the paper's rule (resume from the first batch whose gradients never came, every update applied
+    once) must end with the fault-free run's weights, here without any stage going back."""
+    run(amqtt_url, save=tmp_path / "clean.pt")
+    faulty = run(amqtt_url, kills={"worker-1": 60}, save=tmp_path / "faulty.pt")
+
+    (rec,) = faulty.recoveries
+    assert rec["case"] == 3 and rec["lost"] == ["worker-1"]
+    assert rec["recovery_mode"] == "resume", rec["rollback_reason"]
+    assert rec["batch"] == 60 and rec["rolled_back_to"] == 50  # the dead stage's chain replica
+    # The dead stage's lost updates are those of 50..59, replayed on its layers alone; worker-2, the last
+    # stage, had done batch 60 when worker-1 died at its backward: the catch-up finishes 60 too, and
+    # training resumes at 61.
+    assert rec["batches_replayed"] == 10 and rec["resumed_from"] == 61
+    # No batch went through the pipeline twice: every batch id is committed once (a rollback commits
+    # 50..59 again).
+    counts = Counter(int(row["batch"]) for row in faulty.timeline)
+    assert sorted(counts) == list(range(faulty.batches)) and set(counts.values()) == {1}
+    clean_w = torch.load(tmp_path / "clean.pt", weights_only=True)
+    faulty_w = torch.load(tmp_path / "faulty.pt", weights_only=True)
+    assert clean_w.keys() == faulty_w.keys()
+    for key in clean_w:
+        torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)
