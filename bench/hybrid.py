@@ -74,16 +74,23 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgeagent.cli.demo import run_demo
 from edgeagent.config import CentralConfig, TrainConfig
 from edgeagent.data import batches_per_epoch, load_dataset
+from edgeagent.models import ModelSpec, build_model
 from edgeagent.ops.logs import setup_logging
 from edgeagent.ops.report import recovery_times
+from edgeagent.planner.hybrid import Device, HybridProblem, capacity_bound
+from edgeagent.planner.hybrid_dp import solve_hybrid
+from edgeagent.planner.profiler import profile_layers
 from edgeagent.roles.central import RunReport
 
 DATASET = "synthetic:4096:3x32x32:10"  # as bench/heterogeneity.py and bench/recovery.py
@@ -258,6 +265,43 @@ def print_scenario1(r: dict[str, Any], epochs: int) -> None:
 # -- scenario 2 -----------------------------------------------------------------------------------------
 
 
+def predicted_plans(
+    model: str, dataset: str, slowdowns: list[float], links: list[dict[str, float]]
+) -> dict[str, Any]:
+    """The hybrid DP's predicted seconds per batch on this machine's profile of the model and the run's
+    measured links (as the central node plans: every worker on the slowest link, the central node the
+    broker's host): one device per stage, hybrid as run (stage 0 the central node alone), hybrid with
+    stage 0 replicated (``replicate_first``: the planner only, the runtime does not run such plans
+    yet), and the capacity bound no plan beats (every device busy, free links)."""
+    data = load_dataset(dataset)
+    built = build_model(ModelSpec(model, data.in_shape, data.num_classes), seed=0)
+    sample = data.x_train[:BATCH]
+    profile = profile_layers(list(built), sample, runs=5)
+    bandwidth = min((lk["bandwidth"] for lk in links), default=float("inf"))
+    latency = max((lk["latency"] for lk in links), default=0.0)
+    normalises = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in built.modules())
+    problem = HybridProblem(
+        layer_times=tuple(profile.seconds),
+        output_bytes=tuple(profile.output_bytes),
+        devices=tuple(
+            Device(c, bandwidth=bandwidth, latency=latency) if k else Device(c)
+            for k, c in enumerate(slowdowns)
+        ),
+        param_bytes=tuple(sum(q.numel() * q.element_size() for q in layer.parameters()) for layer in built),
+        min_share=min(1.0, 8 / BATCH) if normalises else 0.0,
+        input_bytes=sample.numel() * sample.element_size() + BATCH * 8,  # the rows and int64 labels
+    )
+    result: dict[str, Any] = {"bound": capacity_bound(problem)}
+    for name, variant in (
+        ("one per stage", replace(problem, max_replicas=1)),
+        ("hybrid", problem),
+        ("stage 0 replicated", replace(problem, replicate_first=True)),
+    ):
+        plan = solve_hybrid(variant)
+        result[name] = {"time": plan.time, "points": list(plan.points), "groups": plan.groups}
+    return result
+
+
 def scenario2(
     slowdowns: list[float],
     epochs: int,
@@ -299,6 +343,8 @@ def scenario2(
             "links": r.links,
             "workers": workers,
         }
+    central = central_slowdown if central_slowdown is not None else slowdowns[0]
+    rows["predicted"] = predicted_plans(model, dataset, [central, *slowdowns[1:]], reports["hybrid"].links)
     return rows
 
 
@@ -311,6 +357,8 @@ def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int, title: st
     head = f"from b{STEADY_FROM}"
     print(f"{'plan':<30}{'samples/s':>10}{head:>10}{'batches':>9}{'train s':>9}{'final acc':>10}")
     labels = {"hybrid": "(a) hybrid", "one per stage": "(b) max_replicas=1"}
+    predicted = rows.get("predicted")
+    rows = {name: r for name, r in rows.items() if name in labels}
     for name, r in rows.items():
         print(
             f"{labels[name]:<30}{r['samples_per_second']:>10.1f}{r['steady_samples_per_second']:>10.1f}"
@@ -337,6 +385,19 @@ def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int, title: st
         f"{STEADY_FROM} on (goal >= {GOAL_THROUGHPUT}x; Asteroid: {PAPER_VS_HYBRID}x the best earlier "
         f"hybrid planner, up to {PAPER_VS_PLAIN}x plain pipeline / data parallelism)"
     )
+    if predicted is not None:
+        one_ms = 1e3 * predicted["one per stage"]["time"]
+        parts = []
+        for name in ("hybrid", "stage 0 replicated"):
+            p = predicted[name]
+            ms = 1e3 * p["time"]
+            parts.append(f"{name} {ms:.1f} ms ({one_ms / ms:.2f}x, groups {p['groups']})")
+        bound = 1e3 * predicted["bound"]
+        print(
+            "  predicted by the DP (this machine's profile, the measured links): one per stage "
+            f"{one_ms:.1f} ms/batch; {'; '.join(parts)}; no plan beats the capacity bound {bound:.1f} ms "
+            f"({one_ms / bound:.2f}x one per stage: every device busy all the time, free links)"
+        )
     mine, best = hy["in_force"], one["in_force"]
     if mine["groups"] == best["groups"] and mine["points"] == best["points"]:
         print("  the plans that trained are the same: the hybrid DP found no gain in replicating a stage")

@@ -3,10 +3,12 @@ devices (data parallelism inside a pipeline stage).
 
 Conventions as in :mod:`edgeagent.planner.dp`: ``points`` has ``n + 1`` entries and stage ``k`` owns
 layers ``[points[k], points[k+1])``; ``groups[k]`` lists the device indices (ascending) holding stage
-``k``. ``devices[0]`` is the central node: stage 0 is always the central node alone, with at least one
-layer. Every stage has at least one layer and one device; devices may be left out (unused); the number of
-stages is free (``1 .. min(devices, layers)``). Every transfer goes device -> MQTT broker -> device, so
-a device's ``bandwidth``/``latency`` describe its own link to the broker.
+``k``. ``devices[0]`` is the central node: stage 0 is the central node alone, with at least one layer,
+unless ``replicate_first`` lets stage 0 be the central node (first) plus helpers (the central node holds
+the data and sends each helper its rows of every batch's input). Every stage has at least one layer and
+one device; devices may be left out (unused); the number of stages is free (``1 .. min(devices,
+layers)``). Every transfer goes device -> MQTT broker -> device, so a device's ``bandwidth``/``latency``
+describe its own link to the broker.
 
 Cost model per batch (``T(s, e) = sum(layer_times[s:e])`` on the central node, ``C_d`` the capacity
 of device ``d``, ``B_d`` its bandwidth, ``l_d`` its latency):
@@ -30,6 +32,11 @@ of device ``d``, ``B_d`` its bandwidth, ``l_d`` its latency):
   all of them). The link term is ``t_fwd + t_bwd``. For single-device stages this is exactly
   :func:`edgeagent.planner.dp.comm_time` ``= 2 * (latency + D / bandwidth)`` of a ``dp.Link`` with the
   smaller of the two bandwidths and the larger of the two latencies.
+* **Input rows (stage 0 replicated, ``replicate_first``).** The central node sends every helper of stage 0
+  its rows of the batch's input (``I = input_bytes``, labels included): the central node uploads the
+  helpers' shares, each helper downloads its own, ``t_in = max((1 - share_0) I / B_0, max_{h} share_h I /
+  B_h) + max_h l_h``; a term of the bottleneck of its own (0 when stage 0 is the central node alone).
+  Stage 0's members exchange their parameter gradients as every replicated stage does.
 * **Memory.** Every member of ``G`` holds the stage's full parameters and stashed versions: the stage
   memory of :func:`edgeagent.planner.dp.stage_memory`, ``P * (f + 3) + f * A`` with
   ``f = max(1, bound - k)`` batches in flight on stage ``k`` (``bound = in_flight``, or the number of
@@ -113,6 +120,9 @@ class HybridProblem:
     # The smallest share of a batch's rows a member of a replicated stage may get (batch normalisation
     # over a handful of rows is noise: the central node asks for 8 rows when the model normalises).
     min_share: float = 0.0
+    # Stage 0 may be the central node plus helpers fed with input rows (False: the central node alone).
+    replicate_first: bool = False
+    input_bytes: int = 0  # bytes of one batch's input rows and labels as sent to stage 0's helpers
 
     def __post_init__(self) -> None:
         for name in ("layer_times", "output_bytes", "devices", "param_bytes"):
@@ -145,6 +155,8 @@ class HybridProblem:
             raise ValueError(f"max_replicas {self.max_replicas} must be >= 1 or None (no bound)")
         if not 0.0 <= self.min_share <= 1.0:
             raise ValueError(f"min_share {self.min_share} must be in [0, 1]")
+        if self.input_bytes < 0:
+            raise ValueError(f"input_bytes {self.input_bytes} must be >= 0")
 
     @property
     def num_layers(self) -> int:
@@ -164,7 +176,7 @@ class HybridPlan:
     """A split into stages, the devices holding each stage and their shares of every batch's rows."""
 
     points: tuple[int, ...]  # n + 1 partition points
-    groups: Groups  # device indices per stage, ascending; groups[0] == (0,)
+    groups: Groups  # device indices per stage, ascending; groups[0] starts with 0 (the central node)
     shares: tuple[tuple[float, ...], ...]  # per stage, per member (order of groups); sums to 1
     time: float  # predicted bottleneck seconds per batch
 
@@ -177,8 +189,10 @@ class HybridPlan:
                 f"{len(self.points)} points, {len(self.groups)} groups and {len(self.shares)} share "
                 "lists do not describe the same stages (need n + 1, n, n with n >= 1)"
             )
-        if self.groups[0] != (0,):
-            raise ValueError(f"stage 0 must be the central node alone, got groups[0] = {self.groups[0]}")
+        if self.groups[0][:1] != (0,):
+            raise ValueError(
+                f"stage 0 must be the central node or start with it, got groups[0] = {self.groups[0]}"
+            )
         for k, (group, share) in enumerate(zip(self.groups, self.shares, strict=True)):
             if len(group) != len(share):
                 raise ValueError(f"stage {k}: {len(share)} shares for {len(group)} devices")
@@ -299,6 +313,27 @@ class CostModel:
             t += max(total / bandwidth + latency for bandwidth, latency in st.sync)
         return t
 
+    def first_groups(self) -> list[Counts]:
+        """The groups stage 0 may have: the central node alone, or with helpers (``replicate_first``)."""
+        if not self.p.replicate_first:
+            return [self.central]
+        cap = self.p.max_replicas
+        ranges = [range(1, 2)] + [range(c + 1) for c in self.counts[1:]]
+        return [
+            g for g in itertools.product(*ranges) if (cap is None or sum(g) <= cap) and self.shares_allowed(g)
+        ]
+
+    def feed(self, counts: Counts) -> float:
+        """Stage 0's input rows sent by the central node to its helpers (0 for the central node alone)."""
+        st = self.stats(counts)
+        if st.size == 1:
+            return 0.0
+        size = self.p.input_bytes
+        central = self.reps[0]
+        sent = max(x * size / self.reps[t].bandwidth for t, x in enumerate(st.share_of) if t and x)
+        latency = max(self.reps[t].latency for t, c in enumerate(counts) if t and c)
+        return max((1.0 - st.share_of[0]) * size / central.bandwidth, sent) + latency
+
     def fits(self, st: GroupStats, s: int, e: int, f: int) -> bool:
         """Whether the stage's memory with ``f`` batches in flight is within every member's limit."""
         if st.limit == INF:
@@ -326,6 +361,7 @@ class CostModel:
     def predict(self, points: Sequence[int], groups: Groups) -> float:
         counts = [self.counts_of(g) for g in groups]
         worst = max(self.stage_time(self.stats(c), points[k], points[k + 1]) for k, c in enumerate(counts))
+        worst = max(worst, self.feed(counts[0]))
         for k in range(1, len(groups)):
             worst = max(worst, self.link(counts[k - 1], counts[k], points[k]))
         return worst
@@ -362,9 +398,10 @@ class CostModel:
 
 def _check_groups(p: HybridProblem, groups: Sequence[Sequence[int]]) -> Groups:
     result = tuple(tuple(g) for g in groups)
-    if not result or result[0] != (0,):
+    if not result or result[0][:1] != (0,) or (not p.replicate_first and result[0] != (0,)):
         first = result[0] if result else None
-        raise ValueError(f"stage 0 must be the central node (device 0) alone, got groups[0] = {first}")
+        alone = "first" if p.replicate_first else "alone"
+        raise ValueError(f"stage 0 must be the central node (device 0) {alone}, got groups[0] = {first}")
     seen: set[int] = set()
     for k, group in enumerate(result):
         if not group:
@@ -408,6 +445,14 @@ def fits_hybrid(p: HybridProblem, points: Sequence[int], groups: Sequence[Sequen
     return CostModel(p).plan_fits(points, _check_plan(p, points, groups))
 
 
+def capacity_bound(p: HybridProblem) -> float:
+    """A lower bound on every plan's seconds per batch: the whole model's work spread over every device
+    in proportion to its speed, with free links and no gradient exchange (``sum(layer_times) /
+    sum(1 / C_d)``). How far the best plan with one device per stage is from it bounds what replicated
+    stages (stage 0's included) can gain."""
+    return sum(p.layer_times) / sum(1.0 / d.capacity for d in p.devices)
+
+
 def tie_threshold(optimum: float) -> float:
     return optimum + abs(optimum) * TIE_TOLERANCE
 
@@ -426,20 +471,29 @@ def plan_from_key(model: CostModel, key: TieKey) -> HybridPlan:
 # Brute force (tests)
 
 
-def _assignments(num_devices: int, num_stages: int, max_replicas: int | None) -> Iterator[Groups]:
-    """Every way to give stages ``1 .. num_stages - 1`` disjoint non-empty sets of workers."""
-    for labels in itertools.product(range(num_stages), repeat=num_devices - 1):  # label 0 = unused
-        groups = tuple(
-            tuple(d for d, label in enumerate(labels, start=1) if label == k) for k in range(1, num_stages)
+def _assignments(
+    num_devices: int, num_stages: int, max_replicas: int | None, first: bool = False
+) -> Iterator[Groups]:
+    """Every way to give stages ``1 .. num_stages - 1`` disjoint non-empty sets of workers (and, with
+    ``first``, stage 0 helpers besides the central node)."""
+    labels_of = range(num_stages + 1) if first else range(num_stages)  # 0 = unused, num_stages = stage 0
+    for labels in itertools.product(labels_of, repeat=num_devices - 1):
+        helpers = tuple(d for d, label in enumerate(labels, start=1) if label == num_stages)
+        groups = (
+            (0, *helpers),
+            *(
+                tuple(d for d, label in enumerate(labels, start=1) if label == k)
+                for k in range(1, num_stages)
+            ),
         )
         if all(groups) and (max_replicas is None or all(len(g) <= max_replicas for g in groups)):
-            yield ((0,), *groups)
+            yield groups
 
 
 def all_plans(p: HybridProblem) -> Iterator[tuple[tuple[int, ...], Groups]]:
     """Every ``(points, groups)`` the planner may choose among, memory aside (exponential)."""
     for n in range(1, min(p.num_layers, p.num_devices) + 1):
-        assignments = list(_assignments(p.num_devices, n, p.max_replicas))
+        assignments = list(_assignments(p.num_devices, n, p.max_replicas, p.replicate_first))
         for cuts in itertools.combinations(range(1, p.num_layers), n - 1):
             points = (0, *cuts, p.num_layers)
             for groups in assignments:

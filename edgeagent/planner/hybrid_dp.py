@@ -147,15 +147,18 @@ class _Search:
 
     def optimum(self) -> float:
         model, best = self.model, INF
-        central = model.stats(model.central)
-        for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
-            for e in range(1, model.num_layers + 1):
-                if not model.fits(central, 0, e, f):
-                    break
-                stage = model.stage_time(central, 0, e)
-                if stage >= best:
-                    break
-                best = min(best, max(stage, self.suffix_time(e, model.central, model.central, slot)))
+        for first in model.first_groups():
+            st, feed = model.stats(first), model.feed(first)
+            if feed >= best:
+                continue
+            for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
+                for e in range(1, model.num_layers + 1):
+                    if not model.fits(st, 0, e, f):
+                        break
+                    stage = model.stage_time(st, 0, e)
+                    if stage >= best:
+                        break
+                    best = min(best, max(stage, feed, self.suffix_time(e, first, first, slot)))
         return best
 
     # Pass 2: the tie rule among plans within the threshold --------------------------------------
@@ -209,19 +212,28 @@ class _Search:
     def best_key(self, threshold: float) -> TieKey | None:
         self.threshold = threshold
         model, best = self.model, None
-        central = model.stats(model.central)
-        for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
-            for e in range(1, model.num_layers + 1):
-                if not model.fits(central, 0, e, f) or model.stage_time(central, 0, e) > threshold:
-                    break
-                if self.suffix_time(e, model.central, model.central, slot) > threshold:
-                    continue
-                rest = self.suffix_key(e, model.central, model.central, slot)
-                if rest is None:  # pragma: no cover - suffix_time <= threshold guarantees a suffix
-                    continue
-                candidate = (1 + rest[0], 1 + rest[1], (*rest[2], 0), ((0,), *rest[3]))
-                if best is None or candidate < best:
-                    best = candidate
+        nothing = (0,) * len(model.counts)
+        for first in model.first_groups():
+            st = model.stats(first)
+            if model.feed(first) > threshold:
+                continue
+            for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
+                for e in range(1, model.num_layers + 1):
+                    if not model.fits(st, 0, e, f) or model.stage_time(st, 0, e) > threshold:
+                        break
+                    if self.suffix_time(e, first, first, slot) > threshold:
+                        continue
+                    rest = self.suffix_key(e, first, first, slot)
+                    if rest is None:  # pragma: no cover - suffix_time <= threshold guarantees a suffix
+                        continue
+                    candidate = (
+                        st.size + rest[0],
+                        1 + rest[1],
+                        (*rest[2], 0),
+                        (self.concrete(first, nothing), *rest[3]),
+                    )
+                    if best is None or candidate < best:
+                        best = candidate
         return best
 
 

@@ -16,6 +16,7 @@ from edgeagent.planner.hybrid import (
     HybridProblem,
     all_plans,
     brute_force_hybrid,
+    capacity_bound,
     fits_hybrid,
     plan_shares,
     predict_hybrid,
@@ -466,3 +467,77 @@ def test_min_share_keeps_every_member_above_it_and_still_equals_brute_force() ->
     assert solve_hybrid(replace(p, min_share=0.25)).groups == ((0,), (1, 2))
     with pytest.raises(ValueError, match="min_share"):
         replace(p, min_share=1.5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage 0 replicated (replicate_first): the central node plus helpers fed with input rows
+
+
+def test_replicate_first_equals_brute_force_on_random_instances() -> None:
+    rng = random.Random(54)
+    first = 0
+    for case in range(200):
+        p = random_problem(rng, ties=case % 2 == 0, max_devices=4, max_layers=5)
+        p = replace(p, replicate_first=True, input_bytes=rng.choice([0, 500, 5000]))
+        try:
+            expected = brute_force_hybrid(p)
+        except ValueError:
+            with pytest.raises(ValueError, match="fits the memory limits"):
+                solve_hybrid(p)
+            continue
+        got = solve_hybrid(p)
+        assert got == expected, (case, p)
+        assert got.groups[0][0] == 0 and fits_hybrid(p, got.points, got.groups)
+        assert got.time == predict_hybrid(p, got.points, got.groups)
+        assert got.time >= capacity_bound(p) * (1 - 1e-9)
+        # Never worse than stage 0 alone: that plan is one of those it chooses among.
+        assert got.time <= solve_hybrid(replace(p, replicate_first=False)).time * (1 + 1e-9)
+        first += len(got.groups[0]) > 1
+    assert first >= 20, first
+
+
+def heavy_first_layer(bandwidth: float) -> HybridProblem:
+    """The central node and three workers as fast as it; the first layer holds most of the compute."""
+    return HybridProblem(
+        layer_times=(4.0, 1.0),
+        output_bytes=(1_000, 10),
+        devices=(Device(1.0),) + (Device(1.0, bandwidth=bandwidth),) * 3,
+        param_bytes=(1_000, 1_000),
+        replicate_first=True,
+        input_bytes=100_000,
+    )
+
+
+def test_stage_zero_gets_helpers_when_it_pays() -> None:
+    p = heavy_first_layer(bandwidth=1e9)
+    plan = solve_hybrid(p)
+    # Every device in stage 0 (5 / 4 s) beats the central node and two helpers before a worker (4 / 3 s).
+    assert plan.groups == ((0, 1, 2, 3),) and plan.points == (0, 2)
+    assert plan.shares[0] == pytest.approx((1 / 4,) * 4)
+    assert plan.time == pytest.approx(5.0 / 4, rel=1e-3)  # alone, stage 0 takes 4.0
+    assert capacity_bound(p) == 5.0 / 4  # every device busy all the time: no plan does better
+    capped = solve_hybrid(replace(p, max_replicas=3))
+    assert capped.groups == ((0, 1, 2), (3,)) and capped.time == pytest.approx(4.0 / 3, rel=1e-3)
+    assert solve_hybrid(replace(p, replicate_first=False)).time == 4.0
+    assert plan == brute_force_hybrid(p)
+
+
+def test_stage_zero_stays_alone_when_the_input_rows_cost_more() -> None:
+    # 100 kB of input rows at 5 kB/s: a helper's fourth of them takes 5 s, more than the 4 s of stage 0
+    # alone; the plan is the central node's alone, as without replicate_first.
+    p = heavy_first_layer(bandwidth=5e3)
+    plan = solve_hybrid(p)
+    assert plan.groups[0] == (0,)
+    assert plan == solve_hybrid(replace(p, replicate_first=False))
+    assert plan == brute_force_hybrid(p)
+
+
+def test_stage_zero_groups_are_validated() -> None:
+    p = heavy_first_layer(bandwidth=1e9)
+    with pytest.raises(ValueError, match="central node"):
+        predict_hybrid(replace(p, replicate_first=False), (0, 1, 2), ((0, 1), (2,)))
+    with pytest.raises(ValueError, match="central node"):
+        predict_hybrid(p, (0, 1, 2), ((1,), (2,)))
+    assert predict_hybrid(p, (0, 1, 2), ((0, 1), (2,))) == pytest.approx(2.0 + 2 * 1_000 / 1e9, rel=1e-3)
+    with pytest.raises(ValueError, match="input_bytes"):
+        replace(p, input_bytes=-1)
