@@ -21,7 +21,12 @@ embedded broker, the central node here, the workers as local processes):
    device per stage (the extra devices may stay idle). Printed: samples/s over the run and from batch
    20 on (start-up left out), the ratio (a)/(b) (goal >= 1.3x), every plan with its reason, and each
    run's test accuracy and train loss per epoch (a hybrid run that ends well below its twin is flagged:
-   throughput that does not train is no gain).
+   throughput that does not train is no gain). Also printed: what the hybrid DP predicts on this
+   machine's profile of the model and the run's measured links, for one device per stage, the hybrid
+   plan as run (stage 0 the central node alone) and with stage 0 replicated (``replicate_first``; the
+   planner only: the runtime does not run such plans yet), beside the capacity bound no plan beats
+   (the model's work over every device in proportion to its speed, free links): the most any
+   replication can gain over the best one-device-per-stage plan.
 
 3. **Failover.** One replica of a replicated stage is killed with SIGKILL when batch 205 starts its
    backward pass there, against today's recovery of the same kill in a one-device-per-stage pipeline.
