@@ -22,12 +22,19 @@ from tests.helpers import LocalCluster
 pytestmark = pytest.mark.slow
 
 
-def run(broker: str, *, kills: dict[str, int | str] | None = None, save: Path, **central: Any) -> RunReport:
+def run(
+    broker: str,
+    *,
+    kills: dict[str, int | str] | None = None,
+    extra: dict[str, tuple[str, ...]] | None = None,
+    save: Path,
+    **central: Any,
+) -> RunReport:
     train = TrainConfig(epochs=2, in_flight=1, staleness="none")
     cluster = LocalCluster(
         broker,
         workers=2,
-        worker_options={"kills": kills},
+        worker_options={"kills": kills, "extra": extra},
         train=train,
         save_model=str(save),
         restart_window=0.0,  # the killed worker stays dead: recover without waiting for it
@@ -60,5 +67,30 @@ def test_the_dead_stage_is_brought_forward_without_a_rollback_and_ends_with_the_
     clean_w = torch.load(tmp_path / "clean.pt", weights_only=True)
     faulty_w = torch.load(tmp_path / "faulty.pt", weights_only=True)
     assert clean_w.keys() == faulty_w.keys()
+    for key in clean_w:
+        torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)
+
+
+def test_a_recovery_point_older_than_stage_0s_snapshot_asks_for_the_gradients_again(
+    amqtt_url: str, tmp_path: Path
+) -> None:
+    """worker-1's replica of batch 50 carries NaN (``--send-nan replica@50``), so nobody keeps it: the
+    recovery point is the seeded start (version 0), older than stage 0's newest snapshot (50), from which
+    the central node first asked worker-2 to resend; it asks again from 0, replays 0..59 on the dead
+    stage's layers alone, and still ends with the fault-free run's weights."""
+    run(amqtt_url, save=tmp_path / "clean.pt")
+    faulty = run(
+        amqtt_url,
+        kills={"worker-1": 60},
+        extra={"worker-1": ("--send-nan", "replica@50")},
+        save=tmp_path / "faulty.pt",
+    )
+    (rec,) = faulty.recoveries
+    assert rec["recovery_mode"] == "resume", rec["rollback_reason"]
+    assert rec["rolled_back_to"] == 0 and rec["batches_replayed"] == 60 and rec["resumed_from"] == 61, rec
+    counts = Counter(int(row["batch"]) for row in faulty.timeline)
+    assert sorted(counts) == list(range(faulty.batches)) and set(counts.values()) == {1}
+    clean_w = torch.load(tmp_path / "clean.pt", weights_only=True)
+    faulty_w = torch.load(tmp_path / "faulty.pt", weights_only=True)
     for key in clean_w:
         torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)

@@ -77,7 +77,11 @@ def ask_early(state: RunState, dead: list[str]) -> Pieces | None:
     sent = state.runner.sent_activations
     if state.config.recovery_mode != "resume" or len(workers) < 3 or dead != [workers[1]] or not sent:
         return None
-    return _ask(state, workers[1], min(sent))
+    # From stage 0's newest snapshot: no recovery point is newer (every stage must serve it), and the
+    # usual one is that (a replication point). The successor resends a few gradients instead of its whole
+    # log, so its answer to the probe does not wait behind them; an older point asks again from there.
+    newest = max(state.store.holdings().get(state.device_id, []), default=min(sent))
+    return _ask(state, workers[1], max(min(sent), newest))
 
 
 def _ask(state: RunState, device: str, since: int) -> Pieces:
