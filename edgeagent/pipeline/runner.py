@@ -27,7 +27,7 @@ from edgeagent.protocol.messages import Activation, ActivationMode, EvalResult, 
 STAGE_TIME_WINDOW = 10  # batches in the moving window of step times (a device that slows down shows)
 
 
-MAX_LOGGED = 256  # messages of each kind: a long period (--chain-seconds) falls back to a rollback
+MAX_LOGGED = 128  # of each kind (the defaults need 103 with 3 devices); a longer period rolls back instead
 
 
 def log_bound(chain_every: int, in_flight: int) -> int:

@@ -68,3 +68,11 @@ def test_a_gap_in_the_lost_batches_is_refused() -> None:
     x = torch.randn(4, *SPEC.in_shape)
     with pytest.raises(TrainingError, match="catch-up at version 0 got batch 1"):
         catch_up(stage, [LostBatch(1, x, 0, grad_output=torch.zeros(1))])
+
+
+def test_the_log_covers_two_chain_periods_and_the_batches_in_flight_within_its_cap() -> None:
+    from edgeagent.pipeline.runner import MAX_LOGGED, log_bound
+
+    assert log_bound(50, 3) == 103  # the defaults with 3 devices
+    assert log_bound(0, 3) == 0  # no chain replication: nothing to replay from
+    assert log_bound(1567, 3) == MAX_LOGGED  # a long period (--chain-seconds before its retune)
