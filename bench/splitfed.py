@@ -192,22 +192,27 @@ def trial_of(report: dict[str, Any]) -> str:
     )
 
 
+def sfl_seconds(
+    args: argparse.Namespace, data: list[str], link: tuple[float, float], batch: int, point: int
+) -> float:
+    """Seconds per epoch of SFL (one mini-batch per iteration, N = 1) split at ``point``."""
+    report = run(
+        args.broker,
+        data,
+        plan="fixed",
+        epochs=args.time_epochs,
+        slowdowns=[args.device_slowdown] * len(data),
+        link=link,
+        batch_size=batch,
+        split_point=point,
+        parallel_batches=1,
+    )
+    return epoch_seconds(report)
+
+
 def best_sfl(args: argparse.Namespace, data: list[str], link: tuple[float, float]) -> tuple[float, int]:
     """SFL as the paper ran it (Sec. 5.2): every split point P < L benchmarked with N = 1, the best one."""
-    times = {}
-    for p in range(1, VGG5_LAYERS):
-        report = run(
-            args.broker,
-            data,
-            plan="fixed",
-            epochs=args.time_epochs,
-            slowdowns=[args.device_slowdown] * len(data),
-            link=link,
-            batch_size=args.batch_size,
-            split_point=p,
-            parallel_batches=1,
-        )
-        times[p] = epoch_seconds(report)
+    times = {p: sfl_seconds(args, data, link, args.batch_size, p) for p in range(1, VGG5_LAYERS)}
     p = min(times, key=lambda q: times[q])
     return times[p], p
 
@@ -371,22 +376,7 @@ def part_hetero(args: argparse.Namespace, folder: Path, results: dict[str, Any])
 def best_sfl_of(args: argparse.Namespace, data: list[str], link: tuple[float, float], batch: int) -> float:
     """SFL at batch ``batch``: the best of P = 1 and 2 with N = 1 (the time part benchmarks every P < L;
     VGG-5's best was 1 or 2 in every run of it)."""
-    return min(
-        epoch_seconds(
-            run(
-                args.broker,
-                data,
-                plan="fixed",
-                epochs=args.time_epochs,
-                slowdowns=[args.device_slowdown] * len(data),
-                link=link,
-                batch_size=batch,
-                split_point=p,
-                parallel_batches=1,
-            )
-        )
-        for p in (1, 2)
-    )
+    return min(sfl_seconds(args, data, link, batch, p) for p in (1, 2))
 
 
 def part_batch(args: argparse.Namespace, folder: Path, results: dict[str, Any]) -> None:
