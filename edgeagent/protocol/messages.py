@@ -242,6 +242,9 @@ class Assign(Message):
     global_every: int = 100
     replicas: int = 1
     replica_share: float = 0.0  # of an emulated slow uplink (CentralConfig.replica_share); 0: at once
+    # Whether stages log the activations and gradients they send, which a recovery without a rollback
+    # replays (CentralConfig.recovery_mode "resume"); "rollback" replays from the replicas and needs none.
+    recovery_logs: bool = True
     metrics_interval: float = 1.0  # seconds between metrics messages of every device of the run
     # One sample of every layer's output (batch dimension left out): a stage starting at layer j > 0
     # takes layer_shapes[j - 1]; activations that do not fit are dropped on receipt. Empty: unchecked.

@@ -335,3 +335,19 @@ def test_the_bound_of_characterising_counts_every_window() -> None:
     measured = characterise(layers, min_seconds=0.0, reps=1)
     assert (len(chosen), len(tiled)) == (len(measured.h), len(measured.tiles))
     assert len(chosen) == REPRESENTATIVES and tiled
+
+
+@pytest.mark.parametrize(("recovery_logs", "kept"), [(True, True), (False, False)])
+def test_a_worker_logs_what_it_sends_only_for_a_recovery_without_rollback(
+    recovery_logs: bool, kept: bool
+) -> None:
+    """--recovery-mode rollback replays from the replicas: the Assign tells workers to keep no logs."""
+    device = Device()
+    spec = ModelSpec("mlp", (64,), 10, (("hidden", (128, 64)),))
+    assign = make_assign(
+        points=[0, 2, 3], model=spec.to_dict(), batches_per_epoch=10, recovery_logs=recovery_logs
+    )
+    device.send(assign, TOPICS.device(Family.CONTROL, "w1"))
+    session = device.worker.session
+    assert session is not None
+    assert (session.run.runner.log_keep > 0) is kept

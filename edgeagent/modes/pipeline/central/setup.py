@@ -86,6 +86,7 @@ class Setup:
                 global_every=state.config.global_every,
                 replicas=state.config.replicas,
                 replica_share=state.replica_share(),
+                recovery_logs=state.config.recovery_mode == "resume",
                 metrics_interval=state.config.metrics_interval,
                 layer_shapes=[list(shape) for shape in profile.output_shapes],
                 layer_dtypes=list(profile.output_dtypes),

@@ -103,6 +103,7 @@ class PipelineSession:
             worker.report_error("assign", f"cannot build stage {index}: {exc}", msg.run_id)
             return None
         start_id = options.first_item(msg.committed_backward_id + 1)
+        keep = log_bound(msg.chain_every, msg.in_flight or len(msg.points)) if msg.recovery_logs else 0
         return Run(
             msg.run_id,
             spec,
@@ -112,7 +113,7 @@ class PipelineSession:
             list(msg.points),
             list(msg.worker_list),
             index,
-            StageRunner(stage, index, log_keep=log_bound(msg.chain_every, msg.in_flight or len(msg.points))),
+            StageRunner(stage, index, log_keep=keep),
             next_forward=start_id,
             next_backward=start_id,
             chain_every=msg.chain_every,
