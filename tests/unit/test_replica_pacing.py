@@ -8,7 +8,13 @@ import pytest
 from edgeagent.errors import ConfigError
 from edgeagent.replication.store import snapshots_kept
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
-from edgeagent.transport.mqtt import bulk_slot
+from edgeagent.transport.mqtt import (
+    BULK_FRAME_MIN,
+    BULK_GRACE_RESTS,
+    bulk_frame_bytes,
+    bulk_grace,
+    bulk_slot,
+)
 
 
 def test_bulk_frame_goes_on_an_idle_link_when_its_turn_has_come() -> None:
@@ -44,6 +50,32 @@ def test_bulk_share_bounds_the_lanes_use_of_the_link() -> None:
 def test_bulk_share_must_be_a_fraction() -> None:
     with pytest.raises(ConfigError, match="share"):
         bulk_slot(0.0, 0.0, 0.0, 0.1, 0.0, 1.0)
+
+
+def test_bulk_frames_hold_a_link_briefly() -> None:
+    # 25 ms of the link: 1,562 bytes at 0.5 Mbit/s, 12,500 at 4; at least 1 KiB, at most the chunk size.
+    assert bulk_frame_bytes(62_500, 65_536) == 1562
+    assert bulk_frame_bytes(500_000, 65_536) == 12_500
+    assert bulk_frame_bytes(1_000, 65_536) == BULK_FRAME_MIN
+    assert bulk_frame_bytes(1e9, 65_536) == 65_536
+
+
+def test_bulk_lane_gets_through_a_link_that_stays_busy() -> None:
+    """Activations reserve the link back to back: the lane waits its grace, then queues behind them, and
+    still gets share / (1 + BULK_GRACE_RESTS) of the link."""
+    duration, share = 0.025, 0.25
+    grace = bulk_grace(duration, share)
+    assert grace == pytest.approx(BULK_GRACE_RESTS * duration / share)
+    now, next_free, bulk_next, bulk = 0.0, 0.0, 0.0, 0.0
+    while now < 100.0:
+        next_free = max(next_free, now) + 0.01  # an activation frame reserved every 10 ms of link
+        start = bulk_slot(now, next_free, bulk_next, duration, share, grace)
+        if start is not None:
+            bulk += duration
+            next_free = start + duration
+            bulk_next = start + duration / share
+        now = next_free
+    assert bulk / now == pytest.approx(share / (1 + BULK_GRACE_RESTS), rel=0.05)
 
 
 def test_paced_stores_keep_more_snapshots() -> None:
