@@ -134,6 +134,7 @@ class Stage:
         self._named = list(module.named_parameters())
         self._params = [p for _, p in self._named]
         self._places = _places(module, self._named)
+        self._training = False  # whether the module is known to be in train mode (evaluate leaves it so)
         self.delay = 0
         self.optimizer: SGD | None = None
         self.set_delay(delay)
@@ -282,7 +283,9 @@ class Stage:
             weights = predicted(weights, self._momenta.get(version, {}), rule, batch_id - version)
         params = {name: t.detach().requires_grad_(True) for name, t in weights.items()}
         inputs = x if self.is_first else x.detach().requires_grad_(True)
-        self.module.train()
+        if not self._training:  # train mode once, not a walk over the modules per batch
+            self.module.train()
+            self._training = True
         output = _call_with(self.module, self._places, params, inputs)  # (B, ...)
         self._in_flight[batch_id] = _InFlight(version, inputs, output, params)
         self._prune()
@@ -425,11 +428,13 @@ class Stage:
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor) -> torch.Tensor:
         """Forward with the newest weights in eval mode (test accuracy)."""
+        self._training = False
         self.module.eval()
         try:
             return self.module(x)
         finally:
             self.module.train()
+            self._training = True
 
     # -- weights -------------------------------------------------------------------------------
 

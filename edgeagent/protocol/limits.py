@@ -201,6 +201,7 @@ def _nonfinite_tensor(t: torch.Tensor) -> str | None:
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # every message class's, worked out once
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None), list})  # a list's items are not looked at
 
 
 def nonfinite_problem(message: object) -> str | None:
@@ -219,6 +220,8 @@ def nonfinite_problem(message: object) -> str | None:
     for field_name in names:
         value = getattr(message, field_name)
         items: list[tuple[str, Any]]
+        if type(value) in _SCALARS:  # no tensor in it (and no slow Mapping check for it)
+            continue
         if isinstance(value, Mapping):
             items = [(f"{field_name}[{k!r}]", v) for k, v in value.items()]
         else:

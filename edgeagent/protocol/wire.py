@@ -154,7 +154,12 @@ def encode(msg: Message, *, sender: str) -> bytes:
     return cbor2.dumps(_to_cbor(envelope))
 
 
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # CBOR carries these as they are
+
+
 def _to_cbor(value: Any) -> Any:
+    if type(value) in _PLAIN:  # most of a message's fields: five isinstance checks fewer each
+        return value
     if isinstance(value, torch.Tensor):
         return encode_tensor(value)
     if isinstance(value, Compressed):
