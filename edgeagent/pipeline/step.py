@@ -147,9 +147,7 @@ class StageStep:
             rows=rows,
             total=total,
         )
-        runner.codecs.message_sent(
-            self.send(self._topic("activations", runner.index), activation)
-        )
+        runner.codecs.message_sent(self.send(self._topic("activations", runner.index), activation))
         return None
 
     def backward(
@@ -261,9 +259,7 @@ class StageStep:
             rows=rows,
             total=total,
         )
-        runner.codecs.message_sent(
-            self.send(self._topic("activations", runner.index), activation)
-        )
+        runner.codecs.message_sent(self.send(self._topic("activations", runner.index), activation))
 
 
 __all__ = ["NO_FAULTS", "Faults", "Send", "StageStep"]
