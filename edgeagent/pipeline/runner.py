@@ -71,6 +71,8 @@ class StageRunner:
     log_keep: int = 0
     sent_activations: dict[int, Activation] = field(default_factory=dict)
     sent_gradients: dict[int, Gradient] = field(default_factory=dict)
+    # The logs above (by id) whose keys are not in increasing order: :meth:`_log` scans them for the oldest.
+    _unordered: set[int] = field(default_factory=set, repr=False)
 
     @property
     def is_last(self) -> bool:
@@ -102,9 +104,11 @@ class StageRunner:
     ) -> tuple[Activation | None, str | None]:
         """``(msg decoded, None)`` if this stage can forward it, else ``(None, why not)``."""
         try:
-            msg = dataclasses.replace(msg, x=restore(msg.x))
+            x = restore(msg.x)
         except CompressionError as exc:
             return None, f"activation of batch {msg.batch_id}: {exc}"
+        if x is not msg.x:  # a raw tensor is taken as it came: no copy of the message
+            msg = dataclasses.replace(msg, x=x)
         problem = activation_problem(msg.tensor, msg.y, sample=sample, num_classes=num_classes)
         if problem is not None:
             return None, f"activation of batch {msg.batch_id}: {problem}"
@@ -115,9 +119,11 @@ class StageRunner:
         else ``(None, why not)``: anything else would make the backward pass raise after it took the
         batch out of flight (and lose it)."""
         try:
-            msg = dataclasses.replace(msg, g=restore(msg.g))
+            g = restore(msg.g)
         except CompressionError as exc:
             return None, f"gradient of batch {msg.batch_id}: {exc}"
+        if g is not msg.g:
+            msg = dataclasses.replace(msg, g=g)
         problem = gradient_problem(msg.tensor, self.outputs.get(msg.batch_id))
         if problem is not None:
             return None, f"gradient of batch {msg.batch_id}: {problem}"
@@ -165,9 +171,13 @@ class StageRunner:
     def _log(self, log: dict[int, Any], batch_id: int, msg: Any) -> None:
         if self.log_keep <= 0:
             return
+        # Batch ids come in increasing order, so the first key is the oldest (no scan of the log per
+        # message); a log that ever took a key not above its newest (a replay) looks for the oldest.
+        if log and id(log) not in self._unordered and (batch_id in log or batch_id < next(reversed(log))):
+            self._unordered.add(id(log))
         log[batch_id] = msg
         while len(log) > self.log_keep:
-            del log[min(log)]
+            del log[min(log) if id(log) in self._unordered else next(iter(log))]
 
     def gradient(
         self,

@@ -69,8 +69,21 @@ class SGD:
 
     @torch.no_grad()
     def step(self) -> None:
-        """One update of every parameter that has a gradient."""
-        for p in self.params:
+        """One update of every parameter that has a gradient.
+
+        Once every parameter has a gradient and a momentum buffer (every step of a run after its first),
+        the update is one multi-tensor call per operation (torch.optim's ``foreach`` path); on the CPU
+        those apply the very per-tensor kernels of the loop below, so the weights are the same bit for bit.
+        """
+        params = self.params
+        grads = [p.grad for p in params]
+        state = self.state
+        if params and self.momentum != 0 and all(g is not None for g in grads):
+            bufs = [state[p].get("momentum_buffer") if p in state else None for p in params]
+            if all(b is not None for b in bufs):
+                self._step_foreach(params, grads, bufs)  # type: ignore[arg-type]
+                return
+        for p in params:
             grad = p.grad
             if grad is None:
                 continue
@@ -84,6 +97,18 @@ class SGD:
                     buf.mul_(self.momentum).add_(grad)
                 grad = grad.add(buf, alpha=self.momentum) if self.nesterov else buf
             p.add_(grad, alpha=-self.lr)
+
+    def _step_foreach(
+        self, params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor]
+    ) -> None:
+        """:meth:`step` with momentum, every parameter with a gradient and a buffer: the loop's arithmetic
+        (``d = g + wd * p``; ``b = mu * b + d``; ``p -= lr * b``, or ``lr * (d + mu * b)`` with Nesterov)."""
+        if self.weight_decay != 0:
+            grads = list(torch._foreach_add(grads, params, alpha=self.weight_decay))
+        torch._foreach_mul_(bufs, self.momentum)
+        torch._foreach_add_(bufs, grads)
+        steps = torch._foreach_add(grads, bufs, alpha=self.momentum) if self.nesterov else bufs
+        torch._foreach_add_(params, steps, alpha=-self.lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

@@ -6,10 +6,13 @@ Note: weight stashing and vertical sync.
     weights of the same version (vertical sync, papers/000 Sec. III-C), and its backward pass uses
     exactly those weights (weight stashing). Stages apply updates in batch order, so a later stage
     always already has the version a batch asks for; it keeps every version a batch in flight or a
-    future batch can still ask for, as separate tensors. Forward passes run through
-    ``torch.func.functional_call`` on detached leaves of those stashed tensors, so the optimizer can
-    update the live parameters in place without tripping autograd's version counters (the bug that
-    froze PipeDream at PyTorch 1.4).
+    future batch can still ask for, as separate tensors. Forward passes run on detached leaves of
+    those stashed tensors, as ``torch.func.functional_call`` runs them, so the optimizer can update the
+    live parameters in place without tripping autograd's version counters (the bug that froze PipeDream
+    at PyTorch 1.4). The stage swaps them in itself, as ``functional_call`` does (the module's
+    ``_parameters`` entries, every alias of a tied one, swapped for the call and back), from places
+    worked out once: ``functional_call`` finds them again on every call, about 15 us per forward of a
+    two-layer stage.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from edgeagent.errors import TrainingError
 from edgeagent.pipeline import audit
@@ -50,6 +52,36 @@ class StageModule(nn.Module):
         for layer in self.layers.values():
             x = layer(x)
         return x
+
+
+_Place = tuple[nn.Module, str, str]  # a submodule, its parameter's local name, the parameter's full name
+
+
+def _places(module: nn.Module, named: list[tuple[str, nn.Parameter]]) -> list[_Place]:
+    """Where every parameter of ``named`` sits in ``module``: each submodule entry that holds it (a tied
+    parameter sits in several, and ``functional_call`` replaces it in all of them)."""
+    name_of = {id(p): name for name, p in named}
+    places: list[_Place] = []
+    for sub in module.modules(remove_duplicate=False):
+        for local, p in sub._parameters.items():
+            if p is not None and id(p) in name_of:
+                places.append((sub, local, name_of[id(p)]))
+    return places
+
+
+def _call_with(
+    module: nn.Module, places: list[_Place], params: dict[str, torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
+    """``functional_call(module, params, (x,))``: ``module(x)`` with ``params`` in place of its parameters
+    (the same tensors in the same ``_parameters`` entries, so the same arithmetic), restored after."""
+    originals = [sub._parameters[local] for sub, local, _ in places]
+    try:
+        for sub, local, name in places:
+            sub._parameters[local] = params[name]  # type: ignore[assignment]
+        return module(x)
+    finally:
+        for (sub, local, _), original in zip(places, originals, strict=True):
+            sub._parameters[local] = original
 
 
 @dataclass
@@ -101,6 +133,8 @@ class Stage:
         # the stash, the momentum snapshots and every update loop over them per batch.
         self._named = list(module.named_parameters())
         self._params = [p for _, p in self._named]
+        self._places = _places(module, self._named)
+        self._training = False  # whether the module is known to be in train mode (evaluate leaves it so)
         self.delay = 0
         self.optimizer: SGD | None = None
         self.set_delay(delay)
@@ -191,6 +225,9 @@ class Stage:
         return sorted(self._in_flight)
 
     def _prune(self) -> None:
+        floor = self._floor
+        if all(version >= floor for version in self._stash):
+            return  # nothing below the floor, nothing to drop (at most one of the calls per batch drops)
         keep = {v.version for v in self._in_flight.values()} | {self.version} | set(self._pinned.values())
         for version in list(self._stash):
             if version < self._floor and version not in keep:
@@ -236,14 +273,20 @@ class Stage:
         self._floor = max(self._floor, version)
         weights = self._stash[version]
         if self.rule.predict and batch_id > version:
-            rule = dataclasses.replace(
-                self.rule, learning_rate=self.rule.learning_rate * self._rate_factor(version)
+            factor = self._rate_factor(version)
+            # lr * 1.0 is lr exactly: the constant schedule predicts with the stage's own rule.
+            rule = (
+                self.rule
+                if factor == 1.0
+                else dataclasses.replace(self.rule, learning_rate=self.rule.learning_rate * factor)
             )
             weights = predicted(weights, self._momenta.get(version, {}), rule, batch_id - version)
         params = {name: t.detach().requires_grad_(True) for name, t in weights.items()}
         inputs = x if self.is_first else x.detach().requires_grad_(True)
-        self.module.train()
-        output = functional_call(self.module, params, (inputs,))  # (B, ...)
+        if not self._training:  # train mode once, not a walk over the modules per batch
+            self.module.train()
+            self._training = True
+        output = _call_with(self.module, self._places, params, inputs)  # (B, ...)
         self._in_flight[batch_id] = _InFlight(version, inputs, output, params)
         self._prune()
         return output.detach(), version
@@ -385,11 +428,13 @@ class Stage:
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor) -> torch.Tensor:
         """Forward with the newest weights in eval mode (test accuracy)."""
+        self._training = False
         self.module.eval()
         try:
             return self.module(x)
         finally:
             self.module.train()
+            self._training = True
 
     # -- weights -------------------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ class StageStep:
     doc). ``send``, ``topics`` and ``device_id`` say where messages go (the stage's topics, as the device
     that computed them); ``account`` is the device's time account (its compute share)."""
 
-    __slots__ = ("account", "device_id", "faults", "send", "topics")
+    __slots__ = ("_topics", "account", "device_id", "faults", "send", "topics")
 
     def __init__(
         self,
@@ -81,6 +81,15 @@ class StageStep:
         self.device_id = device_id
         self.account = account
         self.faults = faults
+        # Where this device sends each kind of output of each stage: built (and the names checked) once.
+        self._topics: dict[tuple[str, int], str] = {}
+
+    def _topic(self, kind: str, stage: int) -> str:
+        """``topics.activations(stage, device_id)`` (or ``gradients``, ``results``: ``kind``), once each."""
+        topic = self._topics.get((kind, stage))
+        if topic is None:
+            topic = self._topics[(kind, stage)] = getattr(self.topics, kind)(stage, self.device_id)
+        return topic
 
     def forward(
         self,
@@ -138,9 +147,7 @@ class StageStep:
             rows=rows,
             total=total,
         )
-        runner.codecs.message_sent(
-            self.send(self.topics.activations(runner.index, self.device_id), activation)
-        )
+        runner.codecs.message_sent(self.send(self._topic("activations", runner.index), activation))
         return None
 
     def backward(
@@ -211,7 +218,7 @@ class StageStep:
             downstream=downstream,
             piece=piece,
         )
-        runner.codecs.message_sent(self.send(self.topics.gradients(runner.index, self.device_id), gradient))
+        runner.codecs.message_sent(self.send(self._topic("gradients", runner.index), gradient))
 
     def evaluate(
         self,
@@ -238,7 +245,7 @@ class StageStep:
             result = runner.result(
                 out, y, run_id=run_id, plan_id=plan_id, batch_id=batch_id, rows=rows, total=total
             )
-            self.send(self.topics.results(runner.index, self.device_id), result)
+            self.send(self._topic("results", runner.index), result)
             return
         activation = runner.activation(
             out,
@@ -252,9 +259,7 @@ class StageStep:
             rows=rows,
             total=total,
         )
-        runner.codecs.message_sent(
-            self.send(self.topics.activations(runner.index, self.device_id), activation)
-        )
+        runner.codecs.message_sent(self.send(self._topic("activations", runner.index), activation))
 
 
 __all__ = ["NO_FAULTS", "Faults", "Send", "StageStep"]

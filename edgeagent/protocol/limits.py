@@ -187,8 +187,9 @@ def activation_problem(
         return f"x is {_describe(x)}, expected floating point"
     if y.dtype != torch.int64 or y.dim() != 1 or y.shape[0] != x.shape[0]:
         return f"labels y are {_describe(y)}, expected ({x.shape[0]},) int64"
-    if int(y.min()) < 0 or int(y.max()) >= num_classes:
-        return f"labels y from {int(y.min())} to {int(y.max())} are not all in [0, {num_classes})"
+    low, high = (int(v) for v in torch.aminmax(y))  # one pass over the labels
+    if low < 0 or high >= num_classes:
+        return f"labels y from {low} to {high} are not all in [0, {num_classes})"
     return None
 
 
@@ -197,6 +198,10 @@ def _nonfinite_tensor(t: torch.Tensor) -> str | None:
         return None
     nans = int(torch.isnan(t).sum())
     return f"{nans} NaN and {int((~torch.isfinite(t)).sum()) - nans} infinite of {t.numel()} values"
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # every message class's, worked out once
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None), list})  # a list's items are not looked at
 
 
 def nonfinite_problem(message: object) -> str | None:
@@ -208,13 +213,19 @@ def nonfinite_problem(message: object) -> str | None:
     reach every weight downstream, the replicas and the checkpoints: such a message is dropped at
     intake, never repaired.
     """
-    for f in dataclasses.fields(message):  # type: ignore[arg-type]
-        value = getattr(message, f.name)
+    cls = type(message)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(message))  # type: ignore[arg-type]
+    for field_name in names:
+        value = getattr(message, field_name)
         items: list[tuple[str, Any]]
+        if type(value) in _SCALARS:  # no tensor in it (and no slow Mapping check for it)
+            continue
         if isinstance(value, Mapping):
-            items = [(f"{f.name}[{k!r}]", v) for k, v in value.items()]
+            items = [(f"{field_name}[{k!r}]", v) for k, v in value.items()]
         else:
-            items = [(f.name, value)]
+            items = [(field_name, value)]
         for name, item in items:
             problem = _nonfinite_tensor(item) if isinstance(item, torch.Tensor) else None
             if problem is not None:

@@ -222,7 +222,11 @@ class Topics(_Tree):
         return f"{self.base}/link/{ANY}/{check_name('device id', receiver)}"
 
     def parse(self, topic: str) -> TopicInfo:
-        """Parse a topic of this cluster; raise :class:`ProtocolError` for anything else."""
+        """Parse a topic of this cluster; raise :class:`ProtocolError` for anything else (every message
+        received is parsed: the last topics' results are kept, a :class:`TopicInfo` being immutable)."""
+        return _parse(self, topic)
+
+    def _parse(self, topic: str) -> TopicInfo:
         prefix = self.base + "/"
         if not topic.startswith(prefix):
             raise ProtocolError(f"topic {topic!r} is not under {prefix!r}")
@@ -244,6 +248,12 @@ class Topics(_Tree):
             sender, receiver = check_name("device id", parts[1]), check_name("device id", parts[2])
             return TopicInfo(Family.LINK, device=sender, peer=receiver)
         raise ProtocolError(f"unknown topic {topic!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(topics: Topics, topic: str) -> TopicInfo:
+    """:meth:`Topics.parse`, for the last 256 topics parsed (a topic that does not parse raises each time)."""
+    return topics._parse(topic)
 
 
 @functools.lru_cache(maxsize=1024)

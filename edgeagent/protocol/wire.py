@@ -132,9 +132,16 @@ class _MessageTypes(Mapping[Kind, type[Message]]):
 MESSAGE_TYPES: Mapping[Kind, type[Message]] = _MessageTypes()
 
 
+_FIELD_NAMES: dict[type[Message], tuple[str, ...]] = {}  # every message class's, worked out once
+
+
 def encode(msg: Message, *, sender: str) -> bytes:
     """Serialise a message into its envelope (CBOR or JSON, by the message's kind)."""
-    body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    cls = type(msg)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(msg))
+    body = {name: getattr(msg, name) for name in names}
     if isinstance(msg, Command):
         run_id = body.pop("run_id")
         body = {"run_id": run_id, "name": msg.NAME, "args": body}
@@ -147,7 +154,12 @@ def encode(msg: Message, *, sender: str) -> bytes:
     return cbor2.dumps(_to_cbor(envelope))
 
 
+_PLAIN = frozenset({str, int, float, bool, bytes, type(None)})  # CBOR carries these as they are
+
+
 def _to_cbor(value: Any) -> Any:
+    if type(value) in _PLAIN:  # most of a message's fields: five isinstance checks fewer each
+        return value
     if isinstance(value, torch.Tensor):
         return encode_tensor(value)
     if isinstance(value, Compressed):
@@ -213,33 +225,73 @@ def _build_command(body: dict[str, Any], checker: _Checker) -> Command:
     return command
 
 
-_SCHEMAS: dict[type[Any], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}
+@dataclasses.dataclass(frozen=True)
+class _Schema:
+    """A message class's fields as :func:`_build` checks them, worked out once (get_type_hints is slow):
+    per field its name, type, whether it may be left out (it has a default) and where it is named in an
+    error (``<kind>.<field>``, for a message)."""
+
+    names: frozenset[str]
+    fields: tuple[tuple[str, Any, bool, str], ...]
 
 
-def _schema(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
-    """Type hints and fields of a message class, worked out once (get_type_hints is slow)."""
-    if cls not in _SCHEMAS:
-        _SCHEMAS[cls] = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
-    return _SCHEMAS[cls]
+_SCHEMAS: dict[type[Any], _Schema] = {}
+
+
+def _schema(cls: type[Any]) -> _Schema:
+    schema = _SCHEMAS.get(cls)
+    if schema is None:
+        hints = typing.get_type_hints(cls)
+        kind = getattr(cls, "KIND", None)
+        prefix = kind.value if isinstance(kind, Kind) else ""
+        schema = _SCHEMAS[cls] = _Schema(
+            frozenset(f.name for f in dataclasses.fields(cls)),
+            tuple(
+                (
+                    f.name,
+                    hints[f.name],
+                    f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
+                    f"{prefix}.{f.name}",
+                )
+                for f in dataclasses.fields(cls)
+            ),
+        )
+    return schema
 
 
 def _build(cls: type[Any], body: dict[str, Any], checker: _Checker, name: str = "") -> Any:
     """``cls`` (a message, or a record inside one) from a decoded map, every field checked."""
-    name = name or cls.KIND.value
-    hints, fields = _schema(cls)
+    schema = _schema(cls)
+    if not name:
+        name = cls.KIND.value
+        named = True  # a message: its fields' error names are worked out in the schema
+    else:
+        named = False
     if not all(isinstance(k, str) for k in body):
         raise ProtocolError(f"{name} body has non-string keys")
-    unknown = set(body) - set(fields)
-    if unknown:
-        raise ProtocolError(f"{name} has unknown fields {sorted(unknown)}")
+    if not schema.names.issuperset(body):
+        raise ProtocolError(f"{name} has unknown fields {sorted(set(body) - schema.names)}")
     values: dict[str, Any] = {}
-    for field_name, f in fields.items():
+    check = checker.check
+    for field_name, tp, optional, where in schema.fields:
         if field_name not in body:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if not optional:
                 raise ProtocolError(f"{name} lacks field {field_name!r}")
             continue
-        values[field_name] = checker.check(hints[field_name], body[field_name], f"{name}.{field_name}")
+        values[field_name] = check(tp, body[field_name], where if named else f"{name}.{field_name}")
     return cls(**values)
+
+
+_ARGS: dict[Any, tuple[Any, ...]] = {}
+
+
+def _args(tp: Any) -> tuple[Any, ...]:
+    """``typing.get_args(tp)``, worked out once per type."""
+    try:
+        return _ARGS[tp]
+    except KeyError:
+        args = _ARGS[tp] = typing.get_args(tp)
+        return args
 
 
 class _Checker:
@@ -253,8 +305,11 @@ class _Checker:
         self.open_values = open_values
 
     def check(self, tp: Any, value: Any, where: str) -> Any:
-        origin = typing.get_origin(tp)
-        method = _BY_ORIGIN.get(origin) if origin is not None else _BY_TYPE.get(tp)
+        try:
+            method = _METHODS[tp]
+        except KeyError:
+            origin = typing.get_origin(tp)
+            method = _METHODS[tp] = _BY_ORIGIN.get(origin) if origin is not None else _BY_TYPE.get(tp)
         if method is None:
             # A programming error (a field type without a decoder), reported like bad input.
             raise ProtocolError(f"{where}: no decoder for {tp}")
@@ -262,7 +317,7 @@ class _Checker:
 
     def _union(self, tp: Any, value: Any, where: str) -> Any:
         problems = []
-        for arg in typing.get_args(tp):
+        for arg in _args(tp):
             try:
                 return self.check(arg, value, where)
             except ProtocolError as exc:
@@ -270,7 +325,7 @@ class _Checker:
         raise ProtocolError(f"{where}: {type(value).__name__} fits none of {tp} ({'; '.join(problems)})")
 
     def _literal(self, tp: Any, value: Any, where: str) -> Any:
-        allowed = typing.get_args(tp)
+        allowed = _args(tp)
         if any(type(value) is type(a) and value == a for a in allowed):
             return value
         if self.open_values and all(isinstance(a, str) for a in allowed) and isinstance(value, str):
@@ -321,7 +376,7 @@ class _Checker:
     def _list(self, tp: Any, value: Any, where: str) -> list[Any]:
         if not isinstance(value, (list, tuple)):
             raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
-        (item,) = typing.get_args(tp)
+        (item,) = _args(tp)
         return [self.check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
 
     def _tuple(self, tp: Any, value: Any, where: str) -> tuple[Any, ...]:
@@ -336,7 +391,7 @@ class _Checker:
     def _dict(self, tp: Any, value: Any, where: str) -> dict[Any, Any]:
         if not isinstance(value, dict):
             raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
-        key_t, val_t = typing.get_args(tp)
+        key_t, val_t = _args(tp)
         return {
             self.check(key_t, k, f"{where} key"): self.check(val_t, v, f"{where}[{k!r}]")
             for k, v in value.items()
@@ -364,4 +419,6 @@ _BY_TYPE: dict[Any, _Method] = {
     bytes: _Checker._scalar,
     bool: _Checker._scalar,
 }
+# The method of every type checked so far (get_origin once per type, not once per value).
+_METHODS: dict[Any, _Method | None] = {}
 _STRICT, _OPEN = _Checker(), _Checker(open_values=True)

@@ -16,6 +16,7 @@ from edgeagent.protocol.topics import topic_matches
 
 Handler = Callable[[str, bytes], None]
 log = logging.getLogger(__name__)
+ROUTES_KEPT = 256  # topics whose handlers a transport keeps matched (Transport._dispatch)
 
 
 class Transport(ABC):
@@ -25,6 +26,9 @@ class Transport(ABC):
         self.client_id = client_id
         self._handlers: dict[str, list[Handler]] = {}
         self._lock = threading.RLock()
+        # The handlers of every topic delivered lately (what ``_dispatch`` would match again per message),
+        # dropped at every change of the subscriptions and when it holds ROUTES_KEPT topics.
+        self._routes: dict[str, list[Handler]] = {}
         self._on_connect: list[Callable[[], None]] = []
 
     @abstractmethod
@@ -69,12 +73,14 @@ class Transport(ABC):
             if handler in handlers:
                 return  # already subscribed: a second copy would deliver every message twice
             handlers.append(handler)
+            self._routes.clear()
         if first:
             self._subscribe_remote(pattern)
 
     def unsubscribe(self, pattern: str) -> None:
         with self._lock:
             known = self._handlers.pop(pattern, None) is not None
+            self._routes.clear()
         if known:
             self._unsubscribe_remote(pattern)
 
@@ -88,7 +94,12 @@ class Transport(ABC):
 
     def _dispatch(self, topic: str, payload: bytes) -> None:
         with self._lock:
-            targets = [h for p, hs in self._handlers.items() if topic_matches(p, topic) for h in hs]
+            targets = self._routes.get(topic)
+            if targets is None:
+                targets = [h for p, hs in self._handlers.items() if topic_matches(p, topic) for h in hs]
+                if len(self._routes) >= ROUTES_KEPT:  # topics a broker delivers through wildcards are many
+                    self._routes.clear()
+                self._routes[topic] = targets
         for handler in targets:
             try:
                 handler(topic, payload)

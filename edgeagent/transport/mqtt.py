@@ -254,13 +254,17 @@ class _QuickAckClient(mqtt.Client):
         """paho queues every packet for its network thread and wakes it: one thread hand-off (and a wait
         for the GIL) per activation. With ``direct_write`` a PUBLISH from another thread is written at
         once by that thread; what does not fit the socket's buffer is left to the network thread, woken
-        then. Not for TLS (an SSL connection must not be read and written from two threads at once)."""
-        if (
-            not self.direct_write
-            or command & 0xF0 != mqtt.PUBLISH
-            or self._thread is None
-            or threading.current_thread() is self._thread
-        ):
+        then. Not for TLS (an SSL connection must not be read and written from two threads at once).
+
+        The network thread's own packets (the PUBACK of every QoS 1 message it receives) are written at
+        once too: paho would wake its own thread through the socket pair (a send, a select, a recv)
+        to write them in the next round. If another thread is writing meanwhile (or the network thread
+        itself, from inside a write), the packet waits in the queue, and the network thread's next
+        select, which watches the socket for writing while anything is queued, sends it."""
+        if not self.direct_write or self._thread is None:
+            return super()._packet_queue(command, packet, mid, qos, info)
+        on_thread = threading.current_thread() is self._thread
+        if not on_thread and command & 0xF0 != mqtt.PUBLISH:
             return super()._packet_queue(command, packet, mid, qos, info)
         self._out_packet.append(
             {
@@ -273,6 +277,13 @@ class _QuickAckClient(mqtt.Client):
                 "info": info,
             }
         )
+        if on_thread:
+            if self._write_lock.acquire(blocking=False):
+                try:
+                    mqtt.Client._packet_write(self)
+                finally:
+                    self._write_lock.release()
+            return mqtt.MQTT_ERR_SUCCESS
         rc = self._packet_write()
         if rc != mqtt.MQTT_ERR_SUCCESS or self._out_packet:  # the rest (or the error) is the thread's
             sock = self._sockpairW

@@ -76,3 +76,19 @@ def test_the_log_covers_two_chain_periods_and_the_batches_in_flight_within_its_c
     assert log_bound(50, 3) == 103  # the defaults with 3 devices
     assert log_bound(0, 3) == 0  # no chain replication: nothing to replay from
     assert log_bound(1567, 3) == MAX_LOGGED  # a long period (--chain-seconds before its retune)
+
+
+def test_the_log_drops_its_oldest_batch_also_after_a_batch_out_of_order() -> None:
+    from edgeagent.pipeline.runner import StageRunner
+
+    runner = StageRunner(stages()[1], 1, log_keep=3)
+    for batch_id in (4, 5, 6, 7):  # in order: the first key is the oldest
+        runner.gradient(
+            torch.zeros(2), run_id="r", plan_id=1, batch_id=batch_id, loss=0.0, correct=0, downstream=[]
+        )
+    assert list(runner.sent_gradients) == [5, 6, 7]
+    for batch_id in (2, 8, 9):  # 2 came after 7 (a replay): from then on the oldest is looked for
+        runner.gradient(
+            torch.zeros(2), run_id="r", plan_id=1, batch_id=batch_id, loss=0.0, correct=0, downstream=[]
+        )
+    assert sorted(runner.sent_gradients) == [7, 8, 9]

@@ -54,3 +54,23 @@ def test_memory_transport_retained_for_late_subscribers() -> None:
         later.close()
     finally:
         pub.close()
+
+
+def test_a_topics_handlers_follow_every_change_of_the_subscriptions() -> None:
+    """The handlers matched for a topic are kept between messages; a subscription added or removed counts."""
+    broker = MemoryBroker()
+    sender, receiver = MemoryTransport(broker, "a"), MemoryTransport(broker, "b")
+    wide: list[str] = []
+    narrow: list[str] = []
+    try:
+        receiver.subscribe("data/#", lambda t, p: wide.append(t))
+        sender.publish("data/x", b"1")
+        receiver.subscribe("data/+", lambda t, p: narrow.append(t))
+        sender.publish("data/x", b"2")
+        receiver.unsubscribe("data/#")
+        sender.publish("data/x", b"3")
+        assert wide == ["data/x", "data/x"]
+        assert narrow == ["data/x", "data/x"]
+    finally:
+        sender.close()
+        receiver.close()

@@ -90,3 +90,32 @@ def test_backward_with_a_received_gradient_equals_tensor_backward_bit_for_bit() 
         assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
     with pytest.raises(ValueError, match=r"\(6, 3\)"):
         backward_with(ours(x), torch.zeros(6, 3))
+
+
+@dataclass(frozen=True)
+class NesterovOptions:
+    learning_rate: float
+    momentum: float
+    weight_decay: float
+    nesterov: bool = True
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_the_multi_tensor_steps_equal_torch_sgd_bit_for_bit(nesterov: bool) -> None:
+    """Every step after the first takes the multi-tensor path: 20, with decay, heavy ball, Nesterov."""
+    options = NesterovOptions(0.05, momentum=0.7, weight_decay=4e-5, nesterov=nesterov)
+    ours_model, torch_model = _model(4), _model(4)
+    ours = SGD(ours_model.parameters(), options)
+    reference = torch.optim.SGD(
+        torch_model.parameters(), lr=0.05, momentum=0.7, weight_decay=4e-5, nesterov=nesterov, foreach=False
+    )
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        x, y = torch.randn(7, 8, generator=gen), torch.randint(0, 4, (7,), generator=gen)
+        for model, opt in ((ours_model, ours), (torch_model, reference)):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for a, b in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(ours.state[a]["momentum_buffer"], reference.state[b]["momentum_buffer"])
