@@ -1,4 +1,4 @@
-"""Replicas on a slow uplink (issue 52): the bulk lane's rule (``transport.mqtt.bulk_slot``), its share of
+"""Replicas on a slow uplink (issue 52): the bulk lane's rule (``transport.pacing.bulk_slot``), its share of
 the link, and the fallback of transports without an emulated uplink."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from edgeagent.errors import ConfigError
 from edgeagent.replication.store import snapshots_kept
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
-from edgeagent.transport.mqtt import (
+from edgeagent.transport.pacing import (
     BULK_FRAME_MIN,
     BULK_GRACE_RESTS,
     bulk_frame_bytes,
