@@ -16,6 +16,9 @@ Note for the mode that drives them (what :mod:`edgeagent.allreduce.base` does no
   the collective's ``rejected`` attribute, never raised.
 - Keep delivering a step's messages and ticks until ``done()`` (a backup node may still owe a
   neighbour the mean after it has its own), even while the next step runs.
+- Bundles: with a collective of :data:`BUNDLED`, pass each batch of sends through
+  :func:`~edgeagent.allreduce.bundle.bundle` and each received message through
+  :func:`~edgeagent.allreduce.bundle.unbundle` (the collectives never see a note).
 - Kinds on the wire: the ft-tree uses the eight of ``REDUCE_KINDS``/``BROADCAST_KINDS``; ``tree`` and
   ``ring`` use ``data_reduce`` and ``data_bcast`` only; the ring puts the **chunk index in ``target``**.
 - Every collective here has ``contributors()`` (the ranks in the mean, for checks); the mean is
@@ -35,6 +38,9 @@ from edgeagent.allreduce.tree import TreeAllreduce
 from edgeagent.errors import ConfigError
 
 COLLECTIVES = ("ft-tree", "ft-tree-thesis", "tree", "ring")
+BUNDLED = frozenset({"ft-tree"})
+"""The collectives whose metadata the driver folds into fewer messages (:mod:`edgeagent.allreduce.bundle`);
+``ft-tree-thesis`` stays the paper's exchange, one message per metadata message."""
 
 
 def make_collective(name: str, rank: int, size: int, step: int, timeouts: LinkTimeouts) -> Collective:
@@ -50,4 +56,4 @@ def make_collective(name: str, rank: int, size: int, step: int, timeouts: LinkTi
     raise ConfigError(f"unknown collective {name!r}: choose one of {', '.join(COLLECTIVES)}")
 
 
-__all__ = ["COLLECTIVES", "make_collective"]
+__all__ = ["BUNDLED", "COLLECTIVES", "make_collective"]

@@ -14,7 +14,9 @@ reduce and three broadcast messages, Algorithms 1 and 2) or a baseline's own kin
 :mod:`edgeagent.protocol` carries it as a string, with ``step``, ``origin`` (whose data), ``target`` (the
 node a meta message is about), ``contributors`` (the ranks summed into ``data``: what makes "no
 contribution lost or counted twice" checkable) and the ``data`` tensor (absent in metadata messages);
-the ft-tree's data messages also carry ``chunk`` of ``chunks`` (:mod:`edgeagent.allreduce.chunks`).
+the ft-tree's data messages also carry ``chunk`` of ``chunks`` (:mod:`edgeagent.allreduce.chunks`), and
+``notes``: metadata messages to the same device folded into this one by the driver
+(:mod:`edgeagent.allreduce.bundle`; the collectives themselves never fill it).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class CollectiveMsg:
     data: torch.Tensor | None = None  # flat float32; None for metadata
     chunk: int = 0  # which chunk of the vector ``data`` is (the ft-tree's exchange by chunks)
     chunks: int = 1  # of how many (1: the whole vector)
+    notes: tuple[tuple[str, int | None], ...] = ()  # (kind, target) of metadata folded in (bundle.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_FLOATS = 1 << 17
-"""Floats per chunk of ``--collective ft-tree``: 131,072 float32 = 512 KiB, under the transport's 768 KiB
-frame (:data:`edgeagent.protocol.chunking.DEFAULT_CHUNK_SIZE`), so a chunk is one MQTT message (no
-reassembly, no digest of the whole); the thesis's 407,050-parameter MLP travels in 4 chunks."""
+CHUNK_FLOATS = 195_584
+"""Floats per chunk at most of ``--collective ft-tree``: 195,584 float32 = 764 KiB, the transport's 768 KiB
+frame (:data:`edgeagent.protocol.chunking.DEFAULT_CHUNK_SIZE`) less 4 KiB for the message around them, so a
+chunk is one MQTT message (no reassembly, no digest of the whole) and a vector takes as few messages as
+that frame allows: the thesis's 407,050-parameter MLP travels in 3 chunks of 135,684 floats (530 KiB)
+per link and direction (4 of 512 KiB before; the pipelining of smaller chunks gained nothing measurable on
+2 cores, and every message costs CPU at both ends, docs/benchmarks.md)."""
 
 MAX_CHUNKS = 1024
 """Chunks at most per vector (checked on decode: a message cannot announce a huge count)."""

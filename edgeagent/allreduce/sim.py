@@ -27,6 +27,7 @@ import torch
 
 from edgeagent.allreduce import make_collective, topology
 from edgeagent.allreduce.base import Collective, CollectiveMsg, Send
+from edgeagent.allreduce.bundle import bundle, unbundle
 from edgeagent.errors import ConfigError
 
 FAULTS: dict[str, tuple[tuple[int, int], ...]] = {
@@ -58,6 +59,7 @@ class SimResult:
     sent: dict[str, int]  # messages sent, by kind
     dropped: int  # messages lost on failed links
     all_done: bool  # every collective reported done()
+    messages: int = 0  # messages put on the links (fewer than ``sent`` in all when bundled)
 
 
 def run_step(
@@ -72,13 +74,17 @@ def run_step(
     seed: int = 0,
     start_times: Sequence[float] | None = None,
     max_time: float = 120.0,
+    bundled: bool = False,
 ) -> SimResult:
     """Run one step of ``collectives`` (rank ``i`` is ``collectives[i]``), all started at time 0.
 
     ``failed_links`` are down from the start, ``late_failures`` ``(a, b, t)`` from virtual time ``t``.
     ``jitter`` stretches each message's latency by a random factor in ``[1, 1 + jitter)`` (seeded), so
     messages overtake each other, also on one link. ``start_times`` (default all 0) model devices that
-    finish their gradient at different times.
+    finish their gradient at different times. ``bundled``: each batch of sends goes through
+    :func:`~edgeagent.allreduce.bundle.bundle` and each message through ``unbundle`` on arrival, as the
+    MQTT driver does for :data:`~edgeagent.allreduce.BUNDLED` collectives (``sent`` still counts every
+    message of the collective's, ``messages`` what went on the links).
     """
     n = len(collectives)
     if len(grads) != n:
@@ -90,13 +96,14 @@ def run_step(
     pushed: list[float | None] = [None] * n
     result_times: list[float | None] = [None] * n
     sent: collections.Counter[str] = collections.Counter()
-    dropped = 0
+    dropped = messages = 0
     rng = random.Random(seed)
 
     def after(rank: int, sends: list[Send], now: float) -> None:
-        nonlocal seq, dropped
-        for s in sends:
-            sent[s.msg.kind] += 1
+        nonlocal seq, dropped, messages
+        for s in bundle(sends) if bundled else sends:
+            sent.update([s.msg.kind, *(kind for kind, _ in s.msg.notes)])
+            messages += 1
             if failed.get(frozenset((rank, s.to)), now + 1.0) <= now:
                 dropped += 1
                 continue
@@ -131,7 +138,7 @@ def run_step(
             after(rank, c.tick(now), now)
         else:
             assert isinstance(item, CollectiveMsg)
-            after(rank, c.receive(item, now), now)
+            after(rank, [s for one in unbundle(item) for s in c.receive(one, now)], now)
     results = [c.result() for c in collectives]
     complete = all(t is not None for t in result_times)
     return SimResult(
@@ -142,6 +149,7 @@ def run_step(
         sent=dict(sent),
         dropped=dropped,
         all_done=all(c.done() for c in collectives),
+        messages=messages,
     )
 
 
@@ -158,8 +166,10 @@ def simulate(
     seed: int = 0,
     start_times: Sequence[float] | None = None,
     step: int = 0,
+    bundled: bool = False,
 ) -> SimResult:
-    """One step of the collective ``name`` over ``len(grads)`` ranks with a fixed timeout."""
+    """One step of the collective ``name`` over ``len(grads)`` ranks with a fixed timeout (``bundled``:
+    see :func:`run_step`)."""
     n = len(grads)
     timeouts = FixedTimeouts(timeout)
     collectives = [make_collective(name, r, n, step, timeouts) for r in range(n)]
@@ -173,6 +183,7 @@ def simulate(
         jitter=jitter,
         seed=seed,
         start_times=start_times,
+        bundled=bundled,
     )
 
 

@@ -14,7 +14,7 @@ from tests.integration import test_allreduce as base
 
 pytestmark = pytest.mark.slow
 
-HIDDEN = [2048]  # 64-2048-10: 153,610 parameters, two chunks
+HIDDEN = [4096]  # 64-4096-10: 307,210 parameters, two chunks
 
 
 def test_ft_tree_by_chunks_through_a_failed_link_is_exact(
@@ -22,7 +22,7 @@ def test_ft_tree_by_chunks_through_a_failed_link_is_exact(
 ) -> None:
     monkeypatch.setattr(base, "HIDDEN", HIDDEN)
     monkeypatch.setattr(base, "TRAIN", base.TRAIN.model_copy(update={"model_options": {"hidden": HIDDEN}}))
-    assert count(64 * 2048 + 2048 + 2048 * 10 + 10, CHUNK_FLOATS) == 2
+    assert count(64 * 4096 + 4096 + 4096 * 10 + 10, CHUNK_FLOATS) == 2
     saved = tmp_path / "model.pt"
     report, _ = base.run(mosquitto_url, 4, 4, saved, fail_links=["worker-2,worker-4@1:2"])
     assert report.allreduce["collective"] == "ft-tree"

@@ -28,6 +28,9 @@ class AllreduceKind(Kind):
 MAX_CHUNKS = 1024
 """Chunks at most of one vector (:data:`edgeagent.allreduce.chunks.MAX_CHUNKS`; torch-only imports here)."""
 
+MAX_NOTES = 64
+"""Metadata notes at most on one link message (:data:`edgeagent.allreduce.bundle.MAX_NOTES`)."""
+
 MAX_ALLREDUCE_MEMBERS = 4096
 """Ranks at most in one allreduce step (checked on decode: a contributor list cannot be made huge)."""
 
@@ -47,6 +50,8 @@ class AllreduceMsg(Message):
     long it held that one: the receiver's round trip on this link is ``now - echo - echo_delay`` (TCP's
     timestamps option, RFC 7323), what adaptive timeouts are made of. ``chunk`` of ``chunks``: which part
     of the vector ``data`` is (the ft-tree exchanges its data by chunks, :mod:`edgeagent.allreduce.chunks`).
+    ``notes`` and ``note_targets`` (-1: None): the kinds and targets of metadata messages of the same step
+    and sender folded into this one (:mod:`edgeagent.allreduce.bundle`), handled after it, in order.
     """
 
     KIND = AllreduceKind.ALLREDUCE
@@ -64,6 +69,8 @@ class AllreduceMsg(Message):
     echo_delay: float = 0.0
     chunk: int = 0  # the ft-tree's data by chunks: which chunk of the vector ``data`` is
     chunks: int = 1  # of how many (1: the whole vector)
+    notes: list[str] = dataclasses.field(default_factory=list)  # kinds of metadata folded in
+    note_targets: list[int] = dataclasses.field(default_factory=list)  # their targets (-1: None)
 
     def __post_init__(self) -> None:
         if self.step < 0 or self.attempt < 0:
@@ -79,6 +86,15 @@ class AllreduceMsg(Message):
             raise ProtocolError("allreduce message without a sender rank")
         if len(self.contributors) > MAX_ALLREDUCE_MEMBERS:
             raise ProtocolError(f"allreduce message names {len(self.contributors)} contributors")
+        if len(self.notes) > MAX_NOTES or len(self.note_targets) != len(self.notes):
+            raise ProtocolError(
+                f"allreduce message with {len(self.notes)} notes and {len(self.note_targets)} note targets "
+                f"(at most {MAX_NOTES}, one target each)"
+            )
+        for kind, target in zip(self.notes, self.note_targets, strict=True):
+            if not 1 <= len(kind) <= 32:
+                raise ProtocolError(f"allreduce note kind of {len(kind)} characters (1-32)")
+            _check_rank(target, "allreduce note target")
         for rank in self.contributors:
             _check_rank(rank, "allreduce contributor")
         if isinstance(self.data, torch.Tensor) and self.data.dtype != torch.float32:

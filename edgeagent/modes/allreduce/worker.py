@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from edgeagent.allreduce import BUNDLED
 from edgeagent.allreduce.base import Collective, CollectiveMsg, Send
+from edgeagent.allreduce.bundle import bundle, unbundle
 from edgeagent.allreduce.codec import LinkCodec, gradient_bits
 from edgeagent.allreduce.links import AdaptiveTimeouts, FailedLinks, FixedTimeouts
 from edgeagent.allreduce.replica import Replica
@@ -81,6 +83,7 @@ class AllreduceSession:
         self.central = msg.worker_list[0]
         self.settings = settings
         self.collective_name = str(settings["collective"])
+        self.bundled = self.collective_name in BUNDLED  # metadata folded into fewer messages (bundle.py)
         self.batch_size = int(settings["batch_size"])
         self.seed = msg.seed
         self.replica = Replica(spec, msg.seed, msg.options)
@@ -337,7 +340,7 @@ class AllreduceSession:
 
     def _send(self, active: _Active, sends: list[Send]) -> None:
         me = self.worker.device_id
-        for s in sends:
+        for s in bundle(sends) if self.bundled else sends:
             if not 0 <= s.to < len(active.members):
                 log.error("%s: the collective sent to rank %d of %d", me, s.to, len(active.members))
                 continue
@@ -368,6 +371,8 @@ class AllreduceSession:
             echo_delay=echo_delay,
             chunk=m.chunk,
             chunks=m.chunks,
+            notes=[kind for kind, _ in m.notes],
+            note_targets=[-1 if target is None else target for _, target in m.notes],
         )
         self.worker.send(self.worker.topics.link(me, peer), msg)
 
@@ -438,9 +443,16 @@ class AllreduceSession:
             data=data,
             chunk=msg.chunk,
             chunks=msg.chunks,
+            notes=tuple(
+                (kind, None if target < 0 else target)
+                for kind, target in zip(msg.notes, msg.note_targets, strict=True)
+            ),
         )
         now = time.monotonic()
-        self._send(active, active.collective.receive(cmsg, now))
+        sends: list[Send] = []
+        for one in unbundle(cmsg):  # the message, then the metadata folded into it (bundle.py)
+            sends += active.collective.receive(one, now)
+        self._send(active, sends)
         self._settle(active)
 
     # -- the parameter server (ps-sync, ps-async) ----------------------------------------------
