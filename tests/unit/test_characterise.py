@@ -348,6 +348,8 @@ def test_a_worker_logs_what_it_sends_only_for_a_recovery_without_rollback(
         points=[0, 2, 3], model=spec.to_dict(), batches_per_epoch=10, recovery_logs=recovery_logs
     )
     device.send(assign, TOPICS.device(Family.CONTROL, "w1"))
+    from edgeagent.modes.pipeline.worker.session import PipelineSession
+
     session = device.worker.session
-    assert session is not None
+    assert isinstance(session, PipelineSession)
     assert (session.run.runner.log_keep > 0) is kept
