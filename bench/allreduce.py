@@ -33,8 +33,9 @@ pipelined down the tree, ``edgeagent/allreduce/chunks.py``, and its metadata fol
 whole sums and means of 3 frames each) and the gloo reference, one after the other in each round; the medians
 over rounds of each one's median step, and the ratios. A step is counted alike for all: per step the
 slowest member's time from its own start to its result (ours: ``collective_seconds``, the max over
-devices; gloo: the max over ranks of ``all_reduce``'s time; until 2026-11-29 gloo's was rank 0's alone). The thesis gives no such figure (its baselines are
-its own parameter servers and ring); gloo is what a user would otherwise pick.
+devices; gloo: the max over ranks of ``all_reduce``'s time; until 2026-11-29 gloo's was rank 0's alone).
+The thesis gives no such figure (its baselines are its own parameter servers and ring); gloo is what a
+user would otherwise pick.
 
 Time: ``tables`` with 7, 15, 31 devices and three timeouts is nine runs (~15-25 min on 2 cores; 31 torch
 processes start in about a minute); ``fig13`` about 3 minutes.
