@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +24,17 @@ def _model(seed: int) -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
+def _train_alike(pairs: list[tuple[nn.Module, Any]], *, steps: int, rows: int, seed: int) -> None:
+    """The same batches through every (model, optimizer) pair, one step each per batch."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randn(rows, 8, generator=gen), torch.randint(0, 4, (rows,), generator=gen)
+        for model, opt in pairs:
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
 @pytest.mark.parametrize(
     "options",
     [Options(0.1), Options(0.05, momentum=0.9), Options(0.05, momentum=0.9, weight_decay=5e-4)],
@@ -37,13 +49,7 @@ def test_weights_and_momentum_equal_torch_sgd_bit_for_bit(options: Options) -> N
         momentum=options.momentum,
         weight_decay=options.weight_decay,
     )
-    gen = torch.Generator().manual_seed(2)
-    for _ in range(6):
-        x, y = torch.randn(5, 8, generator=gen), torch.randint(0, 4, (5,), generator=gen)
-        for model, opt in ((ours_model, ours), (torch_model, reference)):
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    _train_alike([(ours_model, ours), (torch_model, reference)], steps=6, rows=5, seed=2)
     for a, b in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
         assert torch.equal(a, b)
         assert a.grad is None
@@ -109,13 +115,7 @@ def test_the_multi_tensor_steps_equal_torch_sgd_bit_for_bit(nesterov: bool) -> N
     reference = torch.optim.SGD(
         torch_model.parameters(), lr=0.05, momentum=0.7, weight_decay=4e-5, nesterov=nesterov, foreach=False
     )
-    gen = torch.Generator().manual_seed(5)
-    for _ in range(20):
-        x, y = torch.randn(7, 8, generator=gen), torch.randint(0, 4, (7,), generator=gen)
-        for model, opt in ((ours_model, ours), (torch_model, reference)):
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    _train_alike([(ours_model, ours), (torch_model, reference)], steps=20, rows=7, seed=5)
     for a, b in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
         assert torch.equal(a, b)
         assert torch.equal(ours.state[a]["momentum_buffer"], reference.state[b]["momentum_buffer"])
