@@ -71,8 +71,6 @@ class StageRunner:
     log_keep: int = 0
     sent_activations: dict[int, Activation] = field(default_factory=dict)
     sent_gradients: dict[int, Gradient] = field(default_factory=dict)
-    # The logs above (by id) whose keys are not in increasing order: :meth:`_log` scans them for the oldest.
-    _unordered: set[int] = field(default_factory=set, repr=False)
 
     @property
     def is_last(self) -> bool:
@@ -171,13 +169,9 @@ class StageRunner:
     def _log(self, log: dict[int, Any], batch_id: int, msg: Any) -> None:
         if self.log_keep <= 0:
             return
-        # Batch ids come in increasing order, so the first key is the oldest (no scan of the log per
-        # message); a log that ever took a key not above its newest (a replay) looks for the oldest.
-        if log and id(log) not in self._unordered and (batch_id in log or batch_id < next(reversed(log))):
-            self._unordered.add(id(log))
         log[batch_id] = msg
         while len(log) > self.log_keep:
-            del log[min(log) if id(log) in self._unordered else next(iter(log))]
+            del log[min(log)]  # the oldest batch (a replay may have added ids out of order)
 
     def gradient(
         self,

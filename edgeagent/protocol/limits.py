@@ -27,7 +27,6 @@ flood the log.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from collections import Counter, OrderedDict
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 from edgeagent.compression.base import all_finite
+from edgeagent.protocol.messages import field_names
 from edgeagent.protocol.topics import DEVICE_PUBLISHED, Family, TopicInfo
 
 KIB = 1024
@@ -200,7 +200,6 @@ def _nonfinite_tensor(t: torch.Tensor) -> str | None:
     return f"{nans} NaN and {int((~torch.isfinite(t)).sum()) - nans} infinite of {t.numel()} values"
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # every message class's, worked out once
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None), list})  # a list's items are not looked at
 
 
@@ -213,11 +212,7 @@ def nonfinite_problem(message: object) -> str | None:
     reach every weight downstream, the replicas and the checkpoints: such a message is dropped at
     intake, never repaired.
     """
-    cls = type(message)
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(message))  # type: ignore[arg-type]
-    for field_name in names:
+    for field_name in field_names(type(message)):
         value = getattr(message, field_name)
         items: list[tuple[str, Any]]
         if type(value) in _SCALARS:  # no tensor in it (and no slow Mapping check for it)

@@ -103,6 +103,18 @@ class Message:
     ENCODING: ClassVar[Encoding] = "cbor"
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """The fields of a message (or command) class, in order, worked out once: the encoder and the
+    non-finite check read every message's fields."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 # ---------------------------------------------------------------------------------------------
 # Discovery and liveness (JSON)
 

@@ -15,6 +15,7 @@ protocol never imports a mode by name; the messages modules hold nothing heavier
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -53,6 +54,7 @@ from edgeagent.protocol.messages import (
     Repartition,
     Status,
     Weights,
+    field_names,
 )
 from edgeagent.protocol.options import TrainOptions
 from edgeagent.protocol.tensors import decode_tensor, encode_tensor
@@ -132,16 +134,9 @@ class _MessageTypes(Mapping[Kind, type[Message]]):
 MESSAGE_TYPES: Mapping[Kind, type[Message]] = _MessageTypes()
 
 
-_FIELD_NAMES: dict[type[Message], tuple[str, ...]] = {}  # every message class's, worked out once
-
-
 def encode(msg: Message, *, sender: str) -> bytes:
     """Serialise a message into its envelope (CBOR or JSON, by the message's kind)."""
-    cls = type(msg)
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(msg))
-    body = {name: getattr(msg, name) for name in names}
+    body = {name: getattr(msg, name) for name in field_names(type(msg))}
     if isinstance(msg, Command):
         run_id = body.pop("run_id")
         body = {"run_id": run_id, "name": msg.NAME, "args": body}
@@ -282,16 +277,7 @@ def _build(cls: type[Any], body: dict[str, Any], checker: _Checker, name: str = 
     return cls(**values)
 
 
-_ARGS: dict[Any, tuple[Any, ...]] = {}
-
-
-def _args(tp: Any) -> tuple[Any, ...]:
-    """``typing.get_args(tp)``, worked out once per type."""
-    try:
-        return _ARGS[tp]
-    except KeyError:
-        args = _ARGS[tp] = typing.get_args(tp)
-        return args
+_args = functools.cache(typing.get_args)  # once per type, not once per value checked
 
 
 class _Checker:
