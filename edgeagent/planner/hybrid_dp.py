@@ -188,25 +188,38 @@ class _Search:
         f, following = slots.in_flight_of(slot), slots.following(slot)
         best: TieKey | None = None
         for option in self.options(used):
-            group, after, st = option
-            if model.link(prev, group, s) > limit:
+            if model.link(prev, option[0], s) > limit:
                 continue
-            for e in range(s + 1, self._last_end(s, option, slot) + 1):
-                if not model.fits(st, s, e, f) or model.stage_time(st, s, e) > limit:
-                    break
-                if self.suffix_time(e, after, group, following) > limit:
-                    continue
-                rest = self.suffix_key(e, after, group, following)
-                if rest is None:  # pragma: no cover - suffix_time <= limit guarantees a suffix
-                    continue
-                candidate = (
-                    st.size + rest[0],
-                    1 + rest[1],
-                    (*rest[2], -s),
-                    (self.concrete(group, used), *rest[3]),
-                )
-                if best is None or candidate < best:
-                    best = candidate
+            ends = range(s + 1, self._last_end(s, option, slot) + 1)
+            candidate = self._stage_key(s, ends, option, used, f, following)
+            if candidate is not None and (best is None or candidate < best):
+                best = candidate
+        return best
+
+    def _stage_key(
+        self, s: int, ends: range, option: _Option, used: Counts, f: int, following: int
+    ) -> TieKey | None:
+        """The smallest tie key of a plan whose stage from ``s`` is held by ``option``'s group (``used``
+        devices taken before it), ending at one of ``ends``, within the threshold."""
+        model, limit = self.model, self.threshold
+        group, after, st = option
+        best: TieKey | None = None
+        for e in ends:
+            if not model.fits(st, s, e, f) or model.stage_time(st, s, e) > limit:
+                break
+            if self.suffix_time(e, after, group, following) > limit:
+                continue
+            rest = self.suffix_key(e, after, group, following)
+            if rest is None:  # pragma: no cover - suffix_time <= limit guarantees a suffix
+                continue
+            candidate = (
+                st.size + rest[0],
+                1 + rest[1],
+                (*rest[2], -s),
+                (self.concrete(group, used), *rest[3]),
+            )
+            if best is None or candidate < best:
+                best = candidate
         return best
 
     def best_key(self, threshold: float) -> TieKey | None:
@@ -218,22 +231,10 @@ class _Search:
             if model.feed(first) > threshold:
                 continue
             for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
-                for e in range(1, model.num_layers + 1):
-                    if not model.fits(st, 0, e, f) or model.stage_time(st, 0, e) > threshold:
-                        break
-                    if self.suffix_time(e, first, first, slot) > threshold:
-                        continue
-                    rest = self.suffix_key(e, first, first, slot)
-                    if rest is None:  # pragma: no cover - suffix_time <= threshold guarantees a suffix
-                        continue
-                    candidate = (
-                        st.size + rest[0],
-                        1 + rest[1],
-                        (*rest[2], 0),
-                        (self.concrete(first, nothing), *rest[3]),
-                    )
-                    if best is None or candidate < best:
-                        best = candidate
+                ends = range(1, model.num_layers + 1)
+                candidate = self._stage_key(0, ends, (first, first, st), nothing, f, slot)
+                if candidate is not None and (best is None or candidate < best):
+                    best = candidate
         return best
 
 
