@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,7 +13,11 @@ import torch
 @dataclass
 class TimeAccount:
     """Where a role's time went: compute (emulated), communication (encoding and publishing), idle; and the
-    bytes it sent and took in (payloads, as on the wire)."""
+    bytes it sent and took in (payloads, as on the wire).
+
+    The times are those of one thread, the role's own (the one that last called :meth:`reset`), so that
+    they add up to at most its wall time: a send from another thread (replicas on the scheduler's thread,
+    heartbeats, metrics) overlaps them and counts its bytes only (:meth:`sent`)."""
 
     compute: float = 0.0
     communication: float = 0.0
@@ -20,11 +25,19 @@ class TimeAccount:
     started: float = field(default_factory=time.perf_counter)
     sent_bytes: int = 0
     received_bytes: int = 0
+    thread: int = field(default_factory=threading.get_ident)
 
     def reset(self) -> None:
         self.compute = self.communication = self.idle = 0.0
         self.sent_bytes = self.received_bytes = 0
         self.started = time.perf_counter()
+        self.thread = threading.get_ident()
+
+    def sent(self, nbytes: int, seconds: float) -> None:
+        """A message of ``nbytes`` that took ``seconds`` to encode and publish."""
+        self.sent_bytes += nbytes
+        if threading.get_ident() == self.thread:
+            self.communication += seconds
 
     def summary(self) -> dict[str, float]:
         wall = time.perf_counter() - self.started

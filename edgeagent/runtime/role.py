@@ -176,8 +176,7 @@ class Role:
         hoptrace.mark("publish", topic, message)
         self.transport.publish(topic, payload, qos=qos, retain=retain)
         hoptrace.mark("sent", topic, message)
-        self.times.communication += time.perf_counter() - started
-        self.times.sent_bytes += len(payload)
+        self.times.sent(len(payload), time.perf_counter() - started)
         return len(payload)
 
     def set_status(self, state: StatusState, *, run_id: str = "", stage: int = -1, detail: str = "") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -44,3 +45,15 @@ def test_a_clock_started_at_factor_one_is_not_scaled_later(monkeypatch: pytest.M
     duration = emulate_slowdown(clock, 5.0)
     assert slept == []
     assert before - clock.wall <= duration <= time.perf_counter() - clock.wall
+
+
+def test_a_send_from_another_thread_counts_its_bytes_not_its_time() -> None:
+    """The account's times are its own thread's (they fit in its wall time); another thread's send, which
+    overlaps them, adds its bytes only."""
+    account = TimeAccount()
+    account.sent(100, 0.5)
+    other = threading.Thread(target=account.sent, args=(50, 2.0))
+    other.start()
+    other.join()
+    assert account.sent_bytes == 150
+    assert account.communication == 0.5
