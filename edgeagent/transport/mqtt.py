@@ -156,14 +156,20 @@ class _QuickAckClient(mqtt.Client):
         then. Not for TLS (an SSL connection must not be read and written from two threads at once).
 
         The network thread's own packets (the PUBACK of every QoS 1 message it receives) are written at
-        once too: paho would wake its own thread through the socket pair (a send, a select, a recv)
-        to write them in the next round. If another thread is writing meanwhile (or the network thread
+        once too: paho would wake its own thread through the socket pair (a send, a select, a recv) to
+        write them in the next round. If another thread is writing meanwhile (or the network thread
         itself, from inside a write), the packet waits in the queue, and the network thread's next
-        select, which watches the socket for writing while anything is queued, sends it."""
+        select, which watches the socket for writing while anything is queued, sends it. Not inside one
+        of paho's callbacks (a message handler's PUBLISH, say a probe's echo; the SUBSCRIBEs of
+        ``on_connect``): paho runs them holding its callback lock, and a write that drains a queued
+        DISCONNECT (a close racing it) reports the disconnection under that same lock, which is not
+        re-entrant: the network thread would wait for itself for ever."""
         if not self.direct_write or self._thread is None:
             return super()._packet_queue(command, packet, mid, qos, info)
         on_thread = threading.current_thread() is self._thread
-        if not on_thread and command & 0xF0 != mqtt.PUBLISH:
+        if (on_thread and self._in_callback_mutex.locked()) or (
+            not on_thread and command & 0xF0 != mqtt.PUBLISH
+        ):
             return super()._packet_queue(command, packet, mid, qos, info)
         self._out_packet.append(
             {

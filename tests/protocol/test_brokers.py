@@ -352,3 +352,40 @@ def test_embedded_broker_stops_under_load_and_frees_its_port(cluster: str) -> No
             client.loop_stop()
             client.disconnect()
         broker.stop()
+
+
+def test_a_handler_that_publishes_while_a_close_is_queued_does_not_hang(
+    broker_url: str, cluster: str
+) -> None:
+    """Handlers run on paho's network thread under its callback lock. A PUBLISH from one (a probe's echo)
+    must not write the queue itself: a DISCONNECT queued meanwhile (a close racing it) would then report
+    the disconnection under the same lock, and the network thread would wait for itself for ever (it
+    hung a CI run once). The handler holds on until the DISCONNECT is queued, then publishes."""
+    topics = Topics(cluster)
+    topic, reply = topics.activations(0, "go"), topics.activations(0, "echo")
+    entered, queued, answered = threading.Event(), threading.Event(), threading.Event()
+    echo = MqttTransport(broker_url, f"echo-{uuid.uuid4().hex[:8]}")
+
+    def handler(_topic: str, payload: bytes) -> None:
+        if payload != b"go":
+            return
+        entered.set()
+        if queued.wait(DELIVERY_TIMEOUT):
+            echo.publish(reply, b"echo")
+            answered.set()
+
+    try:
+        with transports(broker_url, "pub") as (pub,):
+            assert echo.wait_connected(CONNECT_TIMEOUT)
+            seen = Collector()
+            echo.subscribe(topic, seen)
+            echo.subscribe(topic, handler)
+            confirm_subscription(pub, topic, lambda: PROBE in seen.payloads())
+            pub.publish(topic, b"go")
+            assert entered.wait(DELIVERY_TIMEOUT), "the handler never ran"
+            echo._client.disconnect()  # queued for the network thread, busy in the handler
+            queued.set()
+            assert answered.wait(DELIVERY_TIMEOUT), "the handler's publish hung the network thread"
+    finally:
+        if answered.is_set() or not entered.is_set():
+            echo.close()  # (a network thread that hangs in the handler would hang close() too)
