@@ -7,6 +7,7 @@ Configuration files for the embedded broker and for Mosquitto live in the reposi
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import signal
 import socket
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgeagent.broker.relay import applies as relay_applies
+from edgeagent.broker.relay import run_broadcast
 from edgeagent.errors import ConfigError
 from edgeagent.ops.systemd import Notifier, Watchdog, watchdog_interval
 from edgeagent.transport.hosts import is_loopback
@@ -114,10 +117,18 @@ def _make_broker(config: dict[str, Any], tls: BrokerTls | None) -> Any:
     """
     from amqtt.broker import Broker
 
+    fast_relay = relay_applies(importlib.metadata.version("amqtt"))
+
     class _Broker(Broker):
         def __init__(self, config: dict[str, Any]) -> None:
             super().__init__(config)
             self.connections: set[asyncio.StreamWriter] = set()
+
+        async def _run_broadcast(self, running_tasks: Any) -> None:
+            if fast_relay:  # amqtt's loop without its per-message debug formatting (broker/relay.py)
+                await run_broadcast(self, running_tasks)
+            else:
+                await super()._run_broadcast(running_tasks)
 
         async def stream_connected(
             self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener_name: str
