@@ -302,6 +302,14 @@ class CentralConfig(BrokerAccess):
     replica_share: float = Field(
         0.25, ge=0, le=1, description="share of a slow uplink replicas may take in its idle time (0: at once)"
     )
+    # A real uplink (no --link-mbps) is slow when the link probes measure it below this: its replicas are
+    # paced then as an emulated one's (PaceReplicas). 0: only emulated uplinks are paced.
+    replica_pace_mbps: float = Field(
+        10.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="pace the replicas of a worker whose measured uplink is below this many Mbit/s (0: off)",
+    )
     # The central node's checkpoints (edgeagent.roles.central.runs): a directory where every run writes
     # run-named files, <cluster>/<run id>/v<version>.ckpt, at every global replication point (split-
     # federated, allreduce: every epoch, step); "auto": "checkpoints" in the state directory ($STATE_DIRECTORY

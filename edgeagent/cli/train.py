@@ -188,6 +188,7 @@ _CENTRAL_KEYS = (
     "global_every",
     "replicas",
     "replica_share",
+    "replica_pace_mbps",
     "timeout_multiplier",
     "batch_timeout",
     "probe_timeout",

@@ -206,6 +206,12 @@ RECOVERY = (
         kwargs={"type": click.FloatRange(0, 1)},
     ),
     Flag(
+        ("--replica-pace-mbps",),
+        "replica_pace_mbps",
+        "Pace the replicas of a worker whose measured real uplink is below this (Mbit/s; 0: off).",
+        kwargs={"type": click.FloatRange(0)},
+    ),
+    Flag(
         ("--timeout-multiplier",),
         "timeout_multiplier",
         "Deadlines (batch timer, evaluation, probe) = this x the predicted time of the work.",

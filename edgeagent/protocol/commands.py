@@ -8,6 +8,7 @@ send one by hand); :func:`edgeagent.protocol.wire.decode` picks the class by ``n
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 from edgeagent.errors import ProtocolError
@@ -156,6 +157,24 @@ class SetReplication(Command):
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class PaceReplicas(Command):
+    """Replicas take at most ``share`` of a slow uplink, in its idle time: ``uplinks`` names the devices
+    whose real uplink the central node measured below ``replica_pace_mbps``, with that measure (Mbit/s);
+    every worker of the run keeps the snapshots paced replicas need (they arrive later)."""
+
+    NAME = "pace"
+    share: float
+    uplinks: dict[str, float]
+
+    def __post_init__(self) -> None:
+        if not 0 < self.share <= 1:
+            raise ProtocolError(f"pace needs 0 < share <= 1, got {self.share}")
+        bad = {d: v for d, v in self.uplinks.items() if not math.isfinite(v) or v <= 0}
+        if bad:
+            raise ProtocolError(f"pace needs uplinks > 0 Mbit/s, got {bad}")
+
+
 COMMAND_TYPES: dict[str, type[Command]] = {
     cls.NAME: cls
     for cls in (
@@ -169,5 +188,6 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         SetCompression,
         Reshare,
         SetReplication,
+        PaceReplicas,
     )
 }

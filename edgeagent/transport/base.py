@@ -62,6 +62,11 @@ class Transport(ABC):
         """Drop the bulk payloads not yet started; return how many."""
         return 0
 
+    def pace_uplink(self, mbps: float) -> bool:
+        """Pace the bulk lane on a real uplink measured at ``mbps`` (Mbit/s); returns whether it is paced.
+        This one has no link to pace."""
+        return False
+
     def flush(self, timeout: float) -> bool:
         """Block until what was published so far has reached the broker (or ``timeout`` passes)."""
         return True

@@ -287,6 +287,15 @@ class MqttTransport(Transport):
         """Change the emulated uplink (0: none) while running (device profiles)."""
         self.throttle = LinkThrottle(mbps) if mbps > 0 else None
 
+    def pace_uplink(self, mbps: float) -> bool:
+        """The bulk lane paced on this device's real uplink, measured at ``mbps``: every frame is booked on
+        a model of the link (not held back: the link holds it) and bulk frames go in its idle time. Not
+        over an emulated uplink (that one paces already). Returns whether the lane is paced now."""
+        if self.throttle is not None and self.throttle.emulate:
+            return True
+        self.throttle = LinkThrottle(mbps, emulate=False) if mbps > 0 else None
+        return self.throttle is not None
+
     # -- Transport -----------------------------------------------------------------------------
 
     @property

@@ -22,10 +22,13 @@ class LinkThrottle:
     priority lane: see :func:`bulk_slot`.
     """
 
-    def __init__(self, megabits_per_second: float) -> None:
+    def __init__(self, megabits_per_second: float, *, emulate: bool = True) -> None:
         if megabits_per_second <= 0:
             raise ConfigError(f"link rate must be > 0 Mbit/s, got {megabits_per_second}")
         self.bytes_per_second = megabits_per_second * 1e6 / 8
+        # False: a real link of this measured rate. Frames are booked on it (the bulk lane then finds its
+        # idle time) but not held back: the link itself holds them.
+        self.emulate = emulate
         self._next_free = 0.0
         self._bulk_next = 0.0  # when the bulk lane may start its next frame (its share of the link)
         self._lock = threading.Lock()
@@ -39,7 +42,7 @@ class LinkThrottle:
             self._next_free = start + nbytes / self.bytes_per_second
             delay = self._next_free - now
             self.sent_bytes += nbytes
-        if delay > 0:
+        if delay > 0 and self.emulate:
             time.sleep(delay)
 
     def wait_bulk(self, nbytes: int, share: float, grace: float | None = None) -> None:

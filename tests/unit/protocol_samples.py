@@ -217,6 +217,7 @@ _AUTO_FIELDS: dict[str, Any] = {
     "groups": [["text", "helper"], ["text"]],
     "shares": [[0.75, 0.25], [1.0]],
     "members": ["text", "w2"],  # an allreduce step's members are distinct
+    "share": 0.25,  # a share of a link (PaceReplicas): at most 1
 }
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 
 from edgeagent.errors import ConfigError
+from edgeagent.protocol.topics import Family
 from edgeagent.replication.store import snapshots_kept
 from edgeagent.transport.memory import MemoryBroker, MemoryTransport
 from edgeagent.transport.pacing import (
     BULK_FRAME_MIN,
     BULK_GRACE_RESTS,
+    LinkThrottle,
     bulk_frame_bytes,
     bulk_grace,
     bulk_slot,
@@ -112,6 +114,7 @@ class _State:
         self.announced = {d: Announce(device_id=d, paces=d in paced) for d in self.worker_list[1:]}
         self.store = WeightStore("central")
         self.heard: list[str] = []
+        self.paced_uplinks: dict[str, float] = {}  # real uplinks measured slow (Setup.pace_slow_uplinks)
 
     def listen(self, topic: str) -> None:
         self.heard.append(topic)
@@ -147,3 +150,84 @@ def test_a_paced_worker_sends_its_replicas_to_the_central_node_too() -> None:
     assert len(topics) == 2 and share == 0.25 and keep == snapshots_kept(0.25)
     topics, share, _ = _replica_topics(paced={"worker-1"}, share=0.0)
     assert len(topics) == 1 and share == 0.0
+
+
+def test_a_real_links_throttle_books_frames_without_holding_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real uplink (``emulate=False``) holds frames itself: the model only books them, so that the bulk
+    lane finds the link's idle time; an emulated one sleeps for them."""
+    import edgeagent.transport.pacing as pacing
+
+    slept: list[float] = []
+    monkeypatch.setattr(pacing.time, "sleep", slept.append)
+    real, emulated = LinkThrottle(1.0, emulate=False), LinkThrottle(1.0)
+    real.wait(125_000)  # 1 s of a 1 Mbit/s link
+    assert slept == []
+    assert real._next_free - pacing.time.monotonic() > 0.9
+    emulated.wait(125_000)
+    assert len(slept) == 1 and slept[0] > 0.9
+
+
+def test_memory_transport_has_no_uplink_to_pace() -> None:
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker, "a")
+    try:
+        assert transport.pace_uplink(0.5) is False
+    finally:
+        transport.close()
+
+
+def _paced_after_measuring(
+    uplinks_mbps: dict[str, float], *, pace_below: float = 10.0, emulated: set[str] | None = None
+) -> tuple[dict[str, float], list[tuple[str, object]], _State]:
+    from edgeagent.modes.pipeline.central.context import RunState
+    from edgeagent.modes.pipeline.central.setup import Setup
+    from edgeagent.planner.dp import Link
+
+    state = _State(emulated or set())
+    state.config = state.config.model_copy(update={"replica_pace_mbps": pace_below})
+    state.run_id = "run-1"  # type: ignore[attr-defined]
+    state.uplinks = {d: Link(mbps * 1e6 / 8) for d, mbps in uplinks_mbps.items()}  # type: ignore[attr-defined]
+    sent: list[tuple[str, object]] = []
+    state.send = lambda topic, msg: sent.append((topic, msg))  # type: ignore[attr-defined]
+    state.event = lambda name, **details: sent.append((f"event {name}", details))  # type: ignore[attr-defined]
+    state.paces = RunState.paces.__get__(state)  # type: ignore[attr-defined]
+    state.replica_share = RunState.replica_share.__get__(state)  # type: ignore[attr-defined]
+    setup = Setup(state)  # type: ignore[arg-type]
+    setup.subscribe_stage()
+    before = list(state.heard)
+    paced = setup.pace_slow_uplinks()
+    state.heard_before = before  # type: ignore[attr-defined]
+    return paced, sent, state
+
+
+def test_a_real_uplink_measured_slow_is_paced_once_the_links_are_measured() -> None:
+    from edgeagent.protocol.commands import PaceReplicas
+
+    paced, sent, state = _paced_after_measuring({"worker-1": 0.5, "worker-2": 94.0, "worker-3": 2.0})
+    assert paced == {"worker-1": 0.5, "worker-3": 2.0}
+    commands = [msg for _, msg in sent if isinstance(msg, PaceReplicas)]
+    assert commands == [PaceReplicas(run_id="run-1", share=0.25, uplinks={"worker-1": 0.5, "worker-3": 2.0})]
+    # The central node listens to worker-1's replica topic now (worker-3's, the last, it heard already:
+    # its chain replica wraps around), and its store keeps what paced replicas need.
+    new = [t for t in state.heard if t not in state.heard_before]  # type: ignore[attr-defined]
+    assert new == [state.topics.device(Family.REPLICA, "worker-1")]
+    assert state.store.keep == snapshots_kept(0.25)
+    assert state.paces("worker-1") and not state.paces("worker-2")  # type: ignore[attr-defined]
+
+
+def test_fast_uplinks_emulated_ones_and_a_zero_threshold_are_left_alone() -> None:
+    assert _paced_after_measuring({"worker-1": 50.0, "worker-2": 94.0, "worker-3": 12.0})[:2] == ({}, [])
+    assert _paced_after_measuring({"worker-1": 0.5}, pace_below=0.0)[:2] == ({}, [])
+    # worker-1 already paces an emulated uplink (--link-mbps): only worker-2 is new.
+    paced, _, _ = _paced_after_measuring({"worker-1": 0.5, "worker-2": 1.0}, emulated={"worker-1"})
+    assert paced == {"worker-2": 1.0}
+
+
+def test_pace_replicas_checks_its_share_and_rates() -> None:
+    from edgeagent.errors import ProtocolError
+    from edgeagent.protocol.commands import PaceReplicas
+
+    with pytest.raises(ProtocolError, match="share"):
+        PaceReplicas(run_id="r", share=0.0, uplinks={})
+    with pytest.raises(ProtocolError, match="Mbit/s"):
+        PaceReplicas(run_id="r", share=0.25, uplinks={"w": float("nan")})

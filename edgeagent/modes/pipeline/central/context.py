@@ -193,6 +193,8 @@ class RunState:
         # Every device's measured uplink, the last stage's to the central node included (not a link of
         # the pipeline's DP, but what its replicas, fetched layers and heartbeats cross): the waits'.
         self.uplinks: dict[str, Link] = {}
+        # Workers whose real uplink was measured slow and whose replicas are paced on it (Mbit/s).
+        self.paced_uplinks: dict[str, float] = {}
         self.groups = Groups.single(self.worker_list)  # the devices of every stage (hybrid: several)
         model = build_model(spec, seed=self.train.seed)
         self.param_bytes = tuple(
@@ -272,9 +274,11 @@ class RunState:
         return self.train.in_flight or len(self.worker_list)
 
     def paces(self, device: str) -> bool:
-        """Whether ``device`` announced a paced uplink (an emulated slow link) and the run paces replicas."""
+        """Whether the run paces replicas and ``device``'s uplink is paced: an emulated slow link (its
+        announce says so) or a real one measured slow (:meth:`Setup.pace_slow_uplinks`)."""
         announce = self.announced.get(device)
-        return self.config.replica_share > 0 and announce is not None and announce.paces
+        paced = (announce is not None and announce.paces) or device in self.paced_uplinks
+        return self.config.replica_share > 0 and paced
 
     def replica_share(self) -> float:
         """The run's ``replica_share`` if one of its workers paces its uplink, else 0: replicas go at once

@@ -13,7 +13,7 @@ from edgeagent.modes.pipeline.central.context import Fault, RunState
 from edgeagent.pipeline.build import layer_slice
 from edgeagent.pipeline.groups import Groups
 from edgeagent.planner.dp import Link
-from edgeagent.protocol.commands import MeasureLink
+from edgeagent.protocol.commands import MeasureLink, PaceReplicas
 from edgeagent.protocol.messages import Assign
 from edgeagent.protocol.topics import Family
 from edgeagent.replication.store import snapshots_kept
@@ -223,6 +223,44 @@ class Setup:
                 lk.latency * 1e3,
             )
         return result
+
+    def pace_slow_uplinks(self) -> dict[str, float]:
+        """After the links are measured: the replicas of every worker whose real uplink is slower than
+        ``replica_pace_mbps`` go in its idle time, within ``replica_share`` of it, as over an emulated
+        slow uplink (issue 52: a 0.5 Mbit/s uplink took 8 s per replica, stalling the pipeline). The
+        central node listens to those workers' replica topics first (a paced replica is sent once, there),
+        then tells every worker (:class:`PaceReplicas`). Returns the paced uplinks (Mbit/s)."""
+        state = self.state
+        config = state.config
+        if config.replica_share <= 0 or config.replica_pace_mbps <= 0:
+            return {}
+        slow = {
+            device: round(link.bandwidth * 8 / 1e6, 3)
+            for device, link in state.uplinks.items()
+            if device in state.worker_list[1:]
+            and not state.paces(device)
+            and link.bandwidth * 8 / 1e6 < config.replica_pace_mbps
+        }
+        if not slow:
+            return {}
+        state.paced_uplinks.update(slow)
+        state.store.keep = snapshots_kept(state.replica_share())
+        for topic in self.stage_topics():
+            if topic not in self.subscribed:
+                state.listen(topic)
+                self.subscribed.append(topic)
+        state.send(
+            state.topics.fixed(Family.COMMAND),
+            PaceReplicas(run_id=state.run_id, share=config.replica_share, uplinks=slow),
+        )
+        log.info(
+            "replicas paced in the idle time of slow uplinks (below %.1f Mbit/s: %s), at most %.0f %% each",
+            config.replica_pace_mbps,
+            ", ".join(f"{d} {mbps:.2f} Mbit/s" for d, mbps in slow.items()),
+            100 * config.replica_share,
+        )
+        state.event("replicas-paced", uplinks=slow, share=config.replica_share)
+        return slow
 
     def announce_to_home_assistant(self) -> None:
         state = self.state

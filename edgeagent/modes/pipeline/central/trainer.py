@@ -88,6 +88,7 @@ class Trainer:
         if state.config.home_assistant:
             self.setup.announce_to_home_assistant()
         state.links = self.setup.measure_links()
+        self.setup.pace_slow_uplinks()
         state.report.links = [{"bandwidth": lk.bandwidth, "latency": lk.latency} for lk in state.links]
         self.planning.apply_compression(epoch=state.start_version // max(1, state.per_epoch))
         self.planning.record_partition(

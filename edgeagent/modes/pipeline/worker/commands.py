@@ -16,6 +16,7 @@ from edgeagent.protocol.commands import (
     Collect,
     Command,
     MeasureLink,
+    PaceReplicas,
     Ping,
     Resend,
     SetCompression,
@@ -24,6 +25,7 @@ from edgeagent.protocol.commands import (
 )
 from edgeagent.protocol.messages import Message, Ready, Weights
 from edgeagent.protocol.topics import Family
+from edgeagent.replication.store import snapshots_kept
 from edgeagent.runtime.role import Handler, Inbound
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class RunCommands:
             Ping: self.on_ping,
             Resend: self.on_resend,
             MeasureLink: self.on_measure_link,
+            PaceReplicas: self.on_pace_replicas,
         }
 
     def command(self, item: Inbound, kind: type[C]) -> C | None:
@@ -128,6 +131,26 @@ class RunCommands:
             return
         run.chain_every = msg.chain_every
         run.chain_points = run.chain_points.then(msg.chain_every, msg.from_batch)
+
+    def on_pace_replicas(self, item: Inbound) -> None:
+        """Replicas paced from now on (the central node measured a slow real uplink): this device's, on
+        its uplink's measured rate if it is one of them; every device keeps the snapshots they need."""
+        msg = self.command(item, PaceReplicas)
+        if msg is None:
+            return
+        session = self.session
+        worker = session.worker
+        session.run.replica_share = msg.share
+        session.replicas.store.keep = snapshots_kept(msg.share)
+        mbps = msg.uplinks.get(worker.device_id)
+        if mbps is not None and worker.transport.pace_uplink(mbps):
+            log.info(
+                "%s: replicas paced in the idle time of this device's uplink (measured %.2f Mbit/s), "
+                "at most %.0f %% of it",
+                worker.device_id,
+                mbps,
+                100 * msg.share,
+            )
 
     def on_set_compression(self, item: Inbound) -> None:
         msg, run = self.command(item, SetCompression), self.session.run
