@@ -231,3 +231,24 @@ def test_pace_replicas_checks_its_share_and_rates() -> None:
         PaceReplicas(run_id="r", share=0.0, uplinks={})
     with pytest.raises(ProtocolError, match="Mbit/s"):
         PaceReplicas(run_id="r", share=0.25, uplinks={"w": float("nan")})
+
+
+def test_a_chain_replica_never_replaces_a_global_one_still_waiting() -> None:
+    """The bulk lane's key is the topic and the purpose: a newer chain replica replaces an older chain one
+    still waiting, never a global one (the central node checkpoints at global points)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from edgeagent.modes.pipeline.worker.replicas import Replicas
+    from edgeagent.protocol.messages import MessageKind, Weights
+    from tests.unit.protocol_samples import SAMPLES
+
+    keys: list[str] = []
+    transport = SimpleNamespace(publish_bulk=lambda key, topic, payload, share: keys.append(key))
+    worker = SimpleNamespace(device_id="w1", transport=transport, times=SimpleNamespace(sent_bytes=0))
+    replicas = Replicas(worker, SimpleNamespace(replica_share=0.25))  # type: ignore[arg-type]
+    sample = SAMPLES[MessageKind.WEIGHTS]
+    assert isinstance(sample, Weights)
+    for purpose in ("global", "chain", "chain"):
+        replicas._send_paced("c/device/w1/replica", dataclasses.replace(sample, purpose=purpose))
+    assert keys[1] == keys[2] != keys[0]

@@ -55,15 +55,20 @@ class Replicas:
 
     @property
     def paced(self) -> bool:
-        """Whether replicas take the bulk lane of an emulated slow uplink (the run's ``replica_share``)."""
+        """Whether replicas take the bulk lane of a slow uplink, emulated or measured (the run's
+        ``replica_share``; a real uplink once the central node said ``pace``)."""
         return self.run.replica_share > 0 and getattr(self.worker.transport, "throttle", None) is not None
 
     def _send_paced(self, topic: str, msg: Weights) -> None:
         """On the bulk lane (:meth:`~edgeagent.transport.base.Transport.publish_bulk`): in the uplink's
-        idle time, within the run's share of it; a newer replica for ``topic`` replaces one still waiting."""
+        idle time, within the run's share of it; a newer replica of the same purpose replaces one still
+        waiting. A chain replica never replaces a global one: the central node checkpoints at global
+        points, and a slow link whose globals gave way to every next chain replica would checkpoint no
+        more."""
         worker = self.worker
         payload = encode(msg, sender=worker.device_id)
-        worker.transport.publish_bulk(topic, topic, payload, share=self.run.replica_share)
+        key = f"{topic}#{msg.purpose}"
+        worker.transport.publish_bulk(key, topic, payload, share=self.run.replica_share)
         worker.times.sent_bytes += len(payload)
 
     def replicate_now(self) -> None:
