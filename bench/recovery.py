@@ -1,9 +1,12 @@
 """Fault recovery: FTPipeHD (re-split over the survivors) vs ResPipe (the next worker takes over).
 
-    python bench/recovery.py [--slowdowns 1,2,4] [--kill-at 205] [--epochs 4] [--arms ...] [--json FILE]
+    python bench/recovery.py [--slowdowns 1,2,4] [--kill-at 205] [--kill-stage 1|last] [--epochs 4]
+                             [--arms ...] [--json FILE]
 
 The paper's scenario (papers/000 Sec. IV-E): heterogeneous devices, the worker with index 1 is killed
-with SIGKILL when batch 205 starts its backward pass. Four arms, each a whole run:
+with SIGKILL when batch 205 starts its backward pass (``--kill-stage``: another worker's stage instead,
+``last`` the last stage's, which has no successor to resend gradients: its lost batches are replayed
+from the labelled activations alone; not the paper's scenario). Four arms, each a whole run:
 
 * ``ftpipehd``: partition "dynamic" (the DP re-splits after 10 batches, then every 100) and recovery
   by Sec. III-F / Algorithm 1 without a rollback (``recovery_mode`` "resume", the default): the dead
@@ -46,8 +49,8 @@ and, as a target, samples/s after recovery against the oracle split of the survi
 survivors alone).
 
 How the set-up differs from the paper's: devices are processes on one 2-core machine with emulated
-slowdowns (1, 2, 4: central, killed worker-1, worker-2) instead of a MacBook Pro, a desktop PC and
-Raspberry Pis; MobileNetV2 (width 0.5) on 4096 synthetic 3x32x32 samples, batch 32, instead of
+slowdowns (1, 2, 4: central, worker-1 (killed by default), worker-2) instead of a MacBook Pro, a
+desktop PC and Raspberry Pis; MobileNetV2 (width 0.5) on 4096 synthetic 3x32x32 samples, batch 32, instead of
 MNIST/CIFAR10; messages go over MQTT on loopback instead of Flask HTTP; the fault is seen by the
 dead worker's last will or missed heartbeats instead of a per-batch timer; and our recovery probes the
 devices first: the live ones answer within the probe window, a device known to be down (its last
@@ -158,12 +161,21 @@ def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _kill_stage(parser: argparse.ArgumentParser, value: str, devices: int) -> int:
+    """``--kill-stage``'s stage index (``last``: the last worker's)."""
+    stage = devices - 1 if value == "last" else int(value) if value.isdigit() else 0
+    if not 1 <= stage < devices:
+        parser.error(f"--kill-stage takes 1..{devices - 1} or last, got {value!r}")
+    return stage
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--slowdowns", default="1,2,4", help="central, worker-1 (killed), worker-2")
+    parser.add_argument("--slowdowns", default="1,2,4", help="central, worker-1, worker-2, ...")
     parser.add_argument("--kill-at", type=int, default=205)
+    parser.add_argument("--kill-stage", default="1", help="the stage whose worker is killed: 1.. or last")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {','.join(ARMS)}")
     parser.add_argument("--json", default=None)
@@ -173,18 +185,20 @@ def main() -> None:
         parser.error(f"--arms takes a subset of {','.join(ARMS)}, got {args.arms!r}")
     setup_logging("WARNING")
     slowdowns = [float(s) for s in args.slowdowns.split(",")]
-    kills = {"worker-1": args.kill_at}
+    stage = _kill_stage(parser, args.kill_stage, len(slowdowns))
+    killed = f"worker-{stage}"  # worker-<k> holds stage k at the start
+    kills = {killed: args.kill_at}
 
     results: dict[str, dict[str, Any]] = {}
     for arm in arms:
         results[arm] = analyse(run(slowdowns, epochs=args.epochs, kills=kills, **ARMS[arm]), args.kill_at)
-    survivors = [slowdowns[0], *slowdowns[2:]]
+    survivors = [d for k, d in enumerate(slowdowns) if k != stage]
     oracle = run(survivors, epochs=2, partition="oracle")
     oracle_rate = rate_between(batch_times(oracle), 20, oracle.batches - 1)
 
     print(
         f"MobileNetV2 (width 0.5) on {DATASET}, batch {BATCH}, slowdowns {args.slowdowns} on one machine; "
-        f"worker-1 (index 1) killed with SIGKILL when batch {args.kill_at} starts its backward pass"
+        f"{killed} (stage {stage}) killed with SIGKILL when batch {args.kill_at} starts its backward pass"
     )
     for arm in arms:
         print(f"  {arm}: " + ", ".join(f"{k} {v!r}" for k, v in ARMS[arm].items()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from edgeagent.errors import ProtocolError
 from edgeagent.protocol.messages import Message, MessageKind, check_groups, check_model_request
@@ -51,17 +51,26 @@ class Ping(Command):
     NAME = "ping"
 
 
+ResendKind = Literal["gradients", "activations"]
+"""``Resend.kind``: what the neighbour of a dead stage sends again."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Resend(Command):
-    """``device`` (the last stage: it drops the queued outputs of the dead stage before it, else it finishes
-    the batches it has) sends again the gradients it sent for batches ``since`` on
-    (plan ``plan_id``), then says ``Ready(phase="resent")`` with its version: a recovery without a
-    rollback replays a dead stage's lost batches from them (modes/pipeline/central/catchup.py)."""
+    """For a recovery without a rollback, which replays a dead stage's lost batches from what its neighbours
+    sent it (modes/pipeline/central/catchup.py). ``kind`` ``gradients``: ``device``, the stage after the
+    dead one, drops the dead stage's outputs still queued, waits until every batch it sent on came back,
+    sends again the gradients it sent for batches ``since`` on (plan ``plan_id``) and says
+    ``Ready(phase="resent")`` with its version. ``activations``: ``device``, the stage before the dead one,
+    sends again the activations it sent from batch ``since`` on, says ``Ready(phase="resent")`` with its
+    version and ``sent`` (one past the newest batch it sent), and takes the dead stage's gradients from the
+    central node until its next plan (the central node sends those the replay yields)."""
 
     NAME = "resend"
     device: str
     plan_id: int
     since: int
+    kind: ResendKind = "gradients"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -323,6 +323,8 @@ class Ready(Message):
     # For "alive": weight versions this device can serve, per device whose weights they are.
     holdings: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     version: int = -1  # for "resent": the stage's version (updates applied) after the gradients resent
+    # For "resent" by the stage before a dead one: one past the newest batch it sent the dead stage.
+    sent: int = -1
 
 
 # ---------------------------------------------------------------------------------------------

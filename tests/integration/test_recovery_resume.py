@@ -2,8 +2,8 @@
 broker: the dead stage's layers come from its replica and only its lost batches are replayed, on its
 layers alone, from what its neighbours sent it; no other stage goes back.
 
-Deterministic: worker-1 (stage 1) kills itself with SIGKILL when batch 60 starts its backward pass there;
-its chain replica is of batch 50 (``chain_every`` 50).
+Deterministic: a worker (worker-<k> holds stage k) kills itself with SIGKILL when batch 60 starts its
+backward pass there; its chain replica is of batch 50 (``chain_every`` 50).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ def run(
     kills: dict[str, int | str] | None = None,
     extra: dict[str, tuple[str, ...]] | None = None,
     save: Path,
+    workers: int = 2,
     **central: Any,
 ) -> RunReport:
     train = TrainConfig(epochs=2, in_flight=1, staleness="none")
     cluster = LocalCluster(
         broker,
-        workers=2,
+        workers=workers,
         worker_options={"kills": kills, "extra": extra},
         train=train,
         save_model=str(save),
@@ -94,3 +95,46 @@ def test_a_recovery_point_older_than_stage_0s_snapshot_asks_for_the_gradients_ag
     faulty_w = torch.load(tmp_path / "faulty.pt", weights_only=True)
     for key in clean_w:
         torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)
+
+
+def _no_rollback_and_the_fault_free_weights(faulty: RunReport, dead: str, clean: Path, saved: Path) -> None:
+    """The dead stage's 50..59 replayed on its layers alone, batch 60 finished by the catch-up, every batch
+    committed once (a rollback commits 50..59 again), and the fault-free run's weights."""
+    (rec,) = faulty.recoveries
+    assert rec["case"] == 3 and rec["lost"] == [dead]
+    assert rec["recovery_mode"] == "resume", rec["rollback_reason"]
+    assert rec["batch"] == 60 and rec["rolled_back_to"] == 50
+    assert rec["batches_replayed"] == 10 and rec["resumed_from"] == 61, rec
+    counts = Counter(int(row["batch"]) for row in faulty.timeline)
+    assert sorted(counts) == list(range(faulty.batches)) and set(counts.values()) == {1}
+    clean_w = torch.load(clean, weights_only=True)
+    faulty_w = torch.load(saved, weights_only=True)
+    assert clean_w.keys() == faulty_w.keys()
+    for key in clean_w:
+        torch.testing.assert_close(faulty_w[key], clean_w[key], rtol=1e-5, atol=1e-6)
+
+
+def test_a_dead_last_stage_is_replayed_from_the_labelled_activations_without_a_rollback(
+    amqtt_url: str, tmp_path: Path
+) -> None:
+    """worker-2, the last stage, dies at batch 60's backward: no stage after it kept anything. Its loss
+    needs only the labels that ride with the activations worker-1 sent it, so the central node replays
+    50..60 from those alone and sends worker-1 the input gradients of the batches it still had in flight
+    (60), whose own gradients finish stage 0's."""
+    run(amqtt_url, save=tmp_path / "clean.pt")
+    faulty = run(amqtt_url, kills={"worker-2": 60}, save=tmp_path / "faulty.pt")
+    _no_rollback_and_the_fault_free_weights(faulty, "worker-2", tmp_path / "clean.pt", tmp_path / "faulty.pt")
+
+
+@pytest.mark.parametrize("dead", ["worker-2", "worker-1"])
+def test_a_dead_stage_of_four_is_replayed_from_both_neighbours_without_a_rollback(
+    amqtt_url: str, tmp_path: Path, dead: str
+) -> None:
+    """Four stages, ``dead`` dies at batch 60's backward. worker-2 (stage 2): its inputs come from
+    worker-1's log (a worker, not stage 0), its output gradients from worker-3's; worker-1 finishes its
+    batch in flight with the replay's gradients. worker-1 (stage 1): its successor worker-2 resends only
+    once every batch it sent worker-3 came back, so that no stage after it is ahead of it."""
+    run(amqtt_url, save=tmp_path / "clean.pt", workers=3)
+    faulty = run(amqtt_url, kills={dead: 60}, save=tmp_path / "faulty.pt", workers=3)
+    assert len(faulty.partitions[0]["points"]) == 5  # four stages before the fault
+    _no_rollback_and_the_fault_free_weights(faulty, dead, tmp_path / "clean.pt", tmp_path / "faulty.pt")

@@ -13,7 +13,7 @@ import torch
 
 from edgeagent.errors import ProtocolError
 from edgeagent.protocol.chunking import is_chunk
-from edgeagent.protocol.commands import COMMAND_TYPES, Stop
+from edgeagent.protocol.commands import COMMAND_TYPES, Resend, ResendKind, Stop
 from edgeagent.protocol.messages import (
     Activation,
     ActivationMode,
@@ -91,6 +91,16 @@ ENUMERATIONS = {
     (Weights, "purpose"): WeightsPurpose,
     (ErrorReport, "code"): ErrorCode,
 }
+COMMAND_ENUMERATIONS: dict[tuple[type[Message], str], Any] = {(Resend, "kind"): ResendKind}
+
+
+def test_an_enumerated_command_argument_takes_exactly_its_values() -> None:
+    for value in typing.get_args(ResendKind):
+        _, out = decode(encode(Resend(run_id="r", device="w", plan_id=1, since=0, kind=value), sender="c"))
+        assert isinstance(out, Resend) and out.kind == value
+    bad = encode(Resend(run_id="r", device="w", plan_id=1, since=0, kind="other"), sender="c")  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match="kind"):
+        decode(bad)
 
 
 @pytest.mark.parametrize(("cls", "name"), list(ENUMERATIONS), ids=lambda v: getattr(v, "__name__", v))
@@ -114,9 +124,10 @@ def test_enumerations_are_tested_and_documented() -> None:
     for cls in [*MESSAGE_TYPES.values(), *COMMAND_TYPES.values()]:
         for name, tp in typing.get_type_hints(cls).items():
             if typing.get_origin(tp) is typing.Literal:
-                assert (cls, name) in ENUMERATIONS, f"{cls.__name__}.{name} is enumerated: test it"
+                enumerated = (cls, name) in ENUMERATIONS or (cls, name) in COMMAND_ENUMERATIONS
+                assert enumerated, f"{cls.__name__}.{name} is enumerated: test it"
     doc = (REPO / "docs" / "protocol.md").read_text(encoding="utf-8")
-    for alias in ENUMERATIONS.values():
+    for alias in [*ENUMERATIONS.values(), *COMMAND_ENUMERATIONS.values()]:
         for value in typing.get_args(alias):
             assert f"`{value}`" in doc, f"docs/protocol.md does not list {value!r}"
 

@@ -14,6 +14,7 @@ from edgeagent.modes.pipeline.central.checkpoint import Checkpoints
 from edgeagent.modes.pipeline.central.context import RunState
 from edgeagent.modes.pipeline.central.estimation import Estimation
 from edgeagent.protocol.messages import (
+    Activation,
     Announce,
     ErrorReport,
     EvalResult,
@@ -44,6 +45,7 @@ class Handlers:
     def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]:
         return {
             Gradient: self.on_gradient,
+            Activation: self.on_activation,
             EvalResult: self.on_eval_result,
             Status: self.on_status,
             Ready: self.on_ready,
@@ -72,13 +74,21 @@ class Handlers:
         assert isinstance(msg, Gradient)
         if not self._ours(msg) or msg.plan_id != state.plan_id:
             return  # a stale gradient of an earlier run or plan
-        if state.catchup is not None and state.catchup.accept_gradient(msg, successor_stage=2):
+        if state.catchup is not None and state.catchup.accept_gradient(msg):
             return  # the stage after a dead one resent it (central/catchup.py)
         grad, problem = state.runner.take_gradient(msg)
         if grad is None:
             state.node.discard(item, problem or "")
             return
         state.inbox.gradients[grad.batch_id] = grad
+
+    def on_activation(self, item: Inbound) -> None:
+        """The stage before a dead one resent what it sent it (central/catchup.py); nothing else comes."""
+        state = self.state
+        msg = item.message
+        assert isinstance(msg, Activation)
+        if self._ours(msg) and state.catchup is not None:
+            state.catchup.accept_activation(msg)  # a tensor that does not fit fails the replay: a rollback
 
     def on_eval_result(self, item: Inbound) -> None:
         state = self.state

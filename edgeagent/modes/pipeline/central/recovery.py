@@ -102,7 +102,8 @@ class Recovery:
                 # Every stage is at ``caught_up``: each serves its own layers live, the central node the dead
                 # stage's brought forward.
                 version, self.committed = caught_up, caught_up - 1
-                sources = [state.device_id if i == 1 else d for i, d in enumerate(state.worker_list)]
+                at = state.worker_list.index(dead)
+                sources = [state.device_id if i == at else d for i, d in enumerate(state.worker_list)]
             else:
                 why = "a piece of the catch-up did not come"
         elif why is None:

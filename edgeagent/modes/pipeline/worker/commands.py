@@ -92,28 +92,48 @@ class RunCommands:
         )
 
     def on_resend(self, item: Inbound) -> None:
-        """A recovery without a rollback replays the dead stage before this one from the gradients this
-        stage sent it: send them again and say which version this stage is at (pipeline/catchup.py). The
-        last stage drops the dead stage's outputs still queued here (training resumes at its version, so
-        they are computed again; computing them now would only make the replay longer); another stage
-        finishes what can run first."""
+        """A recovery without a rollback replays the dead stage next to this one from what this stage sent
+        it (pipeline/catchup.py). The stage after it sends its gradients again once every batch it sent on
+        came back (no stage after it is then ahead of it); it drops the dead stage's outputs still queued
+        here (training resumes at its version, so they are computed again; computing them now would only
+        make the replay longer). The stage before it sends its activations again and takes the dead
+        stage's gradients from the central node."""
         msg, session = self.command(item, Resend), self.session
         run, worker = session.run, session.worker
         if msg is None or msg.device != worker.device_id or msg.plan_id != run.plan_id:
             return
-        if run.is_last:
-            run.forwards.clear()
-        while session.has_work():
-            session.step()
+        if msg.kind == "activations":
+            run.stand_in = True
+            topic = worker.topics.activations(run.index, worker.device_id)
+            acts = run.runner.sent_activations
+            for batch_id in sorted(b for b in acts if b >= msg.since):
+                worker.send(topic, acts[batch_id])
+            self._say_resent(sent=max(acts, default=-1) + 1)
+            return
+        run.forwards.clear()
+        run.resend = msg
+        self.resend_when_drained()
+
+    def resend_when_drained(self) -> None:
+        """Resend the gradients :meth:`on_resend` asked for once every batch sent on came back."""
+        run, worker = self.session.run, self.session.worker
+        msg = run.resend
+        if msg is None or run.next_forward != run.next_backward:
+            return
+        run.resend = None
         topic = worker.topics.gradients(run.index, worker.device_id)
         sent = run.runner.sent_gradients
         for batch_id in sorted(b for b in sent if b >= msg.since):
             worker.send(topic, sent[batch_id])
+        self._say_resent()
+
+    def _say_resent(self, sent: int = -1) -> None:
+        run, worker = self.session.run, self.session.worker
         worker.send(
             worker.topics.device(Family.REPLY, worker.device_id),
             Ready(
                 run_id=run.run_id, plan_id=run.plan_id, device_id=worker.device_id, stage=run.index,
-                parameters=0, phase="resent", version=run.stage.version,
+                parameters=0, phase="resent", version=run.stage.version, sent=sent,
             ),
         )  # fmt: skip
 

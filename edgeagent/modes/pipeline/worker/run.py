@@ -18,6 +18,7 @@ from edgeagent.models import ModelSpec
 from edgeagent.pipeline.runner import StageRunner, log_bound
 from edgeagent.pipeline.schedule import Kind, admit, next_kind, stage_bound
 from edgeagent.pipeline.stage import Stage
+from edgeagent.protocol.commands import Resend
 from edgeagent.protocol.limits import TensorMeta
 from edgeagent.protocol.messages import Activation, Gradient
 from edgeagent.protocol.options import TrainOptions
@@ -76,6 +77,11 @@ class Run:
     sample: TensorMeta | None = None  # one sample of this stage's input (see stage_input)
     layer_shapes: list[list[int]] = field(default_factory=list)  # Assign.layer_shapes
     layer_dtypes: list[str] = field(default_factory=list)
+    # A recovery without a rollback (protocol Resend): the gradients to resend once every batch sent on
+    # came back (the stage after a dead one), and whether the central node stands in for the dead stage
+    # after this one until the next plan (the stage before it: the replay's gradients come from there).
+    resend: Resend | None = None
+    stand_in: bool = False
 
     def __post_init__(self) -> None:
         self.chain_points = ChainPoints(self.chain_every)
@@ -188,5 +194,6 @@ class Run:
         self.forwards.clear()
         self.backwards.clear()
         self.evals.clear()
+        self.resend, self.stand_in = None, False
         self.next_forward = self.next_backward = self.options.first_item(order.version)
         self.last, self.batches = None, 0

@@ -209,7 +209,12 @@ class PipelineSession:
 
     def plan_view(self) -> PlanView:
         """Who holds each stage now: the worker takes stage outputs only from them (protocol/identity.py)."""
-        return PlanView(self.run.run_id, self.run.plan_id, [[d] for d in self.run.worker_list])
+        run = self.run
+        groups = [[d] for d in run.worker_list]
+        if run.stand_in and run.index + 1 < len(groups):
+            # A recovery without a rollback: the central node sends the dead next stage's gradients.
+            groups[run.index + 1].append(run.worker_list[0])
+        return PlanView(run.run_id, run.plan_id, groups)
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -234,6 +239,8 @@ class PipelineSession:
             self._forward(run.forwards.pop(run.next_forward))
         elif kind == "B":
             self._backward(run.backwards.pop(run.next_backward))
+        if run.resend is not None:
+            self.commands.resend_when_drained()
 
     def metrics(self) -> dict[str, Any]:
         run, worker = self.run, self.worker
