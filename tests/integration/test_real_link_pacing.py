@@ -1,7 +1,7 @@
 """Replicas paced on a real slow uplink: a worker in a network namespace behind a ``tc tbf`` rate limit.
 
 worker-1 (stage 1) runs in a namespace of its own joined by a veth pair whose namespace end sends at
-2 Mbit/s; the central node, worker-2 and a Mosquitto (listening on loopback and on the pair's host end)
+4 Mbit/s; the central node, worker-2 and a Mosquitto (listening on loopback and on the pair's host end)
 run here. No ``--link-mbps`` anywhere: the link probes measure worker-1's uplink below
 ``replica_pace_mbps``, the central node says so (``pace``), and worker-1 sends every replica once, on its
 replica topic, in its uplink's idle time: a global replica arrives there (unpaced, it goes to the reply
@@ -41,7 +41,11 @@ pytestmark = [
     ),
 ]
 
-UPLINK_MBPS = 2.0
+UPLINK_MBPS = 4.0
+# A replica of worker-1's stage (weights and momentum, 132 kB) takes about 50 batches to cross a link the
+# activations and gradients keep busy (the lane then gets a third of its 25 % share), whatever the rate:
+# the first one, of batch 30, is in by about batch 80; the run goes on to 180.
+BATCHES = 180
 _N = os.getpid() % 200 + 20
 LINK = NetnsLink(f"eapace{_N}", f"eaph{_N}", f"eapn{_N}", f"10.233.{_N}.2/30", host_addr=f"10.233.{_N}.1/30")
 HOST_IP = f"10.233.{_N}.1"
@@ -84,7 +88,7 @@ def test_a_real_slow_uplink_is_measured_and_its_replicas_paced(slow_link: NetnsL
     port = free_port()
     extra = f"listener {port} {HOST_IP}\n"  # worker-1's way in, across the shaped pair
     with MosquittoProcess(tmp_path, extra=extra) as broker:
-        train = TrainConfig(epochs=3, max_batches=90)
+        train = TrainConfig(epochs=5, max_batches=BATCHES)
         cluster = LocalCluster(
             broker.url,
             workers=2,
@@ -104,7 +108,7 @@ def test_a_real_slow_uplink_is_measured_and_its_replicas_paced(slow_link: NetnsL
             report = cluster.run()
         finally:
             observer.transport.close()
-    assert report.batches == 90
+    assert report.batches == BATCHES
     # The probes measured worker-1's uplink at about its rate, worker-2's far above the threshold.
     (paced,) = observer.paced
     uplinks = paced["uplinks"]
