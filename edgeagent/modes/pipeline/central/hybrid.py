@@ -117,7 +117,8 @@ class HybridPlanning(Planning):
             activation_factor=self._comm_factor(len(state.worker_list)),
             max_replicas=state.config.max_replicas,
             min_share=self._min_share(),
-            replicate_first=state.config.replicate_first,
+            # The synchronous schedule's micro-batches are the central node's alone.
+            replicate_first=state.config.replicate_first and not state.options.micro_batches,
             input_bytes=self._input_bytes(),
         )
 
@@ -199,7 +200,8 @@ class HybridPlanning(Planning):
         caps = self.measured_capacities()
         if caps is None or state.plan_job is not None:
             return
-        own = sum(state.runner.recent) / max(1, len(state.runner.recent))
+        # Its seconds per whole batch (with helpers on stage 0 it computes its share of the rows).
+        own = sum(state.runner.recent) / max(1, len(state.runner.recent)) / state.groups.shares[0][0]
         work0 = sum(state.profile.seconds[state.points[0] : state.points[1]])
         if work0 > 0 and own > 0:
             self.device_caps[state.device_id] = own / work0
