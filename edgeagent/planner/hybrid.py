@@ -7,8 +7,8 @@ layers ``[points[k], points[k+1])``; ``groups[k]`` lists the device indices (asc
 unless ``replicate_first`` lets stage 0 be the central node (first) plus helpers (the central node holds
 the data and sends each helper its rows of every batch's input; such a stage 0 is never the only stage).
 Every stage has at least one layer and one device; devices may be left out (unused); the number of
-stages is free (``1 .. min(devices, layers)``). Every transfer goes device -> MQTT broker -> device, so a device's ``bandwidth``/``latency``
-describe its own link to the broker.
+stages is free (``1 .. min(devices, layers)``). Every transfer goes device -> MQTT broker -> device, so
+a device's ``bandwidth``/``latency`` describe its own link to the broker.
 
 Cost model per batch (``T(s, e) = sum(layer_times[s:e])`` on the central node, ``C_d`` the capacity
 of device ``d``, ``B_d`` its bandwidth, ``l_d`` its latency):
