@@ -59,12 +59,15 @@ BATCH = 32
 # A Pi 4's /proc/cpuinfo (2 of its 4 cores: this machine has 2). qemu-user 7.2 shows aarch64 programs the
 # host's x86 /proc/cpuinfo, on which torch's cpuinfo library segfaults while torch._C loads (found here:
 # exit -11 at `import torch` with /proc mounted, none without /proc or with this file over it).
-PI4_CPUINFO = "".join(
-    f"processor\t: {i}\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\n"
-    "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd08\n"
-    "CPU revision\t: 3\n\n"
-    for i in range(2)
-) + "Hardware\t: BCM2835\nRevision\t: c03114\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n"
+PI4_CPUINFO = (
+    "".join(
+        f"processor\t: {i}\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\n"
+        "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd08\n"
+        "CPU revision\t: 3\n\n"
+        for i in range(2)
+    )
+    + "Hardware\t: BCM2835\nRevision\t: c03114\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n"
+)
 FINISHED = re.compile(r"finished after (\d+) batches here; of ([\d.]+) s: compute ([\d.]+)")
 
 
@@ -283,8 +286,10 @@ def main() -> int:
         probe = subprocess.run(arm_command(rootfs, args.qemu_cpu, ["/opt/edgeagent/bench/arm_worker.py",
                                                                    "--probe-threads"]),
                                capture_output=True, text=True, check=False)  # fmt: skip
-        threads_note = "ok" if probe.returncode == 0 else f"exit {probe.returncode}" + (
-            " (SIGILL)" if probe.returncode in (-4, 132) else ""
+        threads_note = (
+            "ok"
+            if probe.returncode == 0
+            else f"exit {probe.returncode}" + (" (SIGILL)" if probe.returncode in (-4, 132) else "")
         )
         broker, mosquitto = broker_url()
         try:

@@ -17,14 +17,16 @@ embedded broker, the central node here, the workers as local processes):
    (width 0.5) on 4096 synthetic 3x32x32 samples, batch 32 (as ``bench/heterogeneity.py``), 5 epochs of
    102 batches. (a) ``--mode hybrid --partition oracle``: the hybrid DP fed the true slowdowns chooses
    cuts, groups and row shares (once before the links are measured, again over the measured links
-   before batch 0) and never re-plans; (b) the same with ``max_replicas=1``: the best plan with one
-   device per stage (the extra devices may stay idle). Printed: samples/s over the run and from batch
+   before batch 0) and never re-plans, stage 0 replicated where the DP predicts it faster
+   (``replicate_first``, the default); (b) the same with ``max_replicas=1``: the best plan with one
+   device per stage (the extra devices may stay idle); (c) the same as (a) with ``replicate_first`` off
+   (stage 0 the central node alone). Printed: samples/s over the run and from batch
    20 on (start-up left out), the ratio (a)/(b) (goal >= 1.3x), every plan with its reason, and each
    run's test accuracy and train loss per epoch (a hybrid run that ends well below its twin is flagged:
    throughput that does not train is no gain). Also printed: what the hybrid DP predicts on this
    machine's profile of the model and the run's measured links, for one device per stage, the hybrid
-   plan as run (stage 0 the central node alone) and with stage 0 replicated (``replicate_first``; the
-   planner only: the runtime does not run such plans yet), beside the capacity bound no plan beats
+   plan with stage 0 the central node alone and with stage 0 replicated (``replicate_first``), each
+   beside the run's measured ms per batch from batch 20 on, and the capacity bound no plan beats
    (the model's work over every device in proportion to its speed, free links): the most any
    replication can gain over the best one-device-per-stage plan.
 
@@ -56,7 +58,13 @@ embedded broker, the central node here, the workers as local processes):
    layer no cut can split). ``bench/hybrid_models.py:one_heavy_layer`` (a full-resolution 3x3
    convolution between a cheap first layer and a cheap head) on 2048 synthetic 3x32x32 samples,
    2 epochs, Pi-like devices: scenario 2's slowdowns times 10 (10,10,10,40,40; the emulated time is
-   slept, so compute outweighs the links on this machine, as on Pis). The same (a)/(b) comparison.
+   slept, so compute outweighs the links on this machine, as on Pis). The same (a)/(b)/(c) comparison.
+
+5. **Throughput where replicating stage 0 pays off**: the central node is the slowest device and the
+   compute sits in the first layer (``bench/hybrid_models.py:heavy_first_layer``), which no split can
+   take off the central node. Slowdowns 4,1,1,1,1 (central first) times 10 (Pi-like), the data set
+   and epochs of scenario 4. The same (a)/(b)/(c) comparison: (a) may give stage 0 helpers fed with
+   input rows, (c) may not.
 
 What the paper counts (Asteroid, MobiCom 2024): throughput up to 12.2x plain pipeline or data
 parallelism and 2.1x the best earlier hybrid planner, for the plan its DP picks; its fault tolerance
@@ -114,6 +122,10 @@ GOAL_THROUGHPUT = 1.3
 HEAVY_MODEL = "bench.hybrid_models:one_heavy_layer"
 HEAVY_DATASET = "synthetic:2048:3x32x32:10"
 PI = 10.0
+# Scenario 5: the central node the slowest device (4x its workers, times PI) and the compute in the first
+# layer, which only helpers on stage 0 can share.
+FIRST_MODEL = "bench.hybrid_models:heavy_first_layer"
+FIRST_SLOWDOWNS = [4.0, 1.0, 1.0, 1.0, 1.0]
 GOAL_LOST = 5.0
 ACCURACY_GAP = 0.05  # a hybrid run this far below its one-device-per-stage twin is flagged
 
@@ -275,9 +287,9 @@ def predicted_plans(
 ) -> dict[str, Any]:
     """The hybrid DP's predicted seconds per batch on this machine's profile of the model and the run's
     measured links (as the central node plans: every worker on the slowest link, the central node the
-    broker's host): one device per stage, hybrid as run (stage 0 the central node alone), hybrid with
-    stage 0 replicated (``replicate_first``: the planner only, the runtime does not run such plans
-    yet), and the capacity bound no plan beats (every device busy, free links)."""
+    broker's host): one device per stage, hybrid with stage 0 the central node alone, hybrid with
+    stage 0 replicated (``replicate_first``, as the runtime runs it by default), and the capacity
+    bound no plan beats (every device busy, free links)."""
     data = load_dataset(dataset)
     built = build_model(ModelSpec(model, data.in_shape, data.num_classes), seed=0)
     sample = data.x_train[:BATCH]
@@ -299,8 +311,8 @@ def predicted_plans(
     result: dict[str, Any] = {"bound": capacity_bound(problem)}
     for name, variant in (
         ("one per stage", replace(problem, max_replicas=1)),
-        ("hybrid", problem),
-        ("stage 0 replicated", replace(problem, replicate_first=True)),
+        ("stage 0 alone", problem),
+        ("hybrid", replace(problem, replicate_first=True)),
     ):
         plan = solve_hybrid(variant)
         result[name] = {"time": plan.time, "points": list(plan.points), "groups": plan.groups}
@@ -316,7 +328,8 @@ def scenario2(
     central_slowdown: float | None = None,
 ) -> dict[str, Any]:
     extra: dict[str, Any] = {"slowdown": central_slowdown} if central_slowdown is not None else {}
-    # The same run twice: the hybrid DP as it is, and restricted to one device per stage.
+    # The same run three times: the hybrid DP as it is (stage 0 replicated where it pays), restricted to
+    # one device per stage, and with stage 0 the central node alone.
     reports = {
         name: run(
             model,
@@ -327,9 +340,14 @@ def scenario2(
             mode="hybrid",
             partition="oracle",
             max_replicas=replicas,
+            replicate_first=first,
             **extra,
         )
-        for name, replicas in (("hybrid", None), ("one per stage", 1))
+        for name, replicas, first in (
+            ("hybrid", None, True),
+            ("one per stage", 1, False),
+            ("stage 0 alone", None, False),
+        )
     }
     workers = [f"worker-{i + 1}" for i in range(len(slowdowns) - 1)]
     rows: dict[str, Any] = {}
@@ -361,13 +379,21 @@ def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int, title: st
     )
     head = f"from b{STEADY_FROM}"
     print(f"{'plan':<30}{'samples/s':>10}{head:>10}{'batches':>9}{'train s':>9}{'final acc':>10}")
-    labels = {"hybrid": "(a) hybrid", "one per stage": "(b) max_replicas=1"}
+    labels = {
+        "hybrid": "(a) hybrid",
+        "one per stage": "(b) max_replicas=1",
+        "stage 0 alone": "(c) --no-replicate-first",
+    }
     predicted = rows.get("predicted")
     rows = {name: r for name, r in rows.items() if name in labels}
+    print(f"{'':<78}{'ms/batch from b' + str(STEADY_FROM):>22}")
+    print(f"{'':<78}{'measured':>11}{'predicted':>11}")
     for name, r in rows.items():
+        measured = 1e3 * BATCH / r["steady_samples_per_second"]
+        guess = f"{1e3 * predicted[name]['time']:>11.1f}" if predicted and name in predicted else f"{'-':>11}"
         print(
             f"{labels[name]:<30}{r['samples_per_second']:>10.1f}{r['steady_samples_per_second']:>10.1f}"
-            f"{r['batches']:>9}{r['train_seconds']:>9.1f}{r['final_accuracy']:>10.1%}"
+            f"{r['batches']:>9}{r['train_seconds']:>9.1f}{r['final_accuracy']:>10.1%}{measured:>11.1f}{guess}"
         )
     for name, r in rows.items():
         for plan in r["plans"]:
@@ -377,7 +403,17 @@ def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int, title: st
         accs = ", ".join(f"{a:.1%}" for a in r["accuracy_per_epoch"])
         losses = ", ".join(f"{x:.3f}" for x in r["train_loss_per_epoch"])
         print(f"  {labels[name]} test accuracy per epoch: {accs}; train loss per epoch: {losses}")
-    hy, one = rows["hybrid"], rows["one per stage"]
+    hy, one, alone = rows["hybrid"], rows["one per stage"], rows["stage 0 alone"]
+    first = hy["in_force"]["groups"][0]
+    if len(first) > 1:
+        print(
+            f"  (a) ran stage 0 replicated: {' + '.join(first)} (the central node sends its helpers their "
+            "input rows); (c) kept stage 0 the central node's alone: "
+            f"(a)/(c) = {hy['steady_samples_per_second'] / alone['steady_samples_per_second']:.2f}x "
+            f"samples/s from batch {STEADY_FROM} on"
+        )
+    else:
+        print("  (a) kept stage 0 the central node's alone: the DP found no gain in helpers for it")
     if hy["final_accuracy"] < one["final_accuracy"] - ACCURACY_GAP:
         print(
             f"  NOTE: the hybrid run ends {one['final_accuracy'] - hy['final_accuracy']:.1%} below the "
@@ -393,7 +429,7 @@ def print_scenario2(rows: dict[str, Any], slowdowns: str, epochs: int, title: st
     if predicted is not None:
         one_ms = 1e3 * predicted["one per stage"]["time"]
         parts = []
-        for name in ("hybrid", "stage 0 replicated"):
+        for name in ("stage 0 alone", "hybrid"):
             p = predicted[name]
             ms = 1e3 * p["time"]
             parts.append(f"{name} {ms:.1f} ms ({one_ms / ms:.2f}x, groups {p['groups']})")
@@ -623,7 +659,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", default="1,2,3,4", help="scenarios to run, e.g. 2 or 1,3")
+    parser.add_argument("--only", default="1,2,3,4,5", help="scenarios to run, e.g. 2 or 1,3")
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 epoch, few batches, kill at 55")
     parser.add_argument("--epochs", type=int, default=None, help="scenario 2 (default 5; --quick 1)")
     parser.add_argument("--epochs-mlp", type=int, default=2, help="scenario 1")
@@ -649,8 +685,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    if not only or only - {"1", "2", "3", "4"}:
-        parser.error(f"--only takes a subset of 1,2,3,4, got {args.only!r}")
+    if not only or only - {"1", "2", "3", "4", "5"}:
+        parser.error(f"--only takes a subset of 1,2,3,4,5, got {args.only!r}")
     setup_logging("WARNING")
     slowdowns = [float(s) for s in args.slowdowns.split(",")]
     epochs = args.epochs or (1 if args.quick else 5)
@@ -686,6 +722,18 @@ def main() -> None:
             ",".join(f"{x:g}" for x in pi),
             1 if args.quick else 2,
             f"Scenario 4: throughput, one layer holds the compute ({HEAVY_MODEL}) on {HEAVY_DATASET}",
+        )
+    if "5" in only:
+        pi = [PI * x for x in FIRST_SLOWDOWNS]
+        results["scenario5"] = scenario2(
+            pi, 1 if args.quick else 2, max_batches, FIRST_MODEL, HEAVY_DATASET, pi[0]
+        )
+        print_scenario2(
+            results["scenario5"],
+            ",".join(f"{x:g}" for x in pi),
+            1 if args.quick else 2,
+            f"Scenario 5: throughput, the slowest central node holds the heavy first layer ({FIRST_MODEL})"
+            f" on {HEAVY_DATASET}",
         )
     print(f"\n(wall time {time.monotonic() - started:.0f} s)")
     if args.json:

@@ -1,4 +1,4 @@
-"""A model for ``bench/hybrid.py``'s scenario 4, imported by the worker processes by its dotted path."""
+"""Models for ``bench/hybrid.py``'s scenarios 4 and 5, imported by the worker processes by its dotted path."""
 
 from __future__ import annotations
 
@@ -19,4 +19,22 @@ def one_heavy_layer(in_shape: tuple[int, ...], num_classes: int) -> nn.Sequentia
             nn.Flatten(),
         ),
         nn.Linear(64 * 16, num_classes),
+    )
+
+
+def heavy_first_layer(in_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
+    """Scenario 5: nearly all the compute in the first layer (a 3x3 convolution at full resolution,
+    pooled before it leaves the layer), which stage 0, the central node's, always holds: when the
+    central node is the slowest device only helpers on stage 0 (fed with its input rows) can share it.
+    Few parameters (a small gradient exchange) and a small output."""
+    channels = in_shape[0]
+    return nn.Sequential(
+        nn.Sequential(
+            nn.Conv2d(channels, 64, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
+            nn.Flatten(),
+        ),
+        nn.Sequential(nn.Linear(64 * 16, 64), nn.ReLU()),
+        nn.Linear(64, num_classes),
     )

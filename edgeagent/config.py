@@ -244,6 +244,9 @@ class CentralConfig(BrokerAccess):
     split: Literal["iid", "noniid"] = "iid"
     # Hybrid stages: the most devices one stage may have (None: no bound).
     max_replicas: int | None = Field(None, ge=1)
+    # Stage 0 may be the central node plus helpers it sends every batch's input rows to, where the hybrid
+    # DP predicts it faster (False: the central node holds stage 0 alone).
+    replicate_first: bool = Field(True, description="hybrid: stage 0 may have helpers fed with input rows")
     # uniform: PipeDream's even split, never changes; dynamic: FTPipeHD (re-split from measurements);
     # oracle: the DP fed the true slowdowns, the limit to measure against.
     partition: PartitionMode = "dynamic"

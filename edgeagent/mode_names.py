@@ -64,7 +64,7 @@ MODES: dict[str, ModeEntry] = {
             "hybrid",
             "edgeagent.modes.pipeline.hybrid:HybridMode",
             "a stage may be held by several devices",
-            keys=("max_replicas",),
+            keys=("max_replicas", "replicate_first"),
             stale=True,
         ),
         ModeEntry(

@@ -214,6 +214,7 @@ _CENTRAL_KEYS = (
     "split_point",
     "parallel_batches",
     "max_replicas",
+    "replicate_first",
     "partition",
     "estimator",
     "epsilon",

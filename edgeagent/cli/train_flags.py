@@ -281,6 +281,12 @@ HYBRID = (
         default="no bound",
         kwargs={"type": click.IntRange(min=1)},
     ),
+    Flag(
+        ("--replicate-first/--no-replicate-first",),
+        "replicate_first",
+        "Stage 0 may be the central node plus helpers it sends every batch's input rows to, where the "
+        "planner predicts it faster.",
+    ),
 )
 
 SPLITFED = (
@@ -504,7 +510,7 @@ def train_groups(command: str) -> list[Group]:
         Group("Security", SECURITY),
         Group("Checkpoints, replication and deadlines", recovery),
         Group("Pipeline (--mode pipeline and hybrid)", PIPELINE),
-        Group(mode_title("Hybrid", ["max_replicas"]), HYBRID),
+        Group(mode_title("Hybrid", ["max_replicas", "replicate_first"]), HYBRID),
         Group(mode_title("Split-federated", [f.key for f in SPLITFED]), (*SPLITFED, SPLIT)),
         Group(mode_title("Allreduce", [f.key for f in ALLREDUCE]), ALLREDUCE),
         Group("Advanced / lab: research baselines, emulation and fault injection", LAB),

@@ -14,10 +14,16 @@ Pure rules, no I/O, shared by the central node and the workers:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edgeagent.pipeline.rows import Rows, rows_of
+
+if TYPE_CHECKING:
+    import torch
+
+    from edgeagent.protocol.messages import GradSync
 
 
 @dataclass(frozen=True)
@@ -154,4 +160,59 @@ def cover(pieces: Iterable[Rows], total: int) -> list[Rows] | None:
     return chain if walk(0) else None
 
 
-__all__ = ["Groups", "cover"]
+def whole_update(by_version: Mapping[int, Mapping[str, GradSync]]) -> list[GradSync] | None:
+    """The members' contributions (``GradSync``, per share version, per device) that make a batch's update
+    whole: those of the first share version whose rows tile the batch, in row order; None if none does.
+    Every member of the stage (the central node for stage 0 too) picks the same ones."""
+    for _version, by_device in sorted(by_version.items()):
+        if not by_device:
+            continue
+        pieces = {(m.rows[0], m.rows[1]): m for m in by_device.values()}
+        total = next(iter(by_device.values())).total
+        tiling = cover(pieces, total)
+        if tiling is not None:
+            return [pieces[rows] for rows in tiling]
+    return None
+
+
+def summed(parts: Sequence[GradSync]) -> dict[str, torch.Tensor]:
+    """The batch's parameter gradients: the members' added up in row order (bit for bit the same sum on
+    every member)."""
+    total: dict[str, torch.Tensor] = {}
+    for part in parts:
+        for name, g in part.grads.items():
+            total[name] = g.clone() if name not in total else total[name] + g
+    return total
+
+
+def averaged_buffers(
+    buffers: Mapping[str, torch.Tensor], parts: Sequence[GradSync]
+) -> dict[str, torch.Tensor]:
+    """Batch normalisation's running statistics: per floating buffer of ``buffers`` (name -> the stage's
+    own), the row-weighted mean of the members' (each normalised only its rows); new tensors. Empty when
+    some member sent none or there is one part."""
+    if len(parts) < 2 or not all(part.buffers for part in parts):
+        return {}
+    means: dict[str, torch.Tensor] = {}
+    for name, buffer in buffers.items():
+        if not buffer.is_floating_point():
+            continue
+        if any(name not in p.buffers or p.buffers[name].shape != buffer.shape for p in parts):
+            continue
+        mean = buffer.new_zeros(buffer.shape)
+        for p in parts:
+            mean += (p.rows[1] - p.rows[0]) / p.total * p.buffers[name]
+        means[name] = mean
+    return means
+
+
+def set_buffers(module: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Replace ``module``'s buffers by ``values`` (name -> tensor). New tensors, not copied into the old
+    ones: batches in flight saved the old ones for their backward pass, and an in-place change would fail
+    autograd's version check."""
+    for name, value in values.items():
+        owner, _, leaf = name.rpartition(".")
+        module.get_submodule(owner)._buffers[leaf] = value
+
+
+__all__ = ["Groups", "averaged_buffers", "cover", "set_buffers", "summed", "whole_update"]

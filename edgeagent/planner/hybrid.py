@@ -5,10 +5,10 @@ Conventions as in :mod:`edgeagent.planner.dp`: ``points`` has ``n + 1`` entries 
 layers ``[points[k], points[k+1])``; ``groups[k]`` lists the device indices (ascending) holding stage
 ``k``. ``devices[0]`` is the central node: stage 0 is the central node alone, with at least one layer,
 unless ``replicate_first`` lets stage 0 be the central node (first) plus helpers (the central node holds
-the data and sends each helper its rows of every batch's input). Every stage has at least one layer and
-one device; devices may be left out (unused); the number of stages is free (``1 .. min(devices,
-layers)``). Every transfer goes device -> MQTT broker -> device, so a device's ``bandwidth``/``latency``
-describe its own link to the broker.
+the data and sends each helper its rows of every batch's input; such a stage 0 is never the only stage).
+Every stage has at least one layer and one device; devices may be left out (unused); the number of
+stages is free (``1 .. min(devices, layers)``). Every transfer goes device -> MQTT broker -> device, so
+a device's ``bandwidth``/``latency`` describe its own link to the broker.
 
 Cost model per batch (``T(s, e) = sum(layer_times[s:e])`` on the central node, ``C_d`` the capacity
 of device ``d``, ``B_d`` its bandwidth, ``l_d`` its latency):
@@ -323,6 +323,11 @@ class CostModel:
             g for g in itertools.product(*ranges) if (cap is None or sum(g) <= cap) and self.shares_allowed(g)
         ]
 
+    def first_end(self, counts: Counts) -> int:
+        """The last layer stage 0 may end at: a replicated stage 0 is never the only stage (the central
+        node computes the whole batch's loss there)."""
+        return self.p.num_layers - (1 if sum(counts) > 1 else 0)
+
     def feed(self, counts: Counts) -> float:
         """Stage 0's input rows sent by the central node to its helpers (0 for the central node alone)."""
         st = self.stats(counts)
@@ -426,6 +431,10 @@ def _check_plan(p: HybridProblem, points: Sequence[int], groups: Sequence[Sequen
         raise ValueError(
             f"partition points {list(points)} give {len(points) - 1} stages, {len(checked)} groups"
         )
+    if len(checked) == 1 and len(checked[0]) > 1:
+        raise ValueError(
+            f"stage 0 has helpers {checked[0][1:]} but is the only stage: it needs a stage after it"
+        )
     return checked
 
 
@@ -486,6 +495,8 @@ def _assignments(
                 for k in range(1, num_stages)
             ),
         )
+        if first and num_stages == 1 and helpers:
+            continue  # a replicated stage 0 is never the only stage
         if all(groups) and (max_replicas is None or all(len(g) <= max_replicas for g in groups)):
             yield groups
 

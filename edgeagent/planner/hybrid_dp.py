@@ -152,7 +152,7 @@ class _Search:
             if feed >= best:
                 continue
             for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
-                for e in range(1, model.num_layers + 1):
+                for e in range(1, model.first_end(first) + 1):
                     if not model.fits(st, 0, e, f):
                         break
                     stage = model.stage_time(st, 0, e)
@@ -231,7 +231,7 @@ class _Search:
             if model.feed(first) > threshold:
                 continue
             for f, slot in self.slots.starts(model.num_layers, len(model.type_of)):
-                ends = range(1, model.num_layers + 1)
+                ends = range(1, model.first_end(first) + 1)
                 candidate = self._stage_key(0, ends, (first, first, st), nothing, f, slot)
                 if candidate is not None and (best is None or candidate < best):
                     best = candidate

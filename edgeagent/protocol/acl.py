@@ -69,7 +69,7 @@ DEVICE_READS_OWN = (Family.CONTROL, Family.PROFILE, Family.SPLIT_GRADIENTS)
 DEVICE_READS_FIXED = (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVENTS)
 # Stage topics every device may read: its neighbours' activations and gradients, its group's gradient
 # exchange (results are the central node's).
-DEVICE_READS_STAGES = (Family.ACTIVATIONS, Family.GRADIENTS, Family.SYNC)
+DEVICE_READS_STAGES = (Family.ACTIVATIONS, Family.GRADIENTS, Family.SYNC, Family.INPUTS)
 
 
 HomeAssistantTopic = DiscoveryKind

@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 
 from edgeagent.protocol.limits import sender_problem
 from edgeagent.protocol.messages import Message
-from edgeagent.protocol.topics import STAGE_OUTPUTS, TopicInfo
+from edgeagent.protocol.topics import STAGE_OUTPUTS, Family, TopicInfo
 
 # Body fields in which a message names the device that wrote it (on a topic of that device).
 AUTHOR_FIELDS = ("device_id", "requester", "source")
@@ -51,7 +51,13 @@ def identity_problem(info: TopicInfo, sender: str, message: Message) -> str | No
         if isinstance(named, str) and named != device:
             return f"{message.KIND.value}.{name} {named!r} on the {where}: a device speaks only for itself"
     stage = getattr(message, "stage", None)
-    if info.stage is not None and isinstance(stage, int) and stage != info.stage:
+    # Input rows (``stage/0/input``) are the data's, the stage before stage 0: ``stage`` -1.
+    expected = info.stage - 1 if info.stage is not None and info.family is Family.INPUTS else info.stage
+    if info.stage is not None and isinstance(stage, int) and stage != expected:
+        if info.family is Family.INPUTS:
+            return (
+                f"{message.KIND.value} of stage {stage} as stage {info.stage}'s input rows (stage {expected})"
+            )
         return f"{message.KIND.value} of stage {stage} on the topic of stage {info.stage}"
     return None
 

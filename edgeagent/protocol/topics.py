@@ -20,6 +20,7 @@
         stage/<s>/grad/<id>         stage s -> s-1      CBOR  gradients stage s produced on device <id>
         stage/<s>/result/<id>       last    -> central  CBOR  evaluation results of the last stage
         stage/<s>/sync/<id>         stage s -> stage s  CBOR  a hybrid stage member's parameter gradients
+        stage/0/input/<id>          central -> stage 0  CBOR  input rows for stage 0's helpers (hybrid)
         run/commit                  central -> all      CBOR  commit barrier of a new partition
         run/command                 central -> all      JSON  start, stop, collect, ...
         run/events                  central -> all      JSON  partition, replication, recovery events
@@ -88,6 +89,7 @@ class Family(str, Enum):
     GRADIENTS = "grad"
     RESULTS = "result"
     SYNC = "sync"  # a replicated stage's members exchange parameter gradients (hybrid stages)
+    INPUTS = "input"  # the central node's input rows for the helpers of a replicated stage 0 (hybrid)
     LINK = "link"  # one sender -> receiver link of data-parallel training's collectives (allreduce mode)
     COMMIT = "run/commit"
     COMMAND = "run/command"
@@ -129,7 +131,15 @@ DEVICE_PUBLISHED: frozenset[Family] = frozenset(
 )
 # The data plane: a stage's outputs, each on a topic of the stage that produced it and the device that
 # computed it (``stage/<s>/<family>/<device>``); only that device publishes there.
-STAGE_OUTPUTS: tuple[Family, ...] = (Family.ACTIVATIONS, Family.GRADIENTS, Family.RESULTS, Family.SYNC)
+# ``input`` is the odd one: the batch's input rows, "produced" by the data (``stage`` -1 in the message) on
+# stage 0's topic, for stage 0's helpers; only the central node (stage 0's primary) sends them.
+STAGE_OUTPUTS: tuple[Family, ...] = (
+    Family.ACTIVATIONS,
+    Family.GRADIENTS,
+    Family.RESULTS,
+    Family.SYNC,
+    Family.INPUTS,
+)
 _STAGE_FAMILIES = {f.value: f for f in STAGE_OUTPUTS}
 _FIXED_FAMILIES = {f.value: f for f in (Family.DISCOVER, Family.COMMIT, Family.COMMAND, Family.EVENTS)}
 
@@ -208,6 +218,10 @@ class Topics(_Tree):
 
     def results(self, stage: int, device: str) -> str:
         return self.stage(Family.RESULTS, stage, device)
+
+    def inputs(self, device: str) -> str:
+        """Where the central node ``device`` sends stage 0's helpers their rows of every batch's input."""
+        return self.stage(Family.INPUTS, 0, device)
 
     def syncs(self, stage: int, device: str) -> str:
         """Where a member of a replicated stage sends its parameter gradients to the other members."""

@@ -216,6 +216,7 @@ def test_mosquitto_acl_lists_every_user() -> None:
     assert "topic write edgeagent/v1/site/stage/+/sync/w1" in text
     assert "topic write edgeagent/v1/site/stage/+/result/w1" in text
     assert "topic read edgeagent/v1/site/stage/+/sync/+" in text
+    assert "topic read edgeagent/v1/site/stage/+/input/+" in text  # a helper of stage 0's input rows
     assert "topic read edgeagent/v1/site/stage/+/result/+" not in text
     # Everything a device may write names it: no shared topic (the announcement was one).
     device_block = text.split("user w1\n")[1].split("\n\n")[0]

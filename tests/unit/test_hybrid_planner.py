@@ -511,13 +511,18 @@ def heavy_first_layer(bandwidth: float) -> HybridProblem:
 def test_stage_zero_gets_helpers_when_it_pays() -> None:
     p = heavy_first_layer(bandwidth=1e9)
     plan = solve_hybrid(p)
-    # Every device in stage 0 (5 / 4 s) beats the central node and two helpers before a worker (4 / 3 s).
-    assert plan.groups == ((0, 1, 2, 3),) and plan.points == (0, 2)
-    assert plan.shares[0] == pytest.approx((1 / 4,) * 4)
-    assert plan.time == pytest.approx(5.0 / 4, rel=1e-3)  # alone, stage 0 takes 4.0
+    # Every device in stage 0 (5 / 4 s) would be best, but a replicated stage 0 is never the only stage
+    # (the runtime's central node would be the last stage): the central node and two helpers before a
+    # worker (4 / 3 s).
+    assert plan.groups == ((0, 1, 2), (3,)) and plan.points == (0, 1, 2)
+    assert plan.shares[0] == pytest.approx((1 / 3,) * 3)
+    assert plan.time == pytest.approx(4.0 / 3, rel=1e-3)  # alone, stage 0 takes 4.0
     assert capacity_bound(p) == 5.0 / 4  # every device busy all the time: no plan does better
-    capped = solve_hybrid(replace(p, max_replicas=3))
-    assert capped.groups == ((0, 1, 2), (3,)) and capped.time == pytest.approx(4.0 / 3, rel=1e-3)
+    capped = solve_hybrid(replace(p, max_replicas=2))
+    assert len(capped.groups[0]) == 2 and capped.time == pytest.approx(2.0, rel=1e-3)
+    assert capped == brute_force_hybrid(replace(p, max_replicas=2))
+    with pytest.raises(ValueError, match="the only stage"):
+        predict_hybrid(p, (0, 2), ((0, 1, 2, 3),))
     assert solve_hybrid(replace(p, replicate_first=False)).time == 4.0
     assert plan == brute_force_hybrid(p)
 

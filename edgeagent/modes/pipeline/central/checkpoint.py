@@ -110,13 +110,16 @@ class Checkpoints:
             run.send(run.topics.fixed(Family.COMMAND), Collect(run_id=run.run_id))
         # The workers' weights cross their links (a device's uplink may be the slowest measured one).
         others = sum(run.param_bytes) - sum(run.param_bytes[run.points[0] : run.points[1]])
+        # Every stage's primary: a hybrid stage's helpers answer too, with a copy of their stage (stage 0's
+        # helpers as well), and are not waited for nor taken.
+        primaries = run.worker_list[1:]
         run.node.wait_until(
-            lambda: len(run.inbox.weights) >= len(run.worker_list) - 1,
+            lambda: all(d in run.inbox.weights for d in primaries),
             self.liveness.barrier(others),
-            lambda: f"workers {sorted(set(run.worker_list[1:]) - set(run.inbox.weights))} sent no weights",
+            lambda: f"workers {sorted(set(primaries) - set(run.inbox.weights))} sent no weights",
         )
         state: dict[str, torch.Tensor] = {}
-        for part in [run.stage.state(), *(w.tensors for w in run.inbox.weights.values())]:
+        for part in [run.stage.state(), *(run.inbox.weights[d].tensors for d in primaries)]:
             for key, value in part.items():
                 state[key.removeprefix("layers.")] = value
         return state

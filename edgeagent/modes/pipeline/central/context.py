@@ -242,6 +242,8 @@ class RunState:
             momentum_buffers=self.initial_momentum,
             version=self.start_version,
             in_flight=self.bound(),
+            # Stage 0 with helpers (hybrid) waits for their gradient sums: a replicated stage's delay.
+            replicated=len(self.groups.members[0]) > 1,
         )
         # Stage 0's data path (pipeline/runner.py); it keeps what it sent for a recovery without a rollback.
         without_rollback = self.config.recovery_mode == "resume"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -34,6 +35,7 @@ from edgeagent.modes.pipeline.central.estimation import Estimation
 from edgeagent.modes.pipeline.central.evaluation import Evaluation
 from edgeagent.modes.pipeline.central.handlers import Handlers
 from edgeagent.modes.pipeline.central.hybrid_feedback import Feedback, plan_key
+from edgeagent.modes.pipeline.central.hybrid_first import FirstStage
 from edgeagent.modes.pipeline.central.liveness import Liveness
 from edgeagent.modes.pipeline.central.planning import Planning
 from edgeagent.modes.pipeline.central.recovery import Recovery
@@ -45,7 +47,7 @@ from edgeagent.pipeline.rows import RowBuffer, gradient_piece
 from edgeagent.planner.hybrid import Device, HybridPlan, HybridProblem, predict_hybrid
 from edgeagent.planner.hybrid_dp import solve_hybrid
 from edgeagent.protocol.commands import Reshare
-from edgeagent.protocol.messages import EvalResult, Gradient
+from edgeagent.protocol.messages import EvalResult, Gradient, GradSync, Message
 from edgeagent.protocol.topics import Family
 from edgeagent.runtime.role import Inbound
 
@@ -84,6 +86,7 @@ class HybridPlanning(Planning):
         return w.slowdown if w is not None else 1.0
 
     def solve_hybrid(self, devices: list[str], caps: list[float], bandwidths: list[float]) -> HybridPlan:
+        """The DP's plan (stage 0 replicated, ``replicate_first``, only where it predicts that faster)."""
         try:
             return solve_hybrid(self._hybrid_problem(devices, caps, bandwidths))
         except ValueError as exc:
@@ -114,7 +117,16 @@ class HybridPlanning(Planning):
             activation_factor=self._comm_factor(len(state.worker_list)),
             max_replicas=state.config.max_replicas,
             min_share=self._min_share(),
+            # The synchronous schedule's micro-batches are the central node's alone.
+            replicate_first=state.config.replicate_first and not state.options.micro_batches,
+            input_bytes=self._input_bytes(),
         )
+
+    def _input_bytes(self) -> int:
+        """One batch's inputs and labels as the central node sends them to stage 0's helpers."""
+        data = self.state.data
+        row = data.x_train[:1]
+        return self.state.train.batch_size * (row.numel() * row.element_size() + 8)
 
     def _min_share(self) -> float:
         """No member of a replicated stage gets fewer than ``MIN_NORMALISED_ROWS`` rows of a batch when
@@ -188,7 +200,8 @@ class HybridPlanning(Planning):
         caps = self.measured_capacities()
         if caps is None or state.plan_job is not None:
             return
-        own = sum(state.runner.recent) / max(1, len(state.runner.recent))
+        # Its seconds per whole batch (with helpers on stage 0 it computes its share of the rows).
+        own = sum(state.runner.recent) / max(1, len(state.runner.recent)) / state.groups.shares[0][0]
         work0 = sum(state.profile.seconds[state.points[0] : state.points[1]])
         if work0 > 0 and own > 0:
             self.device_caps[state.device_id] = own / work0
@@ -247,12 +260,27 @@ class HybridHandlers(Handlers):
     each of some of a batch's rows, put together into whole ones."""
 
     def __init__(
-        self, state: RunState, estimation: Estimation, planning: HybridPlanning, checkpoints: Checkpoints
+        self,
+        state: RunState,
+        estimation: Estimation,
+        planning: HybridPlanning,
+        checkpoints: Checkpoints,
+        first: FirstStage,
     ) -> None:
         super().__init__(state, estimation, checkpoints)
         self.planning = planning
+        self.first = first
         self.grad_pieces: dict[int, tuple[RowBuffer, dict[str, float]]] = {}
         self.eval_pieces: dict[int, dict[tuple[int, int], EvalResult]] = {}
+
+    def handlers(self) -> dict[type[Message], Callable[[Inbound], None]]:
+        return {**super().handlers(), GradSync: self.on_sync}
+
+    def on_sync(self, item: Inbound) -> None:
+        """A helper of stage 0's gradient sum (stage 0 replicated)."""
+        problem = self.first.on_sync(item)
+        if problem is not None:
+            self.state.node.discard(item, problem)
 
     def on_gradient(self, item: Inbound) -> None:
         msg = item.message
@@ -273,6 +301,9 @@ class HybridHandlers(Handlers):
         except CompressionError as exc:
             return str(exc)
         shape, dtype = expected
+        rows = self.first.expected_rows(msg.batch_id)  # stage 0 replicated: the central node has some rows
+        if rows is not None:
+            shape = (rows, *shape[1:])
         (lo, hi), total, columns = gradient_piece(msg, g)
         if total != shape[0] or tuple(g.shape) != (hi - lo, *shape[1:]) or g.dtype != dtype:
             return f"rows [{lo}, {hi}) of {total} shaped {tuple(g.shape)} do not fit the output {shape}"
@@ -331,6 +362,7 @@ class HybridLiveness(Liveness):
         super().__init__(state, estimation, planning)
         self.feedback = feedback
         self.setup = setup
+        self.first: FirstStage | None = None  # stage 0's helpers (the central node takes a dead one's rows)
 
     def _check_liveness(self) -> Fault | None:
         """A dead device of a replicated stage: the survivors take its rows (no fault). Anything else (a
@@ -397,6 +429,8 @@ class HybridLiveness(Liveness):
             "shares": [list(s) for s in new.shares],
         }
         state.report.failovers.append(entry)
+        if 0 in changed and self.first is not None:
+            self.first.members_changed()
         log.warning(
             "failover at batch %d: %s stopped; stage(s) %s go on with %s (no rollback)",
             batch,
@@ -428,6 +462,7 @@ class HybridSwitching(Switching):
         state = self.state
         self.handling.grad_pieces.clear()
         self.handling.eval_pieces.clear()
+        self.handling.first.clear()
         before, old = self.feedback.measured_step(), (list(state.points), state.groups)
         fault = super().switch_to(points, **kwargs)
         if fault is None:
@@ -455,10 +490,12 @@ class HybridTrainer(Trainer):
         switching: Switching,
         evaluation: Evaluation,
         recovery: Recovery,
+        first: FirstStage,
     ) -> None:
         super().__init__(state, setup, planning, liveness, checkpoints, switching, evaluation, recovery)
         self.feedback = feedback
         self.estimation = estimation
+        self.first = first
 
     def _plan_before_training(self) -> None:
         """The first plan was made before any link was measured (the gradient exchange of a replicated
@@ -503,8 +540,40 @@ class HybridTrainer(Trainer):
             values["shares"] = [[round(x, 3) for x in s] for s in self.state.groups.shares]
         return values
 
+    def _tick(self, loop: Any) -> Fault | None:
+        first = self.first
+        if first.redo_due:  # a helper of stage 0 is gone: the central node takes its rows back
+            first.redo(list(range(loop.committed + 1, loop.next_f)), self._batch)
+        if first.fault is not None:
+            fault, first.fault = first.fault, None
+            return fault
+        return super()._tick(loop)
+
+    def _forward(self, loop: Any) -> None:
+        """Stage 0 replicated: the central node's rows forwarded, the helpers' sent to them."""
+        if not self.first.active:
+            super()._forward(loop)
+            return
+        bid = loop.next_f
+        x, y = self._batch(bid)
+        self.first.forward(bid, x, y, bid // self.state.per_epoch)
+        self.state.sent_at[bid] = time.monotonic()
+        loop.next_f += 1
+
     def _backward(self, loop: Any, grad: Gradient | None) -> None:
-        super()._backward(loop, grad)
+        bid = loop.committed + 1
+        if grad is not None and bid in self.first.batches:
+            self.state.sent_at.pop(bid, None)  # its gradients are in: what is left is stage 0's own
+            if not self.first.backward_whole(bid, grad, self.liveness.wait_for_messages, self._batch):
+                return  # a fault while waiting for the helpers' sums (returned by the next tick)
+            state = self.state
+            state.stage_times = list(grad.stage_times)
+            state.stage_history.append(tuple(grad.stage_times))
+            self.liveness.refresh_deadline()
+            state.runner.batch_done()
+            self._commit(loop, bid, grad.loss, grad.correct)
+        else:
+            super()._backward(loop, grad)
         failovers = self.state.report.failovers
         if failovers and "resumed" not in failovers[-1]:
             failovers[-1]["resumed"] = round(self.state.clock(), 4)

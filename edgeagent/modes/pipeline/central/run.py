@@ -42,6 +42,7 @@ from edgeagent.modes.pipeline.central.hybrid import (
     HybridTrainer,
 )
 from edgeagent.modes.pipeline.central.hybrid_feedback import Feedback
+from edgeagent.modes.pipeline.central.hybrid_first import FirstStage
 from edgeagent.modes.pipeline.central.liveness import Liveness
 from edgeagent.modes.pipeline.central.planning import Planning
 from edgeagent.modes.pipeline.central.recovery import Recovery
@@ -151,7 +152,9 @@ class HybridRun(PipelineRun):
         self.planning = planning = HybridPlanning(state, self.feedback, estimation)
         self.liveness = liveness = HybridLiveness(state, self.feedback, setup, estimation, planning)
         self.checkpoints = checkpoints = Checkpoints(state, liveness)
-        self.handling = handling = HybridHandlers(state, estimation, planning, checkpoints)
+        self.first = first = FirstStage(state)
+        liveness.first = first
+        self.handling = handling = HybridHandlers(state, estimation, planning, checkpoints, first)
         self.switching = switching = HybridSwitching(
             state, self.feedback, setup, planning, liveness, handling
         )
@@ -168,6 +171,7 @@ class HybridRun(PipelineRun):
             switching,
             evaluation,
             recovery,
+            first,
         )
 
 

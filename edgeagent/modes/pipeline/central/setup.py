@@ -126,6 +126,8 @@ class Setup:
             state.topics.stage_filter(Family.GRADIENTS, 1),
             state.topics.stage_filter(Family.RESULTS, n - 1),
         ]
+        if len(state.groups.members[0]) > 1:  # stage 0's helpers' gradient sums (hybrid)
+            topics.append(state.topics.stage_filter(Family.SYNC, 0))
         # The last ``replicas`` workers' chain replicas wrap around to the central node; a worker whose
         # uplink is paced (replica_share) sends every replica, global ones included, on its replica topic.
         wrapped = state.worker_list[max(1, n - state.config.replicas) :]

@@ -94,10 +94,23 @@ class HybridSession(PipelineSession):
     # -- subscriptions -------------------------------------------------------------------------
 
     def _stage_subscriptions(self) -> list[str]:
+        if self.run.index == 0:
+            # A helper of stage 0: its input rows from the central node, stage 1's gradients, the
+            # members' sums; no chain replicas (the central node keeps stage 0's own).
+            topics, run = self.worker.topics, self.run
+            wanted = [topics.stage_filter(Family.INPUTS, 0), topics.stage_filter(Family.SYNC, 0)]
+            if not run.is_last:
+                wanted.append(topics.stage_filter(Family.GRADIENTS, 1))
+            return wanted
         wanted = super()._stage_subscriptions()
         if len(self.group) > 1:
             wanted.append(self.worker.topics.stage_filter(Family.SYNC, self.run.index))
         return wanted
+
+    def subscribe_stage(self) -> None:
+        super().subscribe_stage()
+        if self.run.index == 0:
+            self.worker.probes.unwatch_all()  # no stage before stage 0: no probes to echo
 
     # -- the session's interface -----------------------------------------------------------------
 
@@ -225,6 +238,9 @@ class HybridSession(PipelineSession):
             run.runner, batch_id, slowdown=worker.slowdown, grad_output=cols["g"], defer=True
         )
         run.runner.batch_done()
+        if run.index == 0:  # a helper of stage 0: no stage before it takes a gradient
+            self.update.contribute(batch_id, (lo, hi), buffer.total, result.param_grads or {})
+            return
         self._send_rows_gradient(
             batch_id,
             result.grad_input,

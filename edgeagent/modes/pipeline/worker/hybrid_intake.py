@@ -18,6 +18,20 @@ from edgeagent.protocol.messages import Activation, Gradient, GradSync, Message
 from edgeagent.runtime.role import Handler, Inbound
 
 
+def input_problem(msg: Activation, central: str, sender: str) -> str | None:
+    """Why a piece of input rows for a helper of stage 0 is not one, or None: it comes from the central
+    node (which holds the data), as a training batch's rows of "stage -1" (the data)."""
+    if sender != central:
+        return f"input rows from {sender!r}: only the central node {central!r} holds the data"
+    if msg.stage != -1:
+        return f"input rows of stage {msg.stage}: they are the data's (stage -1)"
+    if msg.mode != "train":
+        return "input rows of an evaluation batch: the central node evaluates stage 0 alone"
+    if not msg.rows:
+        return "input rows without their rows: a helper computes some of a batch's"
+    return None
+
+
 class RowIntake:
     """The intake of a hybrid stage member: pieces of batches into its :class:`HybridState`."""
 
@@ -32,6 +46,11 @@ class RowIntake:
         assert isinstance(msg, Activation)
         if not run.matches(msg.run_id, msg.plan_id):
             return
+        if run.index == 0:
+            wrong = input_problem(msg, run.worker_list[0], item.topic.device or "")
+            if wrong is not None:
+                self.session.worker.discard(item, f"activation of batch {msg.batch_id}: {wrong}")
+                return
         train = msg.mode == "train"
         if train and msg.batch_id < hy.next_apply:
             return  # already updated here (a duplicate, or a piece computed again after a failover)
@@ -138,4 +157,4 @@ class RowIntake:
         hy.syncs.setdefault(msg.batch_id, {}).setdefault(msg.share_version, {})[msg.device_id] = msg
 
 
-__all__ = ["RowIntake"]
+__all__ = ["RowIntake", "input_problem"]

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from edgeagent.modes.pipeline.worker.host import HybridHost
-from edgeagent.pipeline.groups import cover
+from edgeagent.pipeline.groups import averaged_buffers, set_buffers, summed, whole_update
 from edgeagent.pipeline.rows import Rows
 from edgeagent.protocol.messages import GradSync
 
@@ -51,13 +51,7 @@ class GroupUpdate:
 
     def _whole(self, batch_id: int) -> list[GradSync] | None:
         """The contributions that make the batch's update whole (one groups version), in row order."""
-        for _version, by_device in sorted(self.session.hy.syncs.get(batch_id, {}).items()):
-            pieces = {(m.rows[0], m.rows[1]): m for m in by_device.values()}
-            total = next(iter(by_device.values())).total
-            tiling = cover(pieces, total)
-            if tiling is not None:
-                return [pieces[rows] for rows in tiling]
-        return None
+        return whole_update(self.session.hy.syncs.get(batch_id, {}))
 
     def _float_buffers(self) -> dict[str, torch.Tensor]:
         return {
@@ -69,21 +63,10 @@ class GroupUpdate:
     def _average_buffers(self, parts: list[GradSync]) -> None:
         """Batch normalisation's running statistics: the row-weighted mean of the members' (each
         normalised only its rows), so every member holds the same."""
-        if not all(part.buffers for part in parts) or len(parts) < 2:
-            return
-        module = self.session.run.stage.module
-        for name, buffer in list(module.named_buffers()):
-            if not buffer.is_floating_point():
-                continue
-            if any(name not in p.buffers or p.buffers[name].shape != buffer.shape for p in parts):
-                continue
-            mean = torch.zeros_like(buffer)
-            for p in parts:
-                mean += (p.rows[1] - p.rows[0]) / p.total * p.buffers[name]
-            # A new tensor, not copied into the old one: batches in flight saved the old one for their
-            # backward pass, and an in-place change would fail autograd's version check.
-            owner, _, leaf = name.rpartition(".")
-            module.get_submodule(owner)._buffers[leaf] = mean
+        set_buffers(
+            self.session.run.stage.module,
+            averaged_buffers(dict(self.session.run.stage.module.named_buffers()), parts),
+        )
 
     def can_apply(self) -> bool:
         hy = self.session.hy
@@ -98,11 +81,7 @@ class GroupUpdate:
         batch_id = hy.next_apply
         parts = self._whole(batch_id)
         assert parts is not None
-        total: dict[str, torch.Tensor] = {}
-        for part in parts:
-            for name, g in part.grads.items():
-                total[name] = g.clone() if name not in total else total[name] + g
-        run.stage.apply_gradients(total)
+        run.stage.apply_gradients(summed(parts))
         self._average_buffers(parts)
         run.stage.forget(batch_id)  # computed again after a failover, but whole already: drop it
         run.stage.unpin(batch_id)
