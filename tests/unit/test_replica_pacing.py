@@ -104,11 +104,13 @@ class _State:
 
     def __init__(self, paced: set[str], share: float = 0.25) -> None:
         from edgeagent.config import CentralConfig
+        from edgeagent.pipeline.groups import Groups
         from edgeagent.protocol.messages import Announce
         from edgeagent.protocol.topics import Topics
         from edgeagent.replication.store import WeightStore
 
         self.worker_list = ["central", "worker-1", "worker-2", "worker-3"]
+        self.groups = Groups.single(self.worker_list)  # one device per stage
         self.topics = Topics("c")
         self.config = CentralConfig(cluster="c", replica_share=share)
         self.announced = {d: Announce(device_id=d, paces=d in paced) for d in self.worker_list[1:]}
