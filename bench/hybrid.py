@@ -712,29 +712,23 @@ def main() -> None:
             known = results["scenario2"]["hybrid"]["in_force"]  # the same settings, the same plan
         results["scenario3"] = scenario3(slowdowns, kill_at, after, epochs3, args.victim, partitions, known)
         print_scenario3(results["scenario3"], args.slowdowns, kill_at, kill_at + after)
+    def heavy(name: str, factors: list[float], model: str, title: str) -> None:
+        """Scenario 2's throughput runs at ``factors`` x a Pi's slowdown on HEAVY_DATASET."""
+        pi = [PI * x for x in factors]
+        epochs = 1 if args.quick else 2
+        results[name] = scenario2(pi, epochs, max_batches, model, HEAVY_DATASET, pi[0])
+        print_scenario2(results[name], ",".join(f"{x:g}" for x in pi), epochs, f"{title} on {HEAVY_DATASET}")
+
     if "4" in only:
-        pi = [PI * x for x in slowdowns]
-        results["scenario4"] = scenario2(
-            pi, 1 if args.quick else 2, max_batches, HEAVY_MODEL, HEAVY_DATASET, pi[0]
-        )
-        print_scenario2(
-            results["scenario4"],
-            ",".join(f"{x:g}" for x in pi),
-            1 if args.quick else 2,
-            f"Scenario 4: throughput, one layer holds the compute ({HEAVY_MODEL}) on {HEAVY_DATASET}",
-        )
+        heavy(
+            "scenario4", slowdowns, HEAVY_MODEL,
+            f"Scenario 4: throughput, one layer holds the compute ({HEAVY_MODEL})",
+        )  # fmt: skip
     if "5" in only:
-        pi = [PI * x for x in FIRST_SLOWDOWNS]
-        results["scenario5"] = scenario2(
-            pi, 1 if args.quick else 2, max_batches, FIRST_MODEL, HEAVY_DATASET, pi[0]
-        )
-        print_scenario2(
-            results["scenario5"],
-            ",".join(f"{x:g}" for x in pi),
-            1 if args.quick else 2,
-            f"Scenario 5: throughput, the slowest central node holds the heavy first layer ({FIRST_MODEL})"
-            f" on {HEAVY_DATASET}",
-        )
+        heavy(
+            "scenario5", FIRST_SLOWDOWNS, FIRST_MODEL,
+            f"Scenario 5: throughput, the slowest central node holds the heavy first layer ({FIRST_MODEL})",
+        )  # fmt: skip
     print(f"\n(wall time {time.monotonic() - started:.0f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))

@@ -26,7 +26,7 @@ DATA = "synthetic:640:3x32x32:10"  # 480 training samples: 15 batches of 32 per 
 SLOW_CENTRAL = 10.0  # the central node 10x slower than its two workers
 
 
-def first_run(url: str, train: TrainConfig, path: Path, **central: Any) -> RunReport:
+def first_run(url: str, train: TrainConfig, path: Path | None = None, **central: Any) -> RunReport:
     return run(
         url,
         workers=2,
@@ -98,16 +98,7 @@ def test_pipelined_with_a_killed_helper_trains_to_the_end(amqtt_url: str) -> Non
             os.kill(local.procs[helper].pid, signal.SIGKILL)
 
     train = TrainConfig(epochs=2, model=MODEL, dataset=DATA)
-    report = run(
-        amqtt_url,
-        workers=2,
-        train=train,
-        slowdowns=[1.0, 1.0],
-        slowdown=SLOW_CENTRAL,
-        mode="hybrid",
-        partition="oracle",
-        on_batch=on_batch,
-    )
+    report = first_run(amqtt_url, train, on_batch=on_batch)
     assert killed and len(report.partitions[0]["groups"][0]) == 2
     (failover,) = report.failovers
     assert failover["devices"] == killed and failover["stages"] == [0]
