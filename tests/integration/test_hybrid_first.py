@@ -27,6 +27,7 @@ SLOW_CENTRAL = 10.0  # the central node 10x slower than its two workers
 
 
 def first_run(url: str, train: TrainConfig, path: Path | None = None, **central: Any) -> RunReport:
+    central.setdefault("replicate_first", True)  # off by default (config.py)
     return run(
         url,
         workers=2,
