@@ -40,9 +40,11 @@ def run(
     slowdowns: list[float] | None = None,
     on_batch: OnBatch | None = None,
     save: Path | None = None,
+    flags: dict[str, tuple[str, ...]] | None = None,
     **central: Any,
 ) -> RunReport:
-    """Central node in this process, workers as processes; ``on_batch`` runs as batches commit."""
+    """Central node in this process, workers as processes (each with its extra command-line ``flags``);
+    ``on_batch`` runs as batches commit."""
     central.setdefault("restart_window", 0.0)
 
     def progress(values: dict[str, Any], node: Central, local: LocalWorkers) -> None:
@@ -55,7 +57,7 @@ def run(
         workers=workers,
         slowdowns=slowdowns,
         on_progress=progress,
-        worker_options={"allowed_models": allowed},
+        worker_options={"allowed_models": allowed, "extra": flags},
         train=train,
         save_model=str(save) if save else None,
         **central,

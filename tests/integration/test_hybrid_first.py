@@ -109,3 +109,19 @@ def test_pipelined_with_a_killed_helper_trains_to_the_end(amqtt_url: str) -> Non
     losses = [entry["loss"] for entry in report.timeline]
     assert max(report.test_accuracy_per_epoch) > 0.15
     assert sum(losses[-10:]) / 10 < losses[0]
+
+
+def test_a_nan_sum_from_a_helper_of_stage_zero_is_dropped(amqtt_url: str, tmp_path: Path) -> None:
+    """Every worker sends NaN in its gradient sum of batch 5: the central node drops the helper's, its
+    update of batch 5 never becomes whole, and the wait for it ends as the batch timer's fault. One batch
+    in flight: no later batch's timer can find the fault instead (the central node waited forever
+    before); one recovery replays the batch and every weight stays finite."""
+    saved = tmp_path / "nan.pt"
+    train = TrainConfig(epochs=2, in_flight=1, model=MODEL, dataset=DATA)
+    nan = ("--send-nan", "sync@5")
+    report = first_run(amqtt_url, train, saved, flags={"worker-1": nan, "worker-2": nan}, batch_timeout=3.0)
+    assert len(report.partitions[0]["groups"][0]) == 2, report.partitions  # the central node and a helper
+    assert report.epochs == 2 and not report.diverged, report.diverged
+    (rec,) = report.recoveries
+    assert rec["case"] == 1 and 5 <= rec["batch"] <= 5 + report.in_flight, rec
+    assert all(torch.isfinite(t).all() for t in torch.load(saved, weights_only=True).values())

@@ -20,6 +20,7 @@ Evaluation batches are the central node's alone (stage 0's copies are equal).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -172,13 +173,23 @@ class FirstStage:
         (kept in :attr:`fault` for the training loop)."""
         self.backward(bid, grad)
         seen = self.changes
+        since = time.monotonic()
         while not self.try_apply(bid):
             fault = wait()
+            if fault is None and time.monotonic() - since > self.state.batch_deadline:
+                # A helper's sum was dropped (not finite, or lost): the batch timer's fault, as for any
+                # batch whose update never becomes whole; the recovery replays it.
+                fault = Fault(
+                    [],
+                    f"stage 0's gradient sums of batch {bid} are late "
+                    f"(timer {self.state.batch_deadline:.1f} s)",
+                )
             if fault is not None:
                 self.fault = fault
                 return False
             if self.changes != seen:  # a helper died: its rows of this batch are the central node's now
                 seen = self.changes
+                since = time.monotonic()
                 self.recompute(bid, grad, batch_of)
         return True
 
