@@ -14,11 +14,26 @@ import pytest
 
 from edgeagent.broker import EmbeddedBroker
 from edgeagent.broker.mosquitto import MosquittoProcess, wait_listening
+from edgeagent.cli.demo import LocalWorkers
+from tests import zygote
 from tests.helpers import FakeSystemd, unique_cluster
 
 
 def _wait_port(port: int, timeout: float = 10.0) -> bool:
     return wait_listening(port, timeout=timeout)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _forked_workers() -> Iterator[None]:
+    """The workers the tests start (LocalWorkers) are forks of one process that imported torch once
+    (tests/zygote.py): 1.8 s of CPU less per worker. EDGEAGENT_TEST_FORK=0 starts each afresh."""
+    if os.environ.get("EDGEAGENT_TEST_FORK", "1") == "0":
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LocalWorkers, "spawn", staticmethod(zygote.spawn))
+        yield
+    zygote.close()
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.progress import (
     BarColumn,
@@ -194,6 +194,23 @@ def check_cgroups(root: Path = CPU_ROOT) -> None:
         raise ConfigError(f"{hint}; missing here: {problem}")
 
 
+class WorkerProcess(Protocol):
+    """What :class:`LocalWorkers` uses of a worker's process (``subprocess.Popen``'s methods)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+def popen(cmd: list[str], env: dict[str, str]) -> WorkerProcess:
+    """A worker's process: ``cmd`` started with ``env``."""
+    return subprocess.Popen(cmd, env=env)
+
+
 class LocalWorkers:
     """Worker processes ``worker-1 .. worker-n`` on this machine (the demo's devices).
 
@@ -202,8 +219,11 @@ class LocalWorkers:
     ``cpu``: percent of one core per worker (0: no limit). A limited worker runs in its own cgroup v1 cpu
     group ``<cpu_root>/edgeagent-demo-<cluster>/<device>`` with a CFS quota, joined before the worker
     execs; a restart joins the same group. :meth:`stop` removes the groups. ``threads``: torch threads
-    per worker (default 1 each).
+    per worker (default 1 each). ``spawn`` starts a process (the tests fork theirs from a process that
+    imported torch once: tests/zygote.py).
     """
+
+    spawn: Callable[[list[str], dict[str, str]], WorkerProcess] = staticmethod(popen)
 
     def __init__(
         self,
@@ -252,13 +272,13 @@ class LocalWorkers:
         # node's options) are not theirs (EDGEAGENT_DATASET names the central node's data set).
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEAGENT_") or k in KEPT_ENV}
         self.env = dict(env, EDGEAGENT_LOG_LEVEL=level)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, WorkerProcess] = {}
 
     def cgroup(self, device: str) -> Path | None:
         """``device``'s cpu group (None: it runs without a limit)."""
         return self.cgroups / device if self.cgroups is not None and self.cpu[device] else None
 
-    def start(self, device: str, *, inject: bool = True) -> subprocess.Popen[bytes]:
+    def start(self, device: str, *, inject: bool = True) -> WorkerProcess:
         extra: tuple[str, ...] = ()
         if inject and device in self.kills:
             at = self.kills[device]  # a batch (its backward) or "evalN" (the N-th evaluation batch)
@@ -289,7 +309,7 @@ class LocalWorkers:
         group = self.cgroup(device)
         if group is not None:  # the same group on a restart: made again if it is gone
             cmd = joined(cmd, make_cgroup(group, self.cpu[device] / 100))
-        self.procs[device] = proc = subprocess.Popen(cmd, env=self.env)
+        self.procs[device] = proc = self.spawn(cmd, self.env)
         return proc
 
     def start_all(self) -> LocalWorkers:
@@ -297,7 +317,7 @@ class LocalWorkers:
             self.start(device)
         return self
 
-    def restart(self, device: str) -> subprocess.Popen[bytes]:
+    def restart(self, device: str) -> WorkerProcess:
         """Start ``device`` again with the same id (as systemd would), without its fault injection."""
         old = self.procs.get(device)
         if old is not None and old.poll() is None:
