@@ -11,8 +11,8 @@ ARGS ?=
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	# The CPU build first: any other torch requirement would pull several GB of CUDA wheels.
-	$(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -e '.[all,test]'
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[all,test]'
 	touch $@
 
 demo: $(BIN)/.installed
