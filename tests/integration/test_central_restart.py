@@ -31,7 +31,7 @@ import yaml
 
 from edgeagent.broker import BrokerTls, EmbeddedBroker
 from edgeagent.broker.certs import Site, init_site
-from edgeagent.cli.demo import worker_command
+from edgeagent.cli.demo import LocalWorkers, WorkerProcess, worker_command
 from edgeagent.errors import ProtocolError
 from edgeagent.ops.units import ServiceUnit
 from edgeagent.protocol.messages import Announce, Event, Message, Status
@@ -253,10 +253,11 @@ def checkpoint_at_least(version: int) -> Callable[[str, Message], bool]:
     return match
 
 
-def start_workers(url: str, cluster: str, site: Site | None = None) -> list[subprocess.Popen[bytes]]:
-    """worker-1 and worker-2 serving runs until stopped, as their unit runs them (no ``--once``)."""
+def start_workers(url: str, cluster: str, site: Site | None = None) -> list[WorkerProcess]:
+    """worker-1 and worker-2 serving runs until stopped, as their unit runs them (no ``--once``); started
+    as the tests start every worker (LocalWorkers.spawn: forks of a process that imported torch once)."""
     return [
-        subprocess.Popen(
+        LocalWorkers.spawn(
             worker_command(
                 f"worker-{i}",
                 url,
@@ -264,25 +265,26 @@ def start_workers(url: str, cluster: str, site: Site | None = None) -> list[subp
                 1.0,
                 once=False,
                 extra=tls_flags(site, f"worker-{i}") if site else (),
-            )
+            ),
+            dict(os.environ),
         )
         for i in (1, 2)
     ]
 
 
 @pytest.fixture
-def workers(amqtt_url: str, cluster: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+def workers(amqtt_url: str, cluster: str) -> Iterator[list[WorkerProcess]]:
     procs = start_workers(amqtt_url, cluster)
     yield from _stopped_after(procs)
 
 
 @pytest.fixture
-def tls_workers(tls_broker: TlsBroker, cluster: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+def tls_workers(tls_broker: TlsBroker, cluster: str) -> Iterator[list[WorkerProcess]]:
     procs = start_workers(tls_broker.url, cluster, tls_broker.site)
     yield from _stopped_after(procs)
 
 
-def _stopped_after(procs: list[subprocess.Popen[bytes]]) -> Iterator[list[subprocess.Popen[bytes]]]:
+def _stopped_after(procs: list[WorkerProcess]) -> Iterator[list[WorkerProcess]]:
     try:
         yield procs
     finally:
@@ -349,7 +351,7 @@ def _killed_and_rerun(
 
 
 def test_the_units_command_sigkilled_mid_epoch_resumes_its_run(
-    tls_broker: TlsBroker, cluster: str, tmp_path: Path, tls_workers: list[subprocess.Popen[bytes]]
+    tls_broker: TlsBroker, cluster: str, tmp_path: Path, tls_workers: list[WorkerProcess]
 ) -> None:
     """The unit restarted `edgeagent central` without --resume: a new run, "only 0 of 2 workers", and at
     the next restart a new run overwrote the old one's checkpoint. Now the same command resumes the run,
@@ -370,7 +372,7 @@ def test_the_units_command_sigkilled_mid_epoch_resumes_its_run(
 
 
 def test_the_units_command_sigtermed_exits_0_with_a_checkpoint_and_resumes(
-    tls_broker: TlsBroker, cluster: str, tmp_path: Path, tls_workers: list[subprocess.Popen[bytes]]
+    tls_broker: TlsBroker, cluster: str, tmp_path: Path, tls_workers: list[WorkerProcess]
 ) -> None:
     """`systemctl stop` was a SIGKILL (no handler). Now SIGTERM writes the newest consistent state, says
     the run is suspended (an event, the retained status "left" naming the run), exits 0 at once, and the
