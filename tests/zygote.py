@@ -213,6 +213,8 @@ _started = threading.Lock()
 def spawn(cmd: list[str], env: dict[str, str]) -> Forked | subprocess.Popen[bytes]:
     """``subprocess.Popen(cmd, env=env)``, as a fork of the zygote where that is the same thing."""
     global _zygote
+    if cmd[: len(_ENTRY)] != _ENTRY:  # not an edgeagent command: no zygote started for it
+        return subprocess.Popen(cmd, env=env)
     with _started:
         if _zygote is None:
             _zygote = Zygote()
