@@ -88,7 +88,8 @@ class Slowed(nn.Module):
 
     After each forward and each backward, sleep until the step has taken ``factor`` times the CPU time
     it used (``edgeagent.runtime.compute.emulate_slowdown``). The backward of one micro-batch runs whole
-    before the next one's starts (one thread per process), so one mark per forward suffices.
+    before the next one's starts (one thread per process), so one mark per forward suffices. The
+    optimizer step is stretched too (:func:`_update`), as edgeagent's stage stretches its own.
     """
 
     def __init__(self, inner: nn.Module, factor: float) -> None:
@@ -182,6 +183,16 @@ def _optimizer(module: nn.Module) -> torch.optim.Optimizer:
     )
 
 
+def _update(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+    """The step's update, ``factor`` times slower on a slow stage: a slow device's optimizer step is
+    slow too, and edgeagent's stage counts its update in the step it stretches (``pipeline.step``)."""
+    factor = module.factor if isinstance(module, Slowed) else 1.0
+    started = Clock(factor)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    emulate_slowdown(started, factor)
+
+
 def _torch_run(
     config: PeerConfig, rank: int, module: nn.Module, steps: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> StageResult:
@@ -203,8 +214,7 @@ def _torch_run(
             schedule.step(target=y, losses=losses)
         else:
             schedule.step()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        _update(optimizer, module)
 
     dist.barrier()
     step(*steps[0])  # shape inference: start-up, untimed
@@ -332,8 +342,7 @@ def _socket_run(
                 grad = inputs[k].grad
                 assert grad is not None and chain.prev is not None
                 send_tensor(chain.prev, grad)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        _update(optimizer, module)
         return total
 
     step(*steps[0])  # untimed, as on the torch side; it also waits for every stage to be ready
