@@ -246,8 +246,9 @@ class CentralConfig(BrokerAccess):
     max_replicas: int | None = Field(None, ge=1)
     # Stage 0 may be the central node plus helpers it sends every batch's input rows to, where the hybrid
     # DP predicts it faster (False: the central node holds stage 0 alone).
-    # Off by default: a re-split moving helpers into or out of stage 0 hung once in about seven test runs
-    # (tests/integration/test_hybrid_first.py, the skipped re-split test); opt in until that is fixed.
+    # Off by default: it pays only where the central node is the bottleneck, and on noisy measurements
+    # the DP gives stage 0 a helper with a small share and takes it away again. (The re-split hang it
+    # showed, a worker crashing as it moved into stage 0 and then waited for for ever, is fixed.)
     replicate_first: bool = Field(False, description="hybrid: stage 0 may have helpers fed with input rows")
     # uniform: PipeDream's even split, never changes; dynamic: FTPipeHD (re-split from measurements);
     # oracle: the DP fed the true slowdowns, the limit to measure against.

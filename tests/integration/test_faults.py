@@ -240,6 +240,58 @@ def test_a_new_device_joins_a_run_in_progress(amqtt_url: str) -> None:
     assert report.final_accuracy > 0.7
 
 
+def test_a_newcomer_that_dies_before_it_is_admitted_is_not_waited_for(amqtt_url: str) -> None:
+    """worker-2 comes up and announces itself at batch 5 (it would join at the re-split at batch 20), then
+    dies (SIGKILL) at batch 8: its last will takes it off the joiners, so no plan waits for it. Before,
+    the re-split admitted it anyway and waited out the join barrier (60 s at least), then recovered."""
+    from edgeagent.protocol.messages import Status
+    from edgeagent.protocol.topics import Family, Topics
+    from edgeagent.protocol.wire import decode
+    from edgeagent.transport.mqtt import MqttTransport
+
+    cluster = f"t{uuid.uuid4().hex[:8]}"
+    local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0])
+    local.start("worker-1")
+    config = CentralConfig(
+        cluster=cluster,
+        broker=amqtt_url,
+        workers=1,
+        train=TrainConfig(epochs=2),
+        progress=False,
+        repartition_every=20,
+    )
+    states: dict[str, threading.Event] = {"idle": threading.Event(), "offline": threading.Event()}
+    watcher = MqttTransport(amqtt_url, f"watch-{cluster}")
+
+    def on_status(topic: str, payload: bytes) -> None:
+        _, msg = decode(payload)
+        if isinstance(msg, Status) and msg.state in states:
+            states[msg.state].set()
+
+    watcher.subscribe(Topics(cluster).device(Family.STATUS, "worker-2"), on_status)
+    seen: dict[str, bool] = {}
+
+    def progress(values: dict[str, Any]) -> None:
+        # The central node's own thread: it reads the announcement and the last will once this returns.
+        if values.get("batch") == 5 and "worker-2" not in local.procs:
+            local.start("worker-2")
+            assert states["idle"].wait(60), "worker-2 did not come up"
+        elif values.get("batch") == 8 and "killed" not in seen:
+            seen["killed"] = True
+            local.procs["worker-2"].send_signal(signal.SIGKILL)
+            assert states["offline"].wait(60), "the broker did not publish worker-2's last will"
+
+    try:
+        report = Central(config, progress=progress, modes=mode).run()
+    finally:
+        watcher.close()
+        local.stop()
+    assert seen.get("killed")
+    assert report.recoveries == [], report.recoveries
+    assert all("worker-2" not in p.get("workers", []) for p in report.partitions), report.partitions
+    assert report.batches == report.epochs * (report.batches // report.epochs) and report.epochs == 2
+
+
 def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path: Path) -> None:
     import subprocess
     import sys

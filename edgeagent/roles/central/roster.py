@@ -85,7 +85,8 @@ class Roster:
         if isinstance(message, Heartbeat) and message.device_id == sender:
             self._note_interval(sender, message.interval)
         w = self.workers.get(sender)
-        if isinstance(message, Status) and message.state == "offline":
+        # Its last will (``offline``) or its clean exit (``left``, a stopped service): gone either way.
+        if isinstance(message, Status) and message.state in ("offline", "left"):
             if w is not None:
                 w.online = False
             return

@@ -109,9 +109,14 @@ class Handlers:
     def on_status(self, item: Inbound) -> None:
         msg = item.message
         assert isinstance(msg, Status)
-        w = self.state.workers.get(msg.device_id)
+        state = self.state
+        w = state.workers.get(msg.device_id)
         if w is not None and msg.state == "offline" and not w.online:
             log.warning("worker %s went offline (last will)", msg.device_id)
+        if msg.state in ("offline", "left") and msg.device_id in state.joiners:
+            # Announced, not admitted yet, and gone: no plan waits for it (it announces itself again).
+            state.joiners.remove(msg.device_id)
+            log.warning("%s went %s before it could join; it is not planned with", msg.device_id, msg.state)
 
     def on_ready(self, item: Inbound) -> None:
         msg = item.message

@@ -272,15 +272,8 @@ class Recovery:
             "recovery": state.config.recovery,
         }
         state.report.recoveries.append(record)
-        state.report.partitions.append(
-            {
-                "batch": version,
-                "points": outcome.points,
-                "plan_id": state.plan_id,
-                "reason": reason,
-                "chain_every": state.chain_every,
-            }
-        )
+        # As every partition is recorded (a hybrid run's with its stages' devices and shares).
+        self.planning.record_partition(version, reason)
         log.warning(
             "recovered (case %d) in %.2f s after detection: stages %s on %s, training from batch %d",
             outcome.case,

@@ -52,11 +52,16 @@ class Switching:
             self.setup.assign(
                 device, committed=version - 1, worker_list=plan.workers, points=plan.points, groups=groups
             )
+            known = state.workers.get(device)
             state.workers[device] = self.setup.worker_from(device)
+            if known is not None:  # a device of the run left out before: what its liveness says stands
+                state.workers[device].online = known.online
+                state.workers[device].last_heartbeat = known.last_heartbeat
         # A joiner replicates its (seeded) stage of the new split before it says "built".
         deadline = self.liveness.barrier(self.liveness.replica_bytes(plan.points))
         fault = self.setup.wait_ready(state.plan_id, "built", set(joiners), timeout=deadline)
         if fault is not None:
+            self._drop_joiners(joiners, fault.reason)
             return fault
         for device in joiners:
             if device in state.joiners:
@@ -64,6 +69,27 @@ class Switching:
             log.info("%s joined the run at batch %d", device, version)
             state.event("join", device=device, batch=version)
         return None
+
+    def _drop_joiners(self, joiners: list[str], why: str) -> None:
+        """Joiners that did not say "built" are out of the next plans (the recovery's among them) until
+        they show signs of life again (a heartbeat, an announcement): planned again and again, a device
+        that died after it announced itself would cost every re-split a whole barrier."""
+        state = self.state
+        built = state.inbox.ready.get(state.plan_id, {})
+        missing = [d for d in joiners if built.get(d) != "built"]
+        for device in missing:
+            if device in state.joiners:
+                state.joiners.remove(device)
+            w = state.workers.get(device)
+            if w is not None:
+                w.online = False
+        if missing:
+            log.warning(
+                "%s did not join (%s): left out until they beat or announce themselves again; check "
+                "their logs (`journalctl -u edgeagent-worker` on each)",
+                missing,
+                why,
+            )
 
     def switch_to(
         self,

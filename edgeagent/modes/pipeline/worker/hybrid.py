@@ -108,6 +108,8 @@ class HybridSession(PipelineSession):
         return wanted
 
     def subscribe_stage(self) -> None:
+        # The stage or its group changed: only its primary sends replicas (of the stage it holds now).
+        self.replicas.sends = self.is_primary
         super().subscribe_stage()
         if self.run.index == 0:
             self.worker.probes.unwatch_all()  # no stage before stage 0: no probes to echo

@@ -119,7 +119,8 @@ class Failover:
         order = switch.order
         hy.groups = Groups.of(order.worker_list, order.groups, order.shares)
         hy.clear(order.version)
-        session.replicas.sends = session.is_primary
+        # The stage is built there (its index may be past the new plan's stages until then): who sends
+        # its replicas is set as it subscribes to it (HybridSession.subscribe_stage).
         self.repartitioning.on_commit(item)
 
 
