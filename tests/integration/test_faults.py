@@ -278,7 +278,7 @@ def test_a_newcomer_that_dies_before_it_is_admitted_is_not_waited_for(amqtt_url:
             assert states["idle"].wait(60), "worker-2 did not come up"
         elif values.get("batch") == 8 and "killed" not in seen:
             seen["killed"] = True
-            local.procs["worker-2"].send_signal(signal.SIGKILL)
+            os.kill(local.procs["worker-2"].pid, signal.SIGKILL)
             assert states["offline"].wait(60), "the broker did not publish worker-2's last will"
 
     try:
