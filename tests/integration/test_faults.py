@@ -289,7 +289,7 @@ def test_a_newcomer_that_dies_before_it_is_admitted_is_not_waited_for(amqtt_url:
     assert seen.get("killed")
     assert report.recoveries == [], report.recoveries
     assert all("worker-2" not in p.get("workers", []) for p in report.partitions), report.partitions
-    assert report.batches == report.epochs * (report.batches // report.epochs) and report.epochs == 2
+    assert report.epochs == 2 and report.final_accuracy > 0.8  # 0.95 in three runs; chance is 0.1
 
 
 def test_central_killed_and_resumed_from_its_checkpoint(amqtt_url: str, tmp_path: Path) -> None:
