@@ -241,7 +241,7 @@ def test_a_new_device_joins_a_run_in_progress(amqtt_url: str) -> None:
 
 
 def test_a_newcomer_that_dies_before_it_is_admitted_is_not_waited_for(amqtt_url: str) -> None:
-    """worker-2 comes up and announces itself at batch 5 (it would join at the re-split at batch 20), then
+    """worker-2 comes up and announces itself at batch 5 (it would join at the re-split at batch 30), then
     dies (SIGKILL) at batch 8: its last will takes it off the joiners, so no plan waits for it. Before,
     the re-split admitted it anyway and waited out the join barrier (60 s at least), then recovered."""
     from edgeagent.protocol.messages import Status
@@ -258,7 +258,7 @@ def test_a_newcomer_that_dies_before_it_is_admitted_is_not_waited_for(amqtt_url:
         workers=1,
         train=TrainConfig(epochs=2),
         progress=False,
-        repartition_every=20,
+        repartition_every=30,
     )
     states: dict[str, threading.Event] = {"idle": threading.Event(), "offline": threading.Event()}
     watcher = MqttTransport(amqtt_url, f"watch-{cluster}")
