@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._peer import Peer, PeerConfig, PeerJob
+from bench.broker_relay import cpu_seconds
 from bench.pipeline import BATCH_SIZE, EdgeRun, Workload, edgeagent_run
 from edgeagent.broker import free_port
 from edgeagent.broker.mosquitto import MosquittoProcess
@@ -39,12 +40,6 @@ def busy_seconds() -> float:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     return (sum(fields) - fields[3] - fields[4]) / TICK
-
-
-def process_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def main() -> None:
@@ -66,9 +61,9 @@ def main() -> None:
             cpu: dict[int, tuple[float, float]] = {}
             runs: dict[int, EdgeRun] = {}
             for n in (big, small):
-                machine, own = busy_seconds(), process_seconds(broker.proc.pid)
+                machine, own = busy_seconds(), cpu_seconds(broker.proc.pid)
                 runs[n] = edgeagent_run(WORKLOAD, slowdowns, batches=n, broker=broker.url)
-                cpu[n] = (busy_seconds() - machine, process_seconds(broker.proc.pid) - own)
+                cpu[n] = (busy_seconds() - machine, cpu_seconds(broker.proc.pid) - own)
             done = runs[big].batches - runs[small].batches
             wall = 1e3 * BATCH_SIZE / runs[big].samples_per_second
             machine_ms = 1e3 * (cpu[big][0] - cpu[small][0]) / done

@@ -78,30 +78,42 @@ def run(
 
 
 def run_with_newcomer(
-    broker: str, config: CentralConfig, local: LocalWorkers, newcomer: str, at: int
+    broker: str,
+    config: CentralConfig,
+    local: LocalWorkers,
+    newcomer: str,
+    at: int,
+    *,
+    dies_at: int | None = None,
 ) -> RunReport:
     """Run the central node; when batch ``at`` commits, start ``newcomer`` and pause training until it is on
     the broker (its idle status is there, its announce on its way), so no test depends on how fast a
-    process starts."""
+    process starts. With ``dies_at``, when that batch commits, SIGKILL it and pause until the broker has
+    published its last will. (The progress hook runs on the central node's own thread: it reads what
+    arrived meanwhile once the hook returns.)"""
     from edgeagent.protocol.messages import Status
     from edgeagent.protocol.topics import Family, Topics
     from edgeagent.protocol.wire import decode
     from edgeagent.transport.mqtt import MqttTransport
 
-    up = threading.Event()
+    states = {"idle": threading.Event(), "offline": threading.Event()}
     watcher = MqttTransport(broker, f"watch-{config.cluster}")
 
     def on_status(topic: str, payload: bytes) -> None:
         _, msg = decode(payload)
-        if isinstance(msg, Status) and msg.state == "idle":
-            up.set()
+        if isinstance(msg, Status) and msg.state in states:
+            states[msg.state].set()
 
     watcher.subscribe(Topics(config.cluster).device(Family.STATUS, newcomer), on_status)
 
     def progress(values: dict[str, Any]) -> None:
-        if values.get("batch") == at and newcomer not in local.procs:
+        batch = values.get("batch")
+        if batch == at and newcomer not in local.procs:
             local.start(newcomer)
-            assert up.wait(60), f"{newcomer} did not come up"
+            assert states["idle"].wait(60), f"{newcomer} did not come up"
+        elif batch == dies_at and newcomer in local.procs and not states["offline"].is_set():
+            local.procs[newcomer].kill()
+            assert states["offline"].wait(60), f"the broker did not publish {newcomer}'s last will"
 
     try:
         return Central(config, progress=progress, modes=mode).run()
@@ -244,11 +256,6 @@ def test_a_newcomer_that_dies_before_it_is_admitted_is_not_waited_for(amqtt_url:
     """worker-2 comes up and announces itself at batch 5 (it would join at the re-split at batch 30), then
     dies (SIGKILL) at batch 8: its last will takes it off the joiners, so no plan waits for it. Before,
     the re-split admitted it anyway and waited out the join barrier (60 s at least), then recovered."""
-    from edgeagent.protocol.messages import Status
-    from edgeagent.protocol.topics import Family, Topics
-    from edgeagent.protocol.wire import decode
-    from edgeagent.transport.mqtt import MqttTransport
-
     cluster = f"t{uuid.uuid4().hex[:8]}"
     local = LocalWorkers(2, amqtt_url, cluster, [1.0, 1.0])
     local.start("worker-1")
@@ -260,33 +267,8 @@ def test_a_newcomer_that_dies_before_it_is_admitted_is_not_waited_for(amqtt_url:
         progress=False,
         repartition_every=30,
     )
-    states: dict[str, threading.Event] = {"idle": threading.Event(), "offline": threading.Event()}
-    watcher = MqttTransport(amqtt_url, f"watch-{cluster}")
-
-    def on_status(topic: str, payload: bytes) -> None:
-        _, msg = decode(payload)
-        if isinstance(msg, Status) and msg.state in states:
-            states[msg.state].set()
-
-    watcher.subscribe(Topics(cluster).device(Family.STATUS, "worker-2"), on_status)
-    seen: dict[str, bool] = {}
-
-    def progress(values: dict[str, Any]) -> None:
-        # The central node's own thread: it reads the announcement and the last will once this returns.
-        if values.get("batch") == 5 and "worker-2" not in local.procs:
-            local.start("worker-2")
-            assert states["idle"].wait(60), "worker-2 did not come up"
-        elif values.get("batch") == 8 and "killed" not in seen:
-            seen["killed"] = True
-            os.kill(local.procs["worker-2"].pid, signal.SIGKILL)
-            assert states["offline"].wait(60), "the broker did not publish worker-2's last will"
-
-    try:
-        report = Central(config, progress=progress, modes=mode).run()
-    finally:
-        watcher.close()
-        local.stop()
-    assert seen.get("killed")
+    report = run_with_newcomer(amqtt_url, config, local, "worker-2", at=5, dies_at=8)
+    assert local.procs["worker-2"].returncode == -signal.SIGKILL
     assert report.recoveries == [], report.recoveries
     assert all("worker-2" not in p.get("workers", []) for p in report.partitions), report.partitions
     assert report.epochs == 2 and report.final_accuracy > 0.8  # 0.95 in three runs; chance is 0.1

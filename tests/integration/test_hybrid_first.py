@@ -134,8 +134,8 @@ def test_re_splits_that_move_stage_zeros_helpers_train_to_the_end(amqtt_url: str
     small share may come and go while the workers are slow), so the plans are not asserted: every
     switch, into or out of a replicated stage 0, moves stage 0's rows as it moves layers, and the run
     trains to its end without a recovery or a failover. (One run in about twenty once waited for ever:
-    a device gone after a plan let it go was planned again and waited for, barrier after barrier;
-    ``test_faults`` holds that case.)"""
+    a worker moving into stage 0's group from a later stage crashed on its old stage index, and the
+    central node planned the gone device again, barrier after barrier; ``test_faults`` holds that half.)"""
     train = TrainConfig(epochs=3, model=MODEL, dataset=DATA)
     report = run(
         amqtt_url,
