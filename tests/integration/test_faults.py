@@ -111,7 +111,7 @@ def run_with_newcomer(
         if batch == at and newcomer not in local.procs:
             local.start(newcomer)
             assert states["idle"].wait(60), f"{newcomer} did not come up"
-        elif batch == dies_at and newcomer in local.procs and not states["offline"].is_set():
+        elif batch is not None and batch == dies_at and not states["offline"].is_set():
             local.procs[newcomer].kill()
             assert states["offline"].wait(60), f"the broker did not publish {newcomer}'s last will"
 
