@@ -140,6 +140,15 @@ class StageResult:
     samples: int = 0
     final_loss: float = float("nan")
     error: str = ""
+    busy: float = 0.0  # calibration: this stage's work of one step alone, wall seconds (sleep included)
+    cpu: float = 0.0  # ... and its CPU seconds
+
+
+@dataclass(frozen=True)
+class Calibrate:
+    """Time one stage's own work of a step (its slowdown included), alone on the machine."""
+
+    job: PeerJob
 
 
 def _stage_module(
@@ -356,6 +365,66 @@ def _socket_run(
     return StageResult(rank, seconds=seconds, samples=samples, final_loss=loss)
 
 
+def _stage_work(
+    config: PeerConfig,
+    job: PeerJob,
+    rank: int,
+    module: nn.Module,
+    steps: list[tuple[torch.Tensor, torch.Tensor]],
+    data: Dataset,
+) -> StageResult:
+    """The stage's own work in a step of the run (``M`` forwards and backwards, one update), with no
+    communication, while the other stages idle: wall and CPU seconds per step, a median of repeats.
+
+    The input is the real activation (layers ``0:points[rank]`` of the same seeded model on the
+    micro-batches of step 1), the gradient into the output a fixed random one; the last stage computes the
+    loss as the schedule does. This is what no pipeline with these stages can go below per step, bubble
+    or not: the bench's bound (:func:`ideal_step`)."""
+    spec = ModelSpec(config.model, data.in_shape, data.num_classes, config.model_options)
+    m = config.microbatches
+    x, y = steps[1 % len(steps)]
+    xs, ys = x.chunk(m), y.chunk(m)
+    with torch.no_grad():
+        if job.points[rank] > 0:
+            prefix = nn.Sequential(*build_layers(spec, 0, job.points[rank], seed=SEED))
+            inputs = [prefix(xk) for xk in xs]
+        else:
+            inputs = list(xs)
+    last = rank == config.num_stages - 1
+    generator = torch.Generator().manual_seed(rank)
+    grads: list[torch.Tensor] = []
+    optimizer = _optimizer(module)
+
+    def step() -> None:
+        for k in range(m):
+            inp = inputs[k].detach().requires_grad_(rank > 0)
+            out = module(inp)
+            if last:
+                (nn.functional.cross_entropy(out, ys[k]) / m).backward()
+            else:
+                if len(grads) <= k:
+                    grads.append(torch.randn(out.shape, generator=generator) * 1e-3)
+                out.backward(grads[k])
+        _update(optimizer, module)
+
+    step()  # warm-up
+    walls: list[float] = []
+    cpus: list[float] = []
+    budget = time.perf_counter() + 1.0
+    while len(walls) < 5 or (time.perf_counter() < budget and len(walls) < 200):
+        wall, cpu = time.perf_counter(), time.process_time()
+        step()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return StageResult(rank, busy=statistics.median(walls), cpu=statistics.median(cpus))
+
+
+def ideal_step(stages: list[StageResult], cores: int) -> float:
+    """The shortest step any pipeline of these stages could take on ``cores`` cores with free messages and
+    no bubble: the busiest stage's own work, or all stages' CPU shared out over the cores."""
+    return max(max(s.busy for s in stages), sum(s.cpu for s in stages) / cores)
+
+
 def _stage_main(config: PeerConfig, rank: int, commands: Any, results: Any) -> None:
     """A stage process: set up the transport once, then train one run per :class:`PeerJob` received."""
     torch.set_num_threads(1)
@@ -376,7 +445,12 @@ def _stage_main(config: PeerConfig, rank: int, commands: Any, results: Any) -> N
         data = load_dataset(config.dataset, seed=SEED)
         steps = peer_steps(data, config.microbatches, config.batches)
         results.put(StageResult(rank, ready=True))
+        module: nn.Module | None = None
         while (job := commands.get()) is not None:
+            if isinstance(job, Calibrate):
+                assert module is not None, "calibrate after a run"
+                results.put(_stage_work(config, job.job, rank, module, steps, data))
+                continue
             module = _stage_module(config, job, rank, data.in_shape, data.num_classes)
             if chain is None:
                 results.put(_torch_run(config, rank, module, steps))
@@ -399,6 +473,14 @@ class PeerRun:
     samples: int
     final_loss: float
     points: list[int]
+    step_seconds: float = float("nan")  # the peer's step, measured
+    ideal_step_seconds: float = float("nan")  # ideal_step of its stages on this machine
+
+    @property
+    def bound(self) -> float:
+        """The most a bubble-free pipeline with free messages could gain over this run: the set-up's
+        ceiling on any ratio to it."""
+        return self.step_seconds / self.ideal_step_seconds
 
 
 class PeerFailed(RuntimeError):
@@ -461,9 +543,30 @@ class PeerPool:
         # The loop's wall time is the slowest rank's.
         seconds = max(r.seconds for r in got.values())
         samples = got[0].samples
+        # Then each stage's own work alone, one after the other (two cores would otherwise be shared).
+        stages = []
+        for rank, commands in enumerate(self._commands):
+            commands.put(Calibrate(job))
+            stages.append(self._collect_one(rank, f"calibration of rank {rank}"))
+        steps = samples / (self.config.microbatches * BATCH_SIZE)
         return PeerRun(
-            samples / seconds, seconds, samples, got[self.config.num_stages - 1].final_loss, job.points
+            samples / seconds,
+            seconds,
+            samples,
+            got[self.config.num_stages - 1].final_loss,
+            job.points,
+            step_seconds=seconds / steps,
+            ideal_step_seconds=ideal_step(stages, os.cpu_count() or 1),
         )
+
+    def _collect_one(self, rank: int, what: str) -> StageResult:
+        try:
+            r: StageResult = self._results.get(timeout=self.config.timeout)
+        except queue.Empty:
+            raise PeerFailed(f"{what}: no answer within {self.config.timeout:g} s (hung)") from None
+        if r.error:
+            raise PeerFailed(f"{what}: {r.error}")
+        return r
 
     def close(self) -> None:
         for commands in self._commands:

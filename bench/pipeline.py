@@ -38,6 +38,13 @@ profiling and link probes, torch's first (shape-inferring, untimed) step and eva
 Each figure is the median of ``--repeats`` runs. One table shows every model x set-up x broker with the
 ratio and issue 52's target beside it, then edgeagent's stock / tuned Mosquitto ratio.
 
+Beside each ratio, its **bound**: after each peer run, every stage process times its own work of one
+step alone (the real activations of that step's micro-batches in, the slowdown emulated, the update
+included; the other stages idle), and the bound is the peer's measured step over the shortest step any
+pipeline of those stages could take here with free messages and no bubble: the busiest stage's work, or
+all stages' CPU over the machine's cores. No schedule and no transport can beat the peer by more; a
+target above it is out of reach of this set-up (same split, ``M``, cores), whatever the implementation.
+
 Part 3, ``--hops``: one more edgeagent run per model and broker (equal stages; not counted in part 2),
 with ``EDGEAGENT_HOP_TRACE`` set for its processes (``edgeagent.runtime.hoptrace``): median ms per hop
 (stage i's activations, gradients, results) of encode, publish, relay, decode and queue, and each
@@ -49,8 +56,8 @@ How the set-ups differ (by design: this is what a user chooses between):
   transfer is 4 hops (PUBLISH sender -> broker, PUBACK back, PUBLISH broker -> receiver, PUBACK
   back; the tensor crosses loopback twice, store-and-forward) plus the envelope, the codec and the
   message checks; torch's gloo sends the tensor once over a direct TCP connection between the ranks.
-* Broker: the embedded one is amqtt (Python, asyncio) on a thread of the central node's process, so
-  it shares that process's interpreter lock with stage 0; Mosquitto is a C process of its own. Stock
+* Broker: the embedded one is amqtt (Python, asyncio) in a process of its own (``BrokerProcess``), a
+  fourth process on the same cores; Mosquitto is a C process of its own. Stock
   Mosquitto leaves Nagle's algorithm on, so its small writes (PUBACKs, a payload's tail) can wait for
   the peer's delayed ACK; ``set_tcp_nodelay true`` sends them at once (docs/brokers.md).
 * Schedule: edgeagent is asynchronous 1F1B with weight stashing: stage 0 keeps K batches (K = 3,
@@ -156,6 +163,12 @@ TARGETS: dict[tuple[str, str, str], float] = {
     ("mlp", SLOW, "embedded"): 1.1,
     **{("mobilenetv2", SLOW, b): 1.2 for b in BROKERS},
 }
+BOUND_LEGEND = (
+    "bound: the peer's measured step over the shortest step any pipeline of the same stages could take on "
+    "this machine with free messages and no bubble (each stage's work of a step timed alone, the slowdown "
+    "included: the busiest stage's, or all stages' CPU over the cores); no ratio can exceed it, and a "
+    "target above it is beyond the set-up, not the implementation"
+)
 STOCK_OVER_TUNED = 0.9  # edgeagent's samples/s through a stock Mosquitto / through a tuned one
 
 
@@ -280,12 +293,18 @@ class Row:
     def ratio(self) -> float:
         return median_sps(self.edgeagent) / median_sps(self.peer)
 
+    @property
+    def bound(self) -> float:
+        """The set-up's ceiling on the ratio (``PeerRun.bound``), a median over the peer's runs."""
+        return statistics.median(p.bound for p in self.peer)
+
     def summary(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "edgeagent_samples_per_second": median_sps(self.edgeagent),
             "peer_samples_per_second": median_sps(self.peer),
             "ratio": self.ratio,
+            "bound": self.bound,
             "target": TARGETS.get((self.model, self.setup, self.broker)),
         }
 
@@ -370,13 +389,14 @@ def print_comparison(args: argparse.Namespace, results: dict[str, dict[str, Any]
         )
     column = f"{peer.split()[0]} samples/s"  # torch or sockets (or peer, when the models' differ)
     head = f"{'model':<13}{'set-up':<22}{'broker':<33}{'edgeagent samples/s':>20}{column:>18}"
-    print(head + f"{'ratio':>9}  target (issue 52)")
+    print(head + f"{'ratio':>9}{'bound':>8}  target (issue 52)")
     for r in results.values():
         for row in r["rows"]:
             print(
                 f"{row.model:<13}{row.setup:<22}{BROKERS[row.broker]:<33}{median_sps(row.edgeagent):>20.1f}"
-                f"{median_sps(row.peer):>18.1f}{row.ratio:>8.2f}x  {_target(row)}"
+                f"{median_sps(row.peer):>18.1f}{row.ratio:>8.2f}x{row.bound:>7.2f}x  {_target(row)}"
             )
+    print(BOUND_LEGEND)
     for model, r in results.items():
         for setup, ratio in stock_over_tuned(r["rows"]).items():
             ok = "ok" if ratio >= STOCK_OVER_TUNED else "MISSED"
