@@ -80,6 +80,15 @@ class Groups:
     def replicated(self) -> list[int]:
         return [k for k, g in enumerate(self.members) if len(g) > 1]
 
+    def indexed(self, index: Mapping[str, int]) -> tuple[list[list[int]], list[list[float]]]:
+        """The groups as the planner's device indices (``index``), ascending within a stage, with each
+        member's share in the same order; KeyError for a device ``index`` lacks."""
+        pairs = [
+            sorted((index[d], x) for d, x in zip(g, s, strict=True))
+            for g, s in zip(self.members, self.shares, strict=True)
+        ]
+        return [[d for d, _ in m] for m in pairs], [[x for _, x in m] for m in pairs]
+
     def stage_of(self, device: str) -> int | None:
         for k, group in enumerate(self.members):
             if device in group:

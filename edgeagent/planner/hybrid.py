@@ -444,9 +444,32 @@ def plan_shares(p: HybridProblem, groups: Sequence[Sequence[int]]) -> tuple[tupl
     return CostModel(p).shares(_check_groups(p, groups))
 
 
-def predict_hybrid(p: HybridProblem, points: Sequence[int], groups: Sequence[Sequence[int]]) -> float:
-    """The plan's seconds per batch: the largest stage time (compute + gradient exchange) and link term."""
-    return CostModel(p).predict(points, _check_plan(p, points, groups))
+def predict_hybrid(
+    p: HybridProblem,
+    points: Sequence[int],
+    groups: Sequence[Sequence[int]],
+    shares: Sequence[Sequence[float]] | None = None,
+) -> float:
+    """The plan's seconds per batch: the largest stage time (compute + gradient exchange) and link term.
+
+    ``shares``: each member's fraction of the rows, per stage in the order of ``groups``, when they are
+    not in proportion to the members' speeds (:func:`plan_shares`, the default): a plan running with the
+    shares of older measurements. A replicated stage then computes at the pace of the member slowest for
+    its share (``max share_d * C_d`` in place of ``C_G``); the input feed is counted as proportional."""
+    model = CostModel(p)
+    checked = _check_plan(p, points, groups)
+    worst = model.predict(points, checked)
+    if shares is None:
+        return worst
+    if len(shares) != len(checked) or any(len(x) != len(g) for x, g in zip(shares, checked, strict=True)):
+        raise ValueError(f"shares {shares} do not match the groups {checked}")
+    for k, (group, share) in enumerate(zip(checked, shares, strict=True)):
+        if len(group) > 1:
+            s, e = points[k], points[k + 1]
+            st = model.stats(model.counts_of(group))
+            pace = max(x * p.devices[d].capacity for d, x in zip(group, share, strict=True))
+            worst = max(worst, model.stage_time(st, s, e) + model.times[s][e - s - 1] * (pace - st.capacity))
+    return worst
 
 
 def fits_hybrid(p: HybridProblem, points: Sequence[int], groups: Sequence[Sequence[int]]) -> bool:

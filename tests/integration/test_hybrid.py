@@ -19,6 +19,7 @@ import torch
 
 from edgeagent.cli.demo import LocalWorkers, allowed_for
 from edgeagent.config import CentralConfig, TrainConfig
+from edgeagent.modes.pipeline.central.hybrid_feedback import MEASURE_BATCHES, RETRY_BATCHES
 from edgeagent.modes.pipeline.central.run import HybridRun
 from edgeagent.roles.central import Central, RunReport
 from tests.helpers import LocalCluster
@@ -225,3 +226,76 @@ def test_a_device_that_joins_becomes_a_replica(amqtt_url: str) -> None:
     assert joined, report.partitions
     assert any("worker-2" in g and len(g) > 1 for g in joined[0]["groups"]), joined[0]
     assert report.epochs == 2
+
+
+# Serial: the shares follow measured speeds (as for the joiner above).
+@pytest.mark.serial
+def test_a_slow_member_of_a_replicated_stage_gets_a_smaller_share(amqtt_url: str) -> None:
+    """The first plan takes three equal Pis on the convolution's stage, a third of the rows each; worker-3
+    is 10x slower, and the stage waits for it every batch. The first re-split keeps the devices and the
+    cuts and gives worker-3 a share in proportion to its measured speed (a plan that only re-shares was
+    once dropped as "no change": the stage ran at its slowest member's pace to the end)."""
+    train = TrainConfig(epochs=2, model=HEAVY_MODEL, dataset=HEAVY_DATA)
+    report = run(
+        amqtt_url,
+        workers=3,
+        train=train,
+        slowdowns=[PI, PI, 10 * PI],
+        slowdown=2 * PI,
+        mode="hybrid",
+        repartition_first=5,
+        repartition_every=10,
+        replicate_first=False,
+    )
+    first = report.partitions[0]
+    assert first["shares"][1] == pytest.approx([1 / 3] * 3), report.partitions
+    reshared = [p for p in report.partitions[1:] if p["groups"] == first["groups"]]
+    assert reshared, report.partitions
+    shares = dict(zip(reshared[0]["groups"][1], reshared[0]["shares"][1], strict=True))
+    assert shares["worker-3"] < 0.2 < min(shares["worker-1"], shares["worker-2"]), reshared[0]
+    assert report.epochs == 2 and report.recoveries == [] and report.failovers == []
+
+
+# Serial: whether the DP leaves the slow device out, and takes it back at the others' mean speed, follows
+# measured speeds.
+@pytest.mark.serial
+def test_a_device_left_out_for_its_slowness_is_tried_again_once_it_is_fast(amqtt_url: str) -> None:
+    """worker-3 is 40x slower than the other two until batch 100. In the first plan (equal devices) it is
+    measured slow and left out; from batch 100 it is as fast as they are, out of the plan, where nothing
+    measures it: its old capacity alone would keep it out for ever. ``RETRY_BATCHES`` after it was left
+    out the plan takes it at the others' mean speed; a retry while it is still slow is measured and undone
+    (the next one waits twice as long); after batch 100 one is kept. (The slowdown change reaches it while
+    it is out: a device left out still takes its run's ``Emulate``.)"""
+    change = 100
+    # Wide layers: compute, not the links, decides the plan, and it takes every device it can use.
+    train = TrainConfig(epochs=7, model="mlp", model_options={"hidden": [1024] * 4}, dataset="digits")
+    report = run(
+        amqtt_url,
+        workers=3,
+        train=train,
+        slowdowns=[1.0, 1.0, 40.0],
+        mode="hybrid",
+        repartition_first=10,
+        repartition_every=10,
+        slowdown_changes=[f"worker-3@{change}=1"],
+    )
+
+    def holds(p: dict[str, Any]) -> bool:
+        return any("worker-3" in g for g in p["groups"])
+
+    plans = [(p["batch"], holds(p)) for p in report.partitions]
+    slow = [k for k, (batch, held) in enumerate(plans) if held and batch <= change]
+    assert slow, plans  # in the plan while slow: measured
+    out = next((batch for batch, held in plans[slow[0] :] if not held), None)
+    assert out is not None and out <= change, plans  # and left out before it became fast
+    back = [batch for batch, held in plans if held and batch > change]
+    assert back and back[0] >= out + RETRY_BATCHES, plans
+    # Fast now, it stays: a plan that holds it lasts beyond the measurement that would undo it (a retry
+    # while it was slow went back after MEASURE_BATCHES and a few).
+    ends = [batch for batch, _ in plans[1:]] + [report.batches]
+    held, longest = 0, 0
+    for (batch, holds_it), end in zip(plans, ends, strict=True):
+        held = held + end - batch if holds_it and batch > change else 0
+        longest = max(longest, held)
+    assert longest >= 2 * MEASURE_BATCHES, plans
+    assert report.epochs == 7 and report.recoveries == [], report.recoveries

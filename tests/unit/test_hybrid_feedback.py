@@ -7,7 +7,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from edgeagent.modes.pipeline.central.hybrid_feedback import MEASURE_BATCHES, Feedback, plan_key
+from edgeagent.modes.pipeline.central.hybrid_feedback import (
+    MEASURE_BATCHES,
+    RETRY_BATCHES,
+    Feedback,
+    plan_key,
+)
 from edgeagent.pipeline.groups import Groups
 from edgeagent.roles.central.node import DeviceState
 from edgeagent.roles.central.report import RunReport
@@ -77,3 +82,33 @@ def test_no_way_back_to_a_plan_whose_device_is_gone() -> None:
     commit(run, clock, 100 + MEASURE_BATCHES, step=0.030)
     run.check_previous(100 + MEASURE_BATCHES)
     assert run.state.plan_job is None
+
+
+def test_a_device_left_out_for_its_speed_is_tried_again_with_a_doubling_backoff() -> None:
+    run, _ = a_run(before=0.010)  # the plan: central, w1, w2; w3 left out, measured 20x slower
+    caps = {"w1": 1.0, "w2": 1.0, "w3": 20.0}
+    with_w3 = plan_key(
+        [0, 1, 2, 3], Groups((("central",), ("w1", "w3"), ("w2",)), ((1.0,), (0.9, 0.1), (1.0,)))
+    )
+    without = plan_key([0, 2, 3], OLD)
+    run.rejected = {with_w3, without}
+    assert run.retry_left_out(100, ["w1", "w2", "w3"], caps) == []  # left out from now on
+    assert run.retry_left_out(100 + RETRY_BATCHES - 1, ["w1", "w2", "w3"], caps) == []
+    assert caps["w3"] == 20.0
+    assert run.retry_left_out(100 + RETRY_BATCHES, ["w1", "w2", "w3"], caps) == ["w3"]
+    assert "w3" not in caps and caps == {"w1": 1.0, "w2": 1.0}  # planned at the others' mean
+    assert run.rejected == {without}  # plans with w3 may be picked again; the others stay rejected
+    # Planned in, measured slow again (its capacity back in caps), and left out once more: twice the wait.
+    caps["w3"] = 20.0
+    again = 200
+    assert run.retry_left_out(again, ["w1", "w2", "w3"], caps) == []
+    assert run.retry_left_out(again + 2 * RETRY_BATCHES - 1, ["w1", "w2", "w3"], caps) == []
+    assert run.retry_left_out(again + 2 * RETRY_BATCHES, ["w1", "w2", "w3"], caps) == ["w3"]
+
+
+def test_devices_in_the_plan_or_planned_at_the_mean_are_not_retried() -> None:
+    run, _ = a_run(before=0.010)
+    caps = {"w1": 1.0, "w2": 30.0}  # w2 is in the plan (NEW), however slow; w4 joined: no capacity yet
+    for done in (100, 100 + RETRY_BATCHES, 100 + 10 * RETRY_BATCHES):
+        assert run.retry_left_out(done, ["w1", "w2", "w4"], caps) == []
+    assert caps == {"w1": 1.0, "w2": 30.0} and run.out_since == {}

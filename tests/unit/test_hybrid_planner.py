@@ -291,6 +291,23 @@ def test_shares_follow_speed() -> None:
             assert share * caps[d] == pytest.approx(got[0] * caps[1], rel=1e-12)
 
 
+def test_a_plan_running_with_older_shares_is_paced_by_its_member_slowest_for_its_share() -> None:
+    p = HybridProblem(
+        layer_times=(1.0,) * 3,
+        output_bytes=(0,) * 3,
+        devices=(Device(1.0), Device(1.0), Device(2.0), Device(4.0)),
+    )
+    groups = [(0,), (1, 2, 3)]
+    best = predict_hybrid(p, (0, 1, 3), groups)
+    assert predict_hybrid(p, (0, 1, 3), groups, plan_shares(p, groups)) == pytest.approx(best, rel=1e-12)
+    # Equal thirds: device 3 (capacity 4) takes 2 layers x 4 x 1/3 per batch, the others wait for it.
+    equal = ((1.0,), (1 / 3, 1 / 3, 1 / 3))
+    assert predict_hybrid(p, (0, 1, 3), groups, equal) == pytest.approx(2.0 * 4 / 3)
+    assert predict_hybrid(p, (0, 1, 3), groups, equal) > best
+    with pytest.raises(ValueError, match="do not match"):
+        predict_hybrid(p, (0, 1, 3), groups, ((1.0,), (0.5, 0.5)))
+
+
 def test_link_costs_every_receiver_and_the_slowest_sender_share() -> None:
     p = HybridProblem(
         layer_times=(1.0, 1.0),

@@ -145,3 +145,11 @@ def test_a_helper_fetches_what_its_primary_ends_up_with() -> None:
     assert (switch.plan.start, switch.plan.end, switch.plan.stage) == (1, 4, 1)
     assert switch.pending == {("c", "c"): {1}, ("w1", "w1"): {2, 3}}
     assert Switch.start("x", order, WeightStore("x"), None, spec, 0) is None  # not in the plan
+
+
+def test_groups_as_planner_indices_keep_each_members_share() -> None:
+    groups = Groups((("central",), ("w2", "w1", "w3")), ((1.0,), (0.5, 0.3, 0.2)))
+    index = {"central": 0, "w1": 1, "w2": 2, "w3": 3}
+    assert groups.indexed(index) == ([[0], [1, 2, 3]], [[1.0], [0.3, 0.5, 0.2]])
+    with pytest.raises(KeyError):
+        groups.indexed({"central": 0, "w1": 1})

@@ -61,6 +61,20 @@ class Device:
         return [m for m in self.sent if isinstance(m, kind)]
 
 
+def test_a_device_left_out_of_a_run_still_takes_that_runs_emulate_command() -> None:
+    """Left out of the plan, a device is idle but may be asked back: a slowdown change for it (`--change-
+    slowdown`) must reach it, or the run would measure it later as it was. Another run's does not."""
+    device = Device()
+    device.assign()
+    device.worker.end_run(rejoin=True)  # the run goes on without it
+    assert device.worker.session is None and device.worker.left_run == "run"
+    command = TOPICS.fixed(Family.COMMAND)
+    device.send(command, Emulate(run_id="other", device="w1", slowdown=5.0))
+    assert device.worker.slowdown == 1.0
+    device.send(command, Emulate(run_id="run", device="w1", slowdown=5.0))
+    assert device.worker.slowdown == 5.0
+
+
 def test_worker_reports_an_assign_of_an_unknown_mode_and_stays_idle() -> None:
     device = Device()
     device.assign("ring")

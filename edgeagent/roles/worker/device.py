@@ -34,6 +34,7 @@ class DeviceOwner(Protocol):
     pulse: Pulse
     characteriser: Characteriser
     session: WorkerSession | None
+    left_run: str  # the run this device went on without it (left out of its plan), "" if none
     slowdown: float
     link_mbps: float
     memory_limit_mb: float
@@ -58,7 +59,8 @@ class DeviceCommands:
         msg = item.message
         assert isinstance(msg, Emulate)
         w = self.owner
-        if w.session is None or msg.run_id != w.session.run_id:
+        run = w.session.run_id if w.session is not None else w.left_run  # a device left out may be asked back
+        if not msg.run_id or msg.run_id != run:
             return  # commands belong to a run: another run's (or a forged one's) are not ours
         if msg.device == w.device_id:
             log.info("%s: slowdown %.1f -> %.1f", w.device_id, w.slowdown, msg.slowdown)

@@ -79,6 +79,7 @@ class Worker(Role):
             transport = mqtt_transport(topics, config.device_id, config, link_mbps=config.link_mbps)
         super().__init__(transport, topics, config.device_id, limits=limits)
         self.session: WorkerSession | None = None  # the run this device is in
+        self.left_run = ""  # the run that went on without this device (it may be asked back), if any
         # The run's central node, followed from its Assign: its statuses and its absence (central_watch).
         self.tracker = CentralTracker(self, config.central_offline_floor)
         self._installed: list[type[Message]] = []  # the message types the session handles
@@ -258,6 +259,7 @@ class Worker(Role):
         then leave; with ``--once`` the process then exits."""
         self.pulse.publish_metrics()  # the final figures of this run
         self.intake.report_drops()
+        self.left_run = self.session.run_id if rejoin and self.session is not None else ""
         self.leave_run()
         if rejoin:
             self.announce()

@@ -206,6 +206,8 @@ class HybridPlanning(Planning):
         if work0 > 0 and own > 0:
             self.device_caps[state.device_id] = own / work0
         devices = [state.device_id, *sorted(d for d in self.usable() if d != state.device_id)]
+        for device in self.feedback.retry_left_out(done, devices[1:], self.device_caps):
+            log.info("%s, left out of the plan for its speed, is planned again at the others' mean", device)
         known = [c for d, c in self.device_caps.items() if d != state.device_id] or [1.0]
         mean = sum(known) / len(known)
         device_caps = [self.device_caps.get(d, mean) for d in devices]
@@ -217,7 +219,11 @@ class HybridPlanning(Planning):
             try:
                 plan = self.solve_hybrid(devices, device_caps, bandwidths)
                 groups = self.groups_of(plan, devices)
-                moving = groups.members != state.groups.members or list(plan.points) != state.points
+                moving = (groups.members, groups.shares, list(plan.points)) != (
+                    state.groups.members,
+                    state.groups.shares,
+                    state.points,
+                )
                 if moving and plan_key(list(plan.points), groups) in self.feedback.rejected:
                     groups, points = state.groups, list(state.points)
                     reason = "kept: the hybrid DP's plan was measured slower than this one before"
@@ -242,10 +248,10 @@ class HybridPlanning(Planning):
     def _current_time(self, devices: list[str], caps: list[float], bandwidths: list[float]) -> float:
         """The predicted seconds per batch of the current plan under the same model as the new one."""
         index = {d: k for k, d in enumerate(devices)}
-        try:
-            groups = [tuple(sorted(index[d] for d in g)) for g in self.state.groups.members]
+        try:  # with the shares it runs with (from older measurements), not the ones these caps give
+            groups, shares = self.state.groups.indexed(index)
             problem = replace(self._hybrid_problem(devices, caps, bandwidths), min_share=0.0)
-            return predict_hybrid(problem, self.state.points, groups)
+            return predict_hybrid(problem, self.state.points, groups, shares)
         except (KeyError, ValueError):
             return math.inf
 

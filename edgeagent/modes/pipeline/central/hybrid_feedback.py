@@ -1,5 +1,6 @@
 """Measured feedback on the hybrid mode's re-splits: a re-split is measured against the plan before it,
-and the run goes back to that plan when the new one is slower (papers/000's re-split, with a check)."""
+and the run goes back to that plan when the new one is slower (papers/000's re-split, with a check); a
+device the plan left out is tried again now and then, with a backoff, in case it became faster."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ log = logging.getLogger("edgeagent.roles.central")
 # than the plan before it measured, the run goes back to that plan and never picks the new one again.
 MEASURE_BATCHES = 20
 REVERT_MARGIN = 0.10
+# A device left out of the plan (measured too slow to help) is tried again after this many batches out,
+# twice as many after each retry: a Pi that was throttled or busy and recovered gets back in, and one
+# that stays slow costs a few measured re-splits over the whole run (at 50, 150, 350, 750, ... batches).
+RETRY_BATCHES = 50
 
 
 def plan_key(points: list[int], groups: Groups) -> tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]:
@@ -33,6 +38,34 @@ class Feedback:
         self.plan_started: tuple[float, int] | None = None
         self.previous: tuple[list[int], Groups, float] | None = None
         self.rejected: set[tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]] = set()
+        # Devices out of the plan: the batch they were left out (or last retried) at, and how many batches
+        # out it takes for their next retry.
+        self.out_since: dict[str, int] = {}
+        self.retry_after: dict[str, int] = {}
+
+    def retry_left_out(self, done: int, candidates: list[str], caps: dict[str, float]) -> list[str]:
+        """The devices among ``candidates`` (those the next plan may use) that the current plan leaves out
+        for their measured capacity (in ``caps``) and that have been out long enough to be tried again
+        (``RETRY_BATCHES``, doubling per retry): their capacities are forgotten from ``caps`` (the planner
+        then takes them as the mean of the others, as it takes a device that joins) and so are the
+        rejected plans that hold them. A plan that uses one is measured like any re-split
+        (:meth:`check_previous`): if it is slower the run goes back, with the device measured anew."""
+        in_plan = set(self.state.groups.devices)
+        retried = []
+        for device in candidates:
+            if device in in_plan or device not in caps:  # in the plan, or planned at the mean already
+                self.out_since.pop(device, None)
+                continue
+            since = self.out_since.setdefault(device, done)
+            wait = self.retry_after.get(device, RETRY_BATCHES)
+            if done - since < wait:
+                continue
+            del caps[device]
+            self.rejected = {key for key in self.rejected if all(device not in g for g in key[1])}
+            self.out_since.pop(device)
+            self.retry_after[device] = 2 * wait
+            retried.append(device)
+        return retried
 
     def next_batch(self) -> int:
         """The next batch to commit (the timeline repeats replayed batches after a rollback)."""
@@ -73,4 +106,4 @@ class Feedback:
         state.plan_job = job
 
 
-__all__ = ["MEASURE_BATCHES", "REVERT_MARGIN", "Feedback", "plan_key"]
+__all__ = ["MEASURE_BATCHES", "RETRY_BATCHES", "REVERT_MARGIN", "Feedback", "plan_key"]

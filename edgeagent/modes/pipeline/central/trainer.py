@@ -373,6 +373,7 @@ class Trainer:
             plan.points == state.points
             and plan.workers == state.worker_list
             and (plan.groups is None or plan.groups.members == state.groups.members)
+            and (plan.groups is None or plan.groups.shares == state.groups.shares)  # (a re-share alone)
         ):
             return
         loop.pending = plan
