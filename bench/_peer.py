@@ -519,14 +519,16 @@ class PeerPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _collect(self, what: str) -> dict[int, StageResult]:
+    def _collect(self, what: str, only: int | None = None) -> dict[int, StageResult]:
+        """Every rank's answer, or rank ``only``'s when only it was asked."""
+        expected = set(range(self.config.num_stages)) if only is None else {only}
         got: dict[int, StageResult] = {}
         deadline = time.monotonic() + self.config.timeout
-        while len(got) < self.config.num_stages:
+        while len(got) < len(expected):
             try:
                 r = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                missing = sorted(set(range(self.config.num_stages)) - set(got))
+                missing = sorted(expected - set(got))
                 raise PeerFailed(
                     f"{what}: no answer from ranks {missing} within {self.config.timeout:g} s (hung)"
                 ) from None
@@ -547,7 +549,7 @@ class PeerPool:
         stages = []
         for rank, commands in enumerate(self._commands):
             commands.put(Calibrate(job))
-            stages.append(self._collect_one(rank, f"calibration of rank {rank}"))
+            stages.append(self._collect(f"calibration of rank {rank}", only=rank)[rank])
         steps = samples / (self.config.microbatches * BATCH_SIZE)
         return PeerRun(
             samples / seconds,
@@ -558,15 +560,6 @@ class PeerPool:
             step_seconds=seconds / steps,
             ideal_step_seconds=ideal_step(stages, os.cpu_count() or 1),
         )
-
-    def _collect_one(self, rank: int, what: str) -> StageResult:
-        try:
-            r: StageResult = self._results.get(timeout=self.config.timeout)
-        except queue.Empty:
-            raise PeerFailed(f"{what}: no answer within {self.config.timeout:g} s (hung)") from None
-        if r.error:
-            raise PeerFailed(f"{what}: {r.error}")
-        return r
 
     def close(self) -> None:
         for commands in self._commands:

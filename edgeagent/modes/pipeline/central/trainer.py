@@ -372,8 +372,11 @@ class Trainer:
         if (
             plan.points == state.points
             and plan.workers == state.worker_list
-            and (plan.groups is None or plan.groups.members == state.groups.members)
-            and (plan.groups is None or plan.groups.shares == state.groups.shares)  # (a re-share alone)
+            # (same devices with other shares: a re-share, a plan of its own)
+            and (
+                plan.groups is None
+                or (plan.groups.members, plan.groups.shares) == (state.groups.members, state.groups.shares)
+            )
         ):
             return
         loop.pending = plan
